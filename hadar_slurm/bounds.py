@@ -1,0 +1,124 @@
+"""Lower bounds on the makespan, from fluid linear programs (solved with SciPy's HiGHS).
+
+Time is cut at the distinct arrival times ``t_0 < t_1 < ... < t_K`` of the jobs; the last
+interval ``[t_K, T]`` has a variable length.  ``x[i, h, k]`` is the time job ``i`` runs on
+``scale[i]`` GPUs of type ``h`` in interval ``k`` (only after it arrives).  Minimise ``T``
+subject to: every job does its work, ``sum_h,k x[i,h,k] * rate[i,h] >= R[i]``; a job runs at
+most the length of an interval, ``sum_h x[i,h,k] <= len_k`` (at most its scale factor of GPUs
+at a time); and no type is over-committed, ``sum_i scale[i] * x[i,h,k] <= c[h] * len_k``.
+
+:func:`fluid_makespan_bound` is the bound of issue #2 ("every job on at most its scale
+factor of GPUs"); :func:`fork_makespan_bound` drops the per-job cap (a job may be forked over
+any number of GPUs, HadarE's bound).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.optimize as opt
+import scipy.sparse as sp
+
+from hadar_slurm.policy.base import FloatArray, IntArray
+
+
+def _bound(
+    arrival: FloatArray, remaining: FloatArray, scale: IntArray, rate: FloatArray,
+    capacity: IntArray, per_job_cap: bool,
+) -> float:
+    n, h = rate.shape
+    t0 = float(arrival.min())
+    cuts = np.unique(arrival)
+    k_count = cuts.shape[0]
+    lengths = np.diff(cuts)  # fixed intervals 0..K-2; interval K-1 ends at T
+    # Variable layout: T, then x[i, g, k] for k >= interval of arrival[i] and rate > 0.
+    first_k = np.searchsorted(cuts, arrival, side="left")
+    var_i: list[int] = []
+    var_g: list[int] = []
+    var_k: list[int] = []
+    for i in range(n):
+        for g in range(h):
+            if rate[i, g] <= 0:
+                continue
+            for k in range(int(first_k[i]), k_count):
+                var_i.append(i)
+                var_g.append(g)
+                var_k.append(k)
+    vi = np.asarray(var_i)
+    vg = np.asarray(var_g)
+    vk = np.asarray(var_k)
+    nv = 1 + vi.shape[0]
+    cols = np.arange(1, nv)
+    rows_a: list[IntArray] = []
+    cols_a: list[IntArray] = []
+    vals_a: list[FloatArray] = []
+    rhs: list[FloatArray] = []
+    r = 0
+    # Work: -sum x * rate <= -R.
+    rows_a.append(vi)
+    cols_a.append(cols)
+    vals_a.append(-rate[vi, vg])
+    rhs.append(-remaining.astype(np.float64))
+    r += n
+    last = k_count - 1
+    t_rows: list[int] = []
+    t_vals: list[float] = []
+    rhs_extra: list[float] = []
+    if per_job_cap:
+        # sum_g x[i, g, k] <= len_k  (last interval: - T <= -t_last)
+        key = vi * k_count + vk
+        uniq, inv = np.unique(key, return_inverse=True)
+        rows_a.append(r + inv)
+        cols_a.append(cols)
+        vals_a.append(np.ones(cols.shape[0]))
+        for u in uniq.tolist():
+            k = u % k_count
+            if k == last:
+                t_rows.append(r)
+                t_vals.append(-1.0)
+                rhs_extra.append(-float(cuts[last]) + t0)
+            else:
+                rhs_extra.append(float(lengths[k]))
+            r += 1
+    # Capacity: sum_i scale * x[i, g, k] <= c_g * len_k.
+    key = vg * k_count + vk
+    uniq, inv = np.unique(key, return_inverse=True)
+    rows_a.append(r + inv)
+    cols_a.append(cols)
+    vals_a.append(scale[vi].astype(np.float64))
+    for u in uniq.tolist():
+        g, k = divmod(u, k_count)
+        if k == last:
+            t_rows.append(r)
+            t_vals.append(-float(capacity[g]))
+            rhs_extra.append(-float(capacity[g]) * (float(cuts[last]) - t0))
+        else:
+            rhs_extra.append(float(capacity[g]) * float(lengths[k]))
+        r += 1
+    rows_all = np.concatenate([*rows_a, np.asarray(t_rows, dtype=np.int64)])
+    cols_all = np.concatenate([*cols_a, np.zeros(len(t_rows), dtype=np.int64)])
+    vals_all = np.concatenate([*vals_a, np.asarray(t_vals)])
+    a_ub = sp.csr_matrix((vals_all, (rows_all, cols_all)), shape=(r, nv))
+    b_ub = np.concatenate([*rhs, np.asarray(rhs_extra)])
+    c = np.zeros(nv)
+    c[0] = 1.0
+    bounds = [(float(cuts[last]) - t0, None)] + [(0.0, None)] * (nv - 1)
+    res = opt.linprog(c, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"makespan bound LP failed: {res.message}")
+    return float(res.x[0])
+
+
+def fluid_makespan_bound(
+    arrival: FloatArray, remaining: FloatArray, scale: IntArray, rate: FloatArray,
+    capacity: IntArray,
+) -> float:
+    """Makespan lower bound (seconds from the first arrival), each job on <= scale GPUs."""
+    return _bound(arrival, remaining, scale, rate, capacity, per_job_cap=True)
+
+
+def fork_makespan_bound(
+    arrival: FloatArray, remaining: FloatArray, scale: IntArray, rate: FloatArray,
+    capacity: IntArray,
+) -> float:
+    """Makespan lower bound when a job may use any number of GPUs (forked copies)."""
+    return _bound(arrival, remaining, scale, rate, capacity, per_job_cap=False)

@@ -1,0 +1,161 @@
+"""The policy interface: a pure function from a :class:`Snapshot` to a :class:`Decision`.
+
+A policy sees the cluster and the jobs of one epoch as arrays (no I/O, no clock), and says, for
+the epoch, which GPUs each job gets.  The epoch loop (:mod:`hadar_slurm.loop`) owns everything
+else: reading the state, diffing, applying, timing.  The same policy code serves the simulator
+and the Slurm sidecar.
+
+State a policy needs across epochs (e.g. Gavel's LP allocation, which it recomputes only when the
+set of jobs changes) travels as data: it returns it in :attr:`Decision.policy_state` and gets it
+back in the next :attr:`Snapshot.policy_state`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from hadar_slurm.model import GpuType
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class Reason(enum.IntEnum):
+    """Why a job is (not) placed in an epoch.  Each code names the component that decided."""
+
+    PLACED = 0
+    PRICED_OUT = 1
+    NO_FREE_GPU = 2
+    NO_THROUGHPUT = 3
+    SHARE_SERVED = 4
+    QUEUE_ORDER = 5
+    NOT_ARRIVED = 6
+
+    @property
+    def component(self) -> str:
+        return _REASON_TEXT[self][0]
+
+    @property
+    def text(self) -> str:
+        return _REASON_TEXT[self][1]
+
+
+_REASON_TEXT = {
+    Reason.PLACED: ("matcher", "placed"),
+    Reason.PRICED_OUT: (
+        "hadar.dual",
+        "waits: at current GPU prices every schedule costs more than finishing it is worth",
+    ),
+    Reason.NO_FREE_GPU: ("matcher", "waits: no GPUs of a type it can use are free this epoch"),
+    Reason.NO_THROUGHPUT: ("throughputs", "never runs: no GPU type of the cluster can run it"),
+    Reason.SHARE_SERVED: (
+        "gavel.round",
+        "waits: it already received its LP share; jobs further below their share go first",
+    ),
+    Reason.QUEUE_ORDER: ("fifo", "waits: earlier jobs in the queue took the free GPUs"),
+    Reason.NOT_ARRIVED: ("loop", "not submitted yet"),
+}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """GPUs held by jobs, one row per (job, node): ``count`` GPUs of node ``node`` to ``job``.
+
+    ``job`` holds job ids (not indices), so a placement stays meaningful across epochs.
+    A node has GPUs of one type, so the type is ``Snapshot.node_type[node]``.
+    """
+
+    job: IntArray
+    node: IntArray
+    count: IntArray
+
+    @staticmethod
+    def empty() -> Placement:
+        z = np.zeros(0, dtype=np.int64)
+        return Placement(z, z.copy(), z.copy())
+
+    def __len__(self) -> int:
+        return int(self.job.shape[0])
+
+    def rows_of(self, job_id: int) -> list[tuple[int, int]]:
+        """``[(node, count), ...]`` of one job."""
+        sel = np.nonzero(self.job == job_id)[0]
+        return [(int(self.node[k]), int(self.count[k])) for k in sel]
+
+    def by_job(self) -> dict[int, list[tuple[int, int]]]:
+        out: dict[int, list[tuple[int, int]]] = {}
+        for j, n, c in zip(self.job.tolist(), self.node.tolist(), self.count.tolist(), strict=True):
+            out.setdefault(j, []).append((n, c))
+        return out
+
+    def same_as(self, other: Placement) -> bool:
+        return self.by_job_sorted() == other.by_job_sorted()
+
+    def by_job_sorted(self) -> dict[int, list[tuple[int, int]]]:
+        return {j: sorted(rows) for j, rows in self.by_job().items()}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a policy may look at in one epoch, as arrays.
+
+    Jobs are those submitted and not finished.  Per job ``i``:
+    ``rate[i, h]`` is the whole-job steps/s on ``scale[i]`` GPUs of type ``h`` (0 if it cannot
+    run there); ``attained[i, h]`` the seconds it has run on type ``h`` since it arrived;
+    ``remaining[i]`` its steps still to do.  ``current`` is where jobs ran in the epoch that just
+    ended.  Nodes: ``node_type[n]`` indexes ``gpu_types``, ``node_gpus[n]`` its GPU count.
+    """
+
+    epoch: int
+    now: float
+    round_s: float
+    gpu_types: tuple[GpuType, ...]
+    node_names: tuple[str, ...]
+    node_type: IntArray
+    node_gpus: IntArray
+    job_ids: IntArray
+    job_types: tuple[str, ...]
+    arrival: FloatArray
+    total: FloatArray
+    remaining: FloatArray
+    scale: IntArray
+    weight: FloatArray
+    sync: BoolArray
+    rate: FloatArray
+    attained: FloatArray
+    current: Placement
+    policy_state: object = None
+
+    @property
+    def num_jobs(self) -> int:
+        return int(self.job_ids.shape[0])
+
+    def capacity(self) -> IntArray:
+        """GPUs per type, ``[H]``."""
+        return np.bincount(self.node_type, weights=self.node_gpus,
+                           minlength=len(self.gpu_types)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What should run in an epoch.  ``reason[i]`` is aligned with ``Snapshot.job_ids``."""
+
+    epoch: int
+    placement: Placement
+    reason: npt.NDArray[np.int8]
+    policy_state: object = None
+    detail: dict[int, str] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """``allocate`` must be pure: same snapshot, same decision; no I/O, no clock reads."""
+
+    name: str
+
+    def allocate(self, snapshot: Snapshot) -> Decision: ...

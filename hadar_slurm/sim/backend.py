@@ -1,0 +1,205 @@
+"""The trace-driven simulator: a :class:`~hadar_slurm.loop.ClusterBackend` over a virtual cluster.
+
+Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.md``):
+
+* Epochs (rounds) of ``round_s`` seconds (360 s).  A job that arrives during a round is admitted
+  at the next round boundary; its JCT still counts from its arrival.
+* A placed job runs the whole round, or until it finishes (the exact finish time is recorded).
+  The round ends when its last job stops, so a round where every job finishes early is short.
+  A GPU freed mid-round stays idle until the round ends; nothing starts mid-round.
+* When nothing runs and nothing waits, time jumps to the next arrival.
+* No preemption or checkpoint cost unless ``migration_cost_s`` is set: then a job that is placed
+  on GPUs other than those it held (or resumes after a pause) makes no progress for that long
+  at the start of its round.
+
+Progress of a job in a round: per-worker rate ``r[h] = rate[h] / scale``; a synchronous job
+runs at ``workers * min r over the types it uses`` (the slowest worker sets the pace) times
+``spread_factor`` when its workers span several nodes; an asynchronous one at ``sum r``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hadar_slurm.loop import Action, ActionKind
+from hadar_slurm.model import ClusterSpec, Job
+from hadar_slurm.policy.base import Decision, FloatArray, Placement, Snapshot
+from hadar_slurm.throughputs import ThroughputTable
+
+EPS_STEPS = 1e-6
+
+
+@dataclass
+class EpochUsage:
+    """GPU-seconds used per type in one simulated round."""
+
+    start: float
+    end: float
+    busy_gpu_s: FloatArray
+    running_jobs: int
+
+
+@dataclass
+class SimState:
+    remaining: FloatArray
+    attained: FloatArray
+    finish: FloatArray
+    first_start: FloatArray
+    usage: list[EpochUsage] = field(default_factory=list)
+
+
+class SimulatedCluster:
+    """A virtual cluster running a trace.  Implements :class:`~hadar_slurm.loop.ClusterBackend`."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        cluster: ClusterSpec,
+        table: ThroughputTable,
+        *,
+        spread_factor: float = 1.0,
+        migration_cost_s: float = 0.0,
+        idle_epochs_limit: int = 3,
+    ) -> None:
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
+        self.cluster = cluster
+        self.gpu_types = cluster.gpu_types
+        self.spread_factor = spread_factor
+        self.migration_cost_s = migration_cost_s
+        self.idle_epochs_limit = idle_epochs_limit
+        n = len(self.jobs)
+        h = len(self.gpu_types)
+        self.job_ids = np.array([j.job_id for j in self.jobs], dtype=np.int64)
+        self.index_of = {int(j): i for i, j in enumerate(self.job_ids)}
+        self.arrival = np.array([j.arrival_s for j in self.jobs], dtype=np.float64)
+        self.total = np.array([j.total_steps for j in self.jobs], dtype=np.float64)
+        self.scale = np.array([j.scale_factor for j in self.jobs], dtype=np.int64)
+        self.weight = np.array([j.weight for j in self.jobs], dtype=np.float64)
+        self.sync = np.array([j.sync for j in self.jobs], dtype=np.bool_)
+        self.rate = np.array(
+            [[table.rate(j.job_type, j.scale_factor, g) for g in self.gpu_types] for j in self.jobs],
+            dtype=np.float64,
+        ).reshape(n, h)
+        self.node_type = np.array(
+            [self.gpu_types.index(nd.gpu_type) for nd in cluster.nodes], dtype=np.int64)
+        self.node_gpus = np.array([nd.gpus for nd in cluster.nodes], dtype=np.int64)
+        self.node_names = tuple(nd.name for nd in cluster.nodes)
+        self.state = SimState(
+            remaining=self.total.copy(),
+            attained=np.zeros((n, h)),
+            finish=np.full(n, np.nan),
+            first_start=np.full(n, np.nan),
+        )
+        self.current = Placement.empty()
+        self._round_start = 0.0
+        self._admitted = 0  # jobs[:admitted] have been admitted
+        self._idle_epochs = 0
+        self._moved: set[int] = set()
+
+    # -- ClusterBackend -------------------------------------------------------------------
+
+    def snapshot(self, epoch: int, now: float, round_s: float, policy_state: object) -> Snapshot:
+        self._advance(now)
+        while self._admitted < len(self.jobs) and self.arrival[self._admitted] <= now + 1e-9:
+            self._admitted += 1
+        active = np.nonzero(np.isnan(self.state.finish[: self._admitted]))[0]
+        return Snapshot(
+            epoch=epoch, now=now, round_s=round_s, gpu_types=self.gpu_types,
+            node_names=self.node_names, node_type=self.node_type, node_gpus=self.node_gpus,
+            job_ids=self.job_ids[active],
+            job_types=tuple(self.jobs[i].job_type for i in active.tolist()),
+            arrival=self.arrival[active], total=self.total[active],
+            remaining=self.state.remaining[active], scale=self.scale[active],
+            weight=self.weight[active], sync=self.sync[active], rate=self.rate[active],
+            attained=self.state.attained[active], current=self.current,
+            policy_state=policy_state,
+        )
+
+    def apply(self, decision: Decision, actions: list[Action], now: float) -> None:
+        self._moved = {a.job_id for a in actions if a.kind in (ActionKind.MOVE, ActionKind.PLACE)}
+        self.current = decision.placement
+        self._round_start = now
+        for job_id in set(decision.placement.job.tolist()):
+            i = self.index_of[job_id]
+            if np.isnan(self.state.first_start[i]):
+                self.state.first_start[i] = now
+
+    def next_epoch_start(self, now: float, round_s: float) -> float | None:
+        ttf = [self._time_to_finish(j, rows) for j, rows in self.current.by_job().items()]
+        if ttf:
+            self._idle_epochs = 0
+            return now + min(round_s, max(ttf))
+        waiting = bool(np.isnan(self.state.finish[: self._admitted]).any())
+        if self._admitted < len(self.jobs):
+            nxt = float(self.arrival[self._admitted])
+            return max(nxt, now + round_s) if waiting else max(nxt, now)
+        if waiting:
+            # Jobs wait but the policy ran nothing; give up after a few such epochs rather than
+            # loop forever (e.g. jobs that no GPU type of the cluster can run).
+            self._idle_epochs += 1
+            if self._idle_epochs >= self.idle_epochs_limit:
+                return None
+            return now + round_s
+        return None
+
+    # -- mechanics --------------------------------------------------------------------------
+
+    def job_rate(self, job_id: int, rows: Sequence[tuple[int, int]]) -> float:
+        """Steps/s of ``job_id`` on ``rows`` ((node, GPUs) pairs)."""
+        i = self.index_of[job_id]
+        per_worker = self.rate[i] / self.scale[i]
+        workers = np.zeros(len(self.gpu_types))
+        for n, c in rows:
+            workers[self.node_type[n]] += c
+        used = workers > 0
+        if not used.any():
+            return 0.0
+        if self.sync[i]:
+            r = float(workers.sum() * per_worker[used].min())
+            if len(rows) > 1:
+                r *= self.spread_factor
+            return r
+        return float((workers * per_worker).sum())
+
+    def _delay(self, job_id: int) -> float:
+        return self.migration_cost_s if job_id in self._moved else 0.0
+
+    def _time_to_finish(self, job_id: int, rows: Sequence[tuple[int, int]]) -> float:
+        r = self.job_rate(job_id, rows)
+        if r <= 0:
+            return 0.0
+        return self._delay(job_id) + float(self.state.remaining[self.index_of[job_id]]) / r
+
+    def _advance(self, now: float) -> None:
+        """Run the current placement from the round's start to ``now``."""
+        span = now - self._round_start
+        if span <= 0 or len(self.current) == 0:
+            return
+        busy = np.zeros(len(self.gpu_types))
+        st = self.state
+        for job_id, rows in self.current.by_job().items():
+            i = self.index_of[job_id]
+            r = self.job_rate(job_id, rows)
+            if r <= 0:
+                continue
+            delay = min(self._delay(job_id), span)
+            ttf = float(st.remaining[i]) / r
+            run = min(span - delay, ttf)
+            st.remaining[i] -= r * run
+            held = delay + run
+            for h in {int(self.node_type[n]) for n, _ in rows}:
+                st.attained[i, h] += held
+            for n, c in rows:
+                busy[self.node_type[n]] += c * held
+            if st.remaining[i] <= EPS_STEPS * max(1.0, float(self.total[i])) or run >= ttf:
+                st.remaining[i] = 0.0
+                st.finish[i] = self._round_start + delay + ttf
+        st.usage.append(EpochUsage(self._round_start, now, busy, len(self.current.by_job())))
+        self._round_start = now
+        self.current = Placement(
+            *(a[np.isin(self.current.job, self.job_ids[~np.isnan(st.finish)], invert=True)]
+              for a in (self.current.job, self.current.node, self.current.count))
+        )

@@ -1,0 +1,224 @@
+"""Throughput tables: how fast each job type runs on each GPU type.
+
+A :class:`ThroughputTable` maps ``(job_type, scale_factor, gpu_type)`` to the iterations per
+second of the *whole job* running alone on ``scale_factor`` GPUs of that type (Gavel's
+convention; divide by ``scale_factor`` for one worker's rate).
+
+Two file formats are read:
+
+* **Gavel's JSON** (``simulation_throughputs.json``): ``{gpu: {"('<model>', <sf>)": {"null":
+  rate, ...}}}``.  Only the isolated ``null`` rates are used; the ``*_unconsolidated`` keys are not
+  GPU types and are skipped.
+* **Our CSV** (for GPU types Gavel never measured, such as ``a100`` or ``h100``): one
+  row per measurement, ``#`` starts a comment, and the first non-comment line is the header::
+
+      job_type,scale_factor,gpu_type,steps_per_second
+      ResNet-50 (batch size 64),1,a100,9.8
+      ResNet-50 (batch size 64),1,h100,15.2
+
+A file ending in ``.json`` is read as Gavel's format, anything else as our CSV.  Later files
+override earlier ones entry by entry (:meth:`ThroughputTable.merged`).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from hadar_slurm.errors import InputError
+from hadar_slurm.model import GpuType, normalize_gpu_type
+
+JobKey = tuple[str, int]
+
+CSV_HEADER = ("job_type", "scale_factor", "gpu_type", "steps_per_second")
+
+
+@dataclass(frozen=True)
+class ThroughputTable:
+    """Isolated throughputs, ``rates[(job_type, scale_factor)][gpu_type] = steps/s``."""
+
+    rates: Mapping[JobKey, Mapping[GpuType, float]] = field(default_factory=dict)
+    source: str = "<table>"
+
+    def rate(self, job_type: str, scale_factor: int, gpu_type: GpuType) -> float:
+        """Whole-job steps/s; 0.0 when the job type does not run on ``gpu_type``."""
+        return float(self.rates.get((job_type, scale_factor), {}).get(gpu_type, 0.0))
+
+    def has_job(self, job_type: str, scale_factor: int) -> bool:
+        return (job_type, scale_factor) in self.rates
+
+    def gpu_types(self) -> tuple[GpuType, ...]:
+        seen: dict[GpuType, None] = {}
+        for per_gpu in self.rates.values():
+            for g in per_gpu:
+                seen.setdefault(g, None)
+        return tuple(seen)
+
+    def job_keys(self) -> Iterator[JobKey]:
+        return iter(self.rates)
+
+    def merged(self, other: ThroughputTable) -> ThroughputTable:
+        """Entries of ``other`` override ours, one ``(job, gpu)`` entry at a time."""
+        out: dict[JobKey, dict[GpuType, float]] = {k: dict(v) for k, v in self.rates.items()}
+        for key, per_gpu in other.rates.items():
+            out.setdefault(key, {}).update(per_gpu)
+        return ThroughputTable(out, f"{self.source}+{other.source}")
+
+
+def _check_rate(value: object, *, source: str, line: int | None, field_name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InputError(
+            f"expected a number of steps per second, got {value!r}",
+            source=source, line=line, field=field_name, fix="use a number >= 0",
+        )
+    try:
+        rate = float(value)
+    except ValueError:
+        raise InputError(
+            f"expected a number of steps per second, got {value!r}",
+            source=source, line=line, field=field_name, fix="use a number >= 0",
+        ) from None
+    if not math.isfinite(rate) or rate < 0:
+        raise InputError(
+            f"steps per second must be finite and >= 0, got {value!r}",
+            source=source, line=line, field=field_name, fix="use a number >= 0",
+        )
+    return rate
+
+
+def load_gavel_json(path: str | Path) -> ThroughputTable:
+    """Read Gavel's ``simulation_throughputs.json`` (isolated ``null`` rates only)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read throughput file: {exc.strerror}", source=source) from None
+    return parse_gavel_json(text, source)
+
+
+def parse_gavel_json(text: str, source: str) -> ThroughputTable:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"not valid JSON: {exc.msg}", source=source, line=exc.lineno,
+            fix="give Gavel's simulation_throughputs.json or a CSV with header "
+            + ",".join(CSV_HEADER),
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object keyed by GPU type", source=source)
+    rates: dict[JobKey, dict[GpuType, float]] = {}
+    for gpu_name, per_job in data.items():
+        if "unconsolidated" in gpu_name:
+            continue
+        gpu = normalize_gpu_type(gpu_name)
+        if not isinstance(per_job, dict):
+            raise InputError(
+                "expected an object keyed by \"('<model>', <scale_factor>)\"",
+                source=source, field=gpu_name,
+            )
+        for key_text, entry in per_job.items():
+            key = _parse_gavel_key(key_text, source, gpu_name)
+            if isinstance(entry, dict):
+                if "null" not in entry:
+                    raise InputError(
+                        "no isolated throughput ('null' key)", source=source,
+                        field=f"{gpu_name}.{key_text}", fix="add \"null\": <steps/s>",
+                    )
+                value = entry["null"]
+            else:
+                value = entry
+            rates.setdefault(key, {})[gpu] = _check_rate(
+                value, source=source, line=None, field_name=f"{gpu_name}.{key_text}"
+            )
+    if not rates:
+        raise InputError("no throughputs found", source=source)
+    return ThroughputTable(rates, source)
+
+
+def _parse_gavel_key(text: str, source: str, gpu_name: str) -> JobKey:
+    try:
+        key = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        key = None
+    if (
+        not isinstance(key, tuple) or len(key) != 2 or not isinstance(key[0], str)
+        or not isinstance(key[1], int) or key[1] < 1
+    ):
+        raise InputError(
+            f"job key {text!r} is not of the form \"('<model>', <scale_factor>)\"",
+            source=source, field=gpu_name,
+        )
+    return (key[0], key[1])
+
+
+def load_csv(path: str | Path) -> ThroughputTable:
+    """Read our CSV format (see the module docstring)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read throughput file: {exc.strerror}", source=source) from None
+    return parse_csv(text, source)
+
+
+def parse_csv(text: str, source: str) -> ThroughputTable:
+    rows = [
+        (n, line) for n, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    if not rows:
+        raise InputError("empty throughput file", source=source, fix="add a header and rows")
+    header_line, header = rows[0]
+    cols = tuple(c.strip() for c in next(csv.reader([header])))
+    if cols != CSV_HEADER:
+        raise InputError(
+            f"header is {','.join(cols)!r}", source=source, line=header_line,
+            fix="the first line must be " + ",".join(CSV_HEADER),
+        )
+    rates: dict[JobKey, dict[GpuType, float]] = {}
+    for n, line in rows[1:]:
+        cells = [c.strip() for c in next(csv.reader([line]))]
+        if len(cells) != len(CSV_HEADER):
+            raise InputError(
+                f"expected {len(CSV_HEADER)} comma-separated fields, got {len(cells)}",
+                source=source, line=n, fix="quote a job type that contains a comma",
+            )
+        job_type, sf_text, gpu_text, rate_text = cells
+        if not job_type:
+            raise InputError("empty job type", source=source, line=n, field="job_type")
+        try:
+            sf = int(sf_text)
+        except ValueError:
+            sf = 0
+        if sf < 1:
+            raise InputError(
+                f"scale factor must be an integer >= 1, got {sf_text!r}",
+                source=source, line=n, field="scale_factor",
+            )
+        gpu = normalize_gpu_type(gpu_text)
+        if not gpu:
+            raise InputError("empty GPU type", source=source, line=n, field="gpu_type")
+        rates.setdefault((job_type, sf), {})[gpu] = _check_rate(
+            rate_text, source=source, line=n, field_name="steps_per_second"
+        )
+    return ThroughputTable(rates, source)
+
+
+def load_table(path: str | Path) -> ThroughputTable:
+    """Read a throughput file in either format (``.json``: Gavel's; otherwise our CSV)."""
+    if str(path).endswith(".json"):
+        return load_gavel_json(path)
+    return load_csv(path)
+
+
+def default_table() -> ThroughputTable:
+    """Gavel's measured table for v100, p100 and k80, shipped with the package."""
+    ref = resources.files("hadar_slurm") / "data" / "gavel" / "simulation_throughputs.json"
+    return parse_gavel_json(ref.read_text(), "gavel:simulation_throughputs.json")
