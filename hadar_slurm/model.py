@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 GpuType = str
-"""A GPU type is its Slurm type name, lower case: ``v100``, ``p100``, ``k80``, ``a100``, ``h100``."""
+"""A GPU type is its Slurm type name, lower case: ``v100``, ``p100``, ``k80``, ``a100``..."""
 
 
 def normalize_gpu_type(name: str) -> GpuType:

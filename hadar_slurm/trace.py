@@ -13,11 +13,12 @@ Every problem is an :class:`~hadar_slurm.errors.InputError` naming the file, lin
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.model import Job
+from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.throughputs import ThroughputTable
 
 FIELDS = (
@@ -117,3 +118,52 @@ def read_trace_text(path: str | Path) -> tuple[str, str]:
         return p.read_text(), str(path)
     except OSError as exc:
         raise InputError(f"cannot read trace: {exc.strerror}", source=str(path)) from None
+
+
+def job_line_numbers(text: str) -> list[int]:
+    """1-based line numbers of the job lines of a trace, in order (``job_id`` indexes it)."""
+    return [
+        n for n, raw in enumerate(text.splitlines(), start=1)
+        if raw.strip() and not raw.lstrip().startswith("#")
+    ]
+
+
+def check_runnable(
+    jobs: Sequence[Job],
+    table: ThroughputTable,
+    cluster: ClusterSpec,
+    *,
+    source: str,
+    lines: Sequence[int] | None = None,
+) -> None:
+    """Raise an :class:`InputError` for the first job that no GPU of ``cluster`` can run.
+
+    A job can run when the GPU types of the cluster that have a throughput for it hold at least
+    ``scale_factor`` GPUs together.  ``lines[job_id]`` is the job's line in ``source``
+    (see :func:`job_line_numbers`).
+    """
+    types = cluster.gpu_types
+    listed = ", ".join(f"{cluster.capacity(g)} {g}" for g in types)
+    for job in jobs:
+        line = lines[job.job_id] if lines is not None and job.job_id < len(lines) else None
+        runnable = [g for g in types if table.rate(job.job_type, job.scale_factor, g) > 0]
+        if not runnable:
+            elsewhere = [
+                g for g in table.gpu_types()
+                if table.rate(job.job_type, job.scale_factor, g) > 0
+            ]
+            known = f"; it has rates for {', '.join(elsewhere)}" if elsewhere else ""
+            raise InputError(
+                f"job {job.job_id} ({job.job_type!r} on {job.scale_factor} GPU(s)) has no "
+                f"throughput on any GPU type of the cluster ({listed}){known}",
+                source=source, line=line, field="job_type",
+                fix="add a GPU type it runs on to --cluster, or its rates to --throughputs",
+            )
+        usable = sum(cluster.capacity(g) for g in runnable)
+        if usable < job.scale_factor:
+            raise InputError(
+                f"job {job.job_id} ({job.job_type!r}) needs {job.scale_factor} GPUs but the "
+                f"cluster has only {usable} it can run on ({listed})",
+                source=source, line=line, field="scale_factor",
+                fix="use a larger --cluster or a smaller scale factor",
+            )

@@ -1,0 +1,70 @@
+# hadar-slurm: `make demo` runs the simulator demo, `make test` runs lint, types and tests.
+# Every target works on a fresh clone and is idempotent.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_POLICIES ?= hadar,gavel-las,gavel-makespan,fifo
+DEMO_TRACE ?= static_32_seed0
+DEMO_CLUSTER ?= 4:4:4
+LINT_PATHS := hadar_slurm tests $(wildcard bench)
+SLURM_PACKAGES := munge slurmctld slurmd slurm-client slurmrestd libslurm-dev
+
+.PHONY: venv deps demo test lint typecheck pytest clean distclean
+
+venv: $(STAMP)
+
+# Re-installs when the packaging or the Cython sources change (rebuilds the extension).
+$(STAMP): setup.py pyproject.toml $(wildcard cython_core/*.pyx cython_core/*.pxd cython_core/*.h)
+	@if [ ! -x $(BIN)/python ]; then \
+		rm -rf $(VENV); \
+		if ! $(PYTHON) -m venv $(VENV); then \
+			echo "python3 -m venv failed (no ensurepip?): installing python3-venv"; \
+			rm -rf $(VENV); \
+			if [ "$$(id -u)" != 0 ]; then echo "run as root or install python3-venv" >&2; exit 1; fi; \
+			DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv && \
+			$(PYTHON) -m venv $(VENV); \
+		fi; \
+	fi
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# Slurm and munge from Debian, for the Slurm integration tests; skipped when already there.
+deps:
+	@if command -v slurmctld >/dev/null 2>&1; then \
+		echo "deps: slurmctld found, nothing to install"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+		echo "deps: not root, skipping install of $(SLURM_PACKAGES)"; \
+	else \
+		DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			$(SLURM_PACKAGES); \
+	fi
+
+demo: venv
+	$(BIN)/hadar-slurm simulate --trace $(DEMO_TRACE) --cluster $(DEMO_CLUSTER) \
+		--policy $(DEMO_POLICIES) --plots out/demo-plots --json out/demo.json
+
+lint: venv
+	$(BIN)/ruff check $(LINT_PATHS)
+
+typecheck: venv
+	$(BIN)/mypy hadar_slurm
+
+pytest: venv
+	$(BIN)/pytest -q tests
+
+test: venv deps
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy hadar_slurm
+	$(BIN)/pytest -q tests
+
+clean:
+	rm -rf build dist *.egg-info out .mypy_cache .ruff_cache .pytest_cache
+	rm -f hadar_slurm/*.so cython_core/*.c cython_core/*.cpp cython_core/*.html
+	find hadar_slurm tests -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

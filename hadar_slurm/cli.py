@@ -1,0 +1,293 @@
+"""The ``hadar-slurm`` command line.
+
+Subcommands (more come later: ``run``, ``status``, ``explain``)::
+
+    hadar-slurm simulate --trace FILE --cluster 4:4:4 [--throughputs FILE]
+                         [--policy NAME[,NAME...]] [--round-seconds 360]
+                         [--json OUT] [--plots DIR]
+
+Any problem with the input is an :class:`~hadar_slurm.errors.InputError`: it is printed as one
+line, ``hadar-slurm: error: ...``, and the exit status is 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from hadar_slurm import __version__
+from hadar_slurm.cluster import load_cluster
+from hadar_slurm.errors import InputError
+from hadar_slurm.loop import EpochRecord
+from hadar_slurm.model import ClusterSpec, Job
+from hadar_slurm.policy import REGISTRY, Policy, make_policy
+from hadar_slurm.sim.backend import SimulatedCluster
+from hadar_slurm.sim.run import SimResult, simulate
+from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
+from hadar_slurm.trace import (
+    BUNDLED_TRACES,
+    check_runnable,
+    job_line_numbers,
+    parse_trace,
+    read_trace_text,
+)
+
+PROG = "hadar-slurm"
+EXIT_INPUT = 2
+
+
+def default_policy() -> str:
+    """``hadar`` (the scheduler this project is about) once registered, else ``fifo``."""
+    return "hadar" if "hadar" in REGISTRY else "fifo"
+
+
+# -- input ----------------------------------------------------------------------------------
+
+
+def load_throughputs(path: str | None) -> ThroughputTable:
+    """The bundled Gavel table, with the entries of ``path`` (if given) merged over it."""
+    table = default_table()
+    return table if path is None else table.merged(load_table(path))
+
+
+def load_cluster_arg(spec: str) -> ClusterSpec:
+    """``--cluster``: a TOML cluster file, or counts such as ``4:4:4`` or ``v100=2:a100=8``."""
+    if not Path(spec).is_file() and (spec.endswith(".toml") or "/" in spec):
+        raise InputError("no such cluster file", source=spec, field="cluster",
+                         fix="give a TOML cluster file or counts such as 4:4:4")
+    return load_cluster(spec)
+
+
+def load_jobs(trace: str, table: ThroughputTable, cluster: ClusterSpec) -> tuple[list[Job], str]:
+    """Parse ``--trace`` (a file or a bundled trace name) and check the cluster can run it."""
+    if not Path(trace).exists() and trace not in BUNDLED_TRACES:
+        raise InputError("no such trace file", source=trace, field="trace",
+                         fix="give a trace file or one of: " + ", ".join(BUNDLED_TRACES))
+    text, source = read_trace_text(trace)
+    jobs = parse_trace(text, source, table)
+    check_runnable(jobs, table, cluster, source=source, lines=job_line_numbers(text))
+    return jobs, source
+
+
+def parse_policies(spec: str) -> list[Policy]:
+    names = [n.strip() for n in spec.split(",")]
+    if not all(names):
+        raise InputError(f"empty policy name in {spec!r}", field="policy",
+                         fix="separate names by single commas, e.g. hadar,fifo")
+    policies = [make_policy(n) for n in names]
+    seen: set[str] = set()
+    for p in policies:
+        if p.name in seen:
+            raise InputError(f"policy {p.name!r} is named twice", field="policy")
+        seen.add(p.name)
+    return policies
+
+
+def parse_round(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"expected a number of seconds > 0, got {text!r}",
+                         field="round-seconds", fix="e.g. --round-seconds 360")
+    return value
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def fmt_time(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "-"
+    return f"{seconds:,.0f} s ({seconds / 3600:.2f} h)"
+
+
+def fmt_num(value: float, digits: int) -> str:
+    return "-" if not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+TABLE_HEADER = (
+    "policy", "makespan", "avg JCT", "p95 JCT", "utilization", "FTF mean", "FTF max",
+    "decision ms/epoch (median)", "completed/jobs",
+)
+
+
+def result_table(results: Sequence[SimResult]) -> str:
+    """The results as an aligned plain-text table."""
+    rows = [TABLE_HEADER]
+    for r in results:
+        rows.append((
+            r.policy, fmt_time(r.makespan_s), fmt_time(r.avg_jct_s), fmt_time(r.p95_jct_s),
+            "-" if not math.isfinite(r.utilization) else f"{100 * r.utilization:.1f}%",
+            fmt_num(r.ftf_mean, 3), fmt_num(r.ftf_max, 3), fmt_num(r.decision_ms_median, 3),
+            f"{r.num_completed}/{r.num_jobs}",
+        ))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(TABLE_HEADER))]
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [
+            cell.rjust(w) for cell, w in zip(row[1:], widths[1:], strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent when ``stream`` is not a TTY."""
+
+    def __init__(self, stream: TextIO, label: str, num_jobs: int, start: float,
+                 min_interval_s: float = 0.1) -> None:
+        self.stream = stream
+        self.enabled = stream.isatty()
+        self.label = label
+        self.num_jobs = num_jobs
+        self.start = start
+        self.min_interval_s = min_interval_s
+        self._last = -math.inf
+        self._shown = False
+
+    def update(self, record: EpochRecord, backend: SimulatedCluster) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        done = int(np.count_nonzero(~np.isnan(backend.state.finish)))
+        frac = done / self.num_jobs if self.num_jobs else 1.0
+        width = 24
+        filled = round(frac * width)
+        bar = "#" * filled + "." * (width - filled)
+        sim_h = (record.start - self.start) / 3600
+        self.stream.write(
+            f"\r{self.label}: [{bar}] {done}/{self.num_jobs} jobs done, epoch {record.epoch}, "
+            f"simulated {sim_h:.1f} h\x1b[K"
+        )
+        self.stream.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def write_json(path: str, results: Sequence[SimResult]) -> None:
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps([r.row() for r in results], indent=2) + "\n")
+    except OSError as exc:
+        raise InputError(f"cannot write JSON: {exc.strerror}", source=path,
+                         field="json") from None
+
+
+# -- subcommands ----------------------------------------------------------------------------
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    policies = parse_policies(args.policy)
+    round_s = parse_round(args.round_seconds)
+    table = load_throughputs(args.throughputs)
+    cluster = load_cluster_arg(args.cluster)
+    jobs, source = load_jobs(args.trace, table, cluster)
+    plots_dir = Path(args.plots) if args.plots else None
+    if plots_dir is not None and plots_dir.exists() and not plots_dir.is_dir():
+        raise InputError("exists and is not a directory", source=args.plots, field="plots")
+
+    print(f"trace {source}: {len(jobs)} jobs; cluster {cluster.describe()}; "
+          f"round {round_s:g} s")
+    start = min(j.arrival_s for j in jobs)
+    results: list[SimResult] = []
+    for policy in policies:
+        progress = Progress(sys.stderr, policy.name, len(jobs), start)
+        hook: Callable[[EpochRecord, SimulatedCluster], None] | None = (
+            progress.update if progress.enabled else None)
+        try:
+            results.append(simulate(jobs, cluster, table, policy, round_s=round_s,
+                                    on_epoch=hook))
+        finally:
+            progress.close()
+    print(result_table(results))
+    for r in results:
+        if r.num_completed < r.num_jobs:
+            print(f"note: {r.policy} left {r.num_jobs - r.num_completed} job(s) unfinished")
+    if args.json:
+        write_json(args.json, results)
+        print(f"wrote {args.json}")
+    if plots_dir is not None:
+        from hadar_slurm.plots import write_plots
+
+        try:
+            paths = write_plots(results, plots_dir)
+        except OSError as exc:
+            raise InputError(f"cannot write plots: {exc.strerror}", source=args.plots,
+                             field="plots") from None
+        print("plots: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Heterogeneity-aware scheduling of deep-learning jobs on Slurm GPU "
+        "clusters.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sim = sub.add_parser(
+        "simulate", help="run scheduling policies over a job trace in the simulator",
+        description="Run each policy over the trace on a simulated cluster and compare "
+        "makespan, job completion time (JCT), utilization and finish-time fairness (FTF).",
+    )
+    sim.add_argument("--trace", required=True, metavar="FILE",
+                     help="a trace in Gavel's format, or a bundled trace: "
+                     + ", ".join(BUNDLED_TRACES))
+    sim.add_argument("--cluster", required=True, metavar="SPEC",
+                     help="V100:P100:K80 GPU counts (e.g. 4:4:4), named counts "
+                     "(e.g. v100=4:a100=8), or a TOML cluster file")
+    sim.add_argument("--throughputs", metavar="FILE",
+                     help="throughput table (Gavel .json or CSV) merged over the bundled "
+                     "Gavel table")
+    sim.add_argument("--policy", default=default_policy(), metavar="NAME[,NAME...]",
+                     help="policies to compare, from: " + ", ".join(sorted(REGISTRY))
+                     + " (default: %(default)s)")
+    sim.add_argument("--round-seconds", default="360", metavar="S",
+                     help="scheduling round (epoch) length in seconds (default: %(default)s)")
+    sim.add_argument("--json", metavar="OUT", help="write one JSON object per policy to OUT")
+    sim.add_argument("--plots", metavar="DIR",
+                     help="write jct_cdf.png and gpus_busy.png to DIR")
+    sim.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except InputError as exc:
+        sys.stdout.flush()
+        message = exc.one_line().replace("\r", " ").replace("\n", " ")  # always one line
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""The simulator on schedules small enough to work out by hand (fifo, 360 s rounds).
+
+Table (tests/conftest.py): ``toy`` does 1 step/s on a v100 and 0.5 step/s on a k80; ``toy2``
+is a 2-GPU job doing 2 steps/s (whole job) on two v100s.  Rules (sim/backend.py): rounds of
+360 s; a job arriving mid-round is admitted at the next round boundary but its JCT counts from
+its arrival; a round ends early when its last running job finishes; with nothing to run, time
+jumps to the next arrival.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_job
+
+from hadar_slurm.cluster import parse_counts
+from hadar_slurm.model import Job
+from hadar_slurm.policy import make_policy
+from hadar_slurm.sim.run import SimResult, simulate
+from hadar_slurm.throughputs import ThroughputTable
+
+
+def run_fifo(jobs: list[Job], cluster: str, table: ThroughputTable) -> SimResult:
+    return simulate(jobs, parse_counts(cluster), table, make_policy("fifo"), round_s=360.0)
+
+
+def finish_times(result: SimResult) -> list[float]:
+    return [float(x) for x in result.finish]
+
+
+def test_one_job_runs_alone(toy_table: ThroughputTable) -> None:
+    # 720 steps at 1 step/s on the only v100: rounds [0, 360) and [360, 720); it finishes at
+    # 720.  JCT = makespan = 720 s; the GPU was busy all 720 s, so utilization is 1.
+    r = run_fifo([make_job(0, 720, 0)], "v100=1", toy_table)
+    assert finish_times(r) == [720.0]
+    assert r.makespan_s == 720.0
+    assert r.avg_jct_s == 720.0 and r.p95_jct_s == 720.0
+    assert r.utilization == 1.0
+    assert (r.num_jobs, r.num_completed) == (1, 1)
+    # Epochs at t = 0, 360 and 720 (the last finds the job done and nothing left).
+    assert r.epochs == 3
+    assert [(u.start, u.end, u.busy_gpu_s.tolist()) for u in r.usage] == [
+        (0.0, 360.0, [360.0]), (360.0, 720.0, [360.0])]
+    # Alone on a cluster of one GPU, its finish time is exactly that of its fair share.
+    assert r.ftf_mean == pytest.approx(1.0) and r.ftf_max == pytest.approx(1.0)
+    assert r.decision_ms_median >= 0
+
+
+def test_second_job_waits_for_the_gpu_and_jct_counts_from_arrival(
+    toy_table: ThroughputTable,
+) -> None:
+    # Job 0 (720 steps) runs [0, 720).  Job 1 (720 steps) arrives at t=100 and is admitted at
+    # the 360 s boundary, but fifo does not preempt: it starts at 720 and ends at 1440.
+    # JCTs: 720 and 1440 - 100 = 1340; mean 1030; p95 = 720 + 0.95 * 620 = 1309.
+    # Makespan 1440 s from the first arrival; the v100 was busy throughout: utilization 1.
+    r = run_fifo([make_job(0, 720, 0), make_job(1, 720, 100)], "v100=1", toy_table)
+    assert finish_times(r) == [720.0, 1440.0]
+    assert r.jct.tolist() == [720.0, 1340.0]
+    assert r.avg_jct_s == 1030.0
+    assert r.p95_jct_s == pytest.approx(1309.0)
+    assert r.makespan_s == 1440.0
+    assert r.utilization == 1.0
+
+
+def test_job_arriving_mid_round_waits_for_the_next_boundary(toy_table: ThroughputTable) -> None:
+    # Two v100s.  Job 0 (720 steps) starts at 0.  Job 1 (360 steps) arrives at t=100 while a
+    # v100 is free, but nothing starts mid-round: it is admitted and placed at t=360 and ends at
+    # 720.  JCT of job 1 = 720 - 100 = 620; mean JCT (720 + 620) / 2 = 670.
+    # Busy GPU-seconds 720 + 360 = 1080 of 2 GPUs x 720 s: utilization 0.75.
+    r = run_fifo([make_job(0, 720, 0), make_job(1, 360, 100)], "v100=2", toy_table)
+    assert finish_times(r) == [720.0, 720.0]
+    assert r.jct.tolist() == [720.0, 620.0]
+    assert r.avg_jct_s == 670.0
+    assert r.makespan_s == 720.0
+    assert r.utilization == 0.75
+    assert [(u.start, u.end, u.busy_gpu_s.tolist()) for u in r.usage] == [
+        (0.0, 360.0, [360.0]), (360.0, 720.0, [720.0])]
+
+
+def test_round_ends_when_its_last_job_finishes(toy_table: ThroughputTable) -> None:
+    # Job 0 (180 steps) finishes at 180, so the first round is only 180 s long.  Job 1 (360
+    # steps, arrived at 100) is admitted at that boundary, t=180, and ends at 540.
+    # JCTs 180 and 440; makespan 540; busy 180 + 360 = 540 of 540 GPU-seconds.
+    r = run_fifo([make_job(0, 180, 0), make_job(1, 360, 100)], "v100=1", toy_table)
+    assert finish_times(r) == [180.0, 540.0]
+    assert r.jct.tolist() == [180.0, 440.0]
+    assert r.makespan_s == 540.0
+    assert r.utilization == 1.0
+    assert r.usage[0].start == 0.0 and r.usage[0].end == 180.0
+
+
+def test_idle_gap_jumps_to_the_next_arrival(toy_table: ThroughputTable) -> None:
+    # Job 0 runs [0, 100).  Nothing waits until job 1 arrives at 1000; it runs [1000, 1100).
+    # Makespan 1100 s; busy 200 GPU-seconds of 1100: utilization 2/11.
+    r = run_fifo([make_job(0, 100, 0), make_job(1, 100, 1000)], "v100=1", toy_table)
+    assert finish_times(r) == [100.0, 1100.0]
+    assert r.jct.tolist() == [100.0, 100.0]
+    assert r.makespan_s == 1100.0
+    assert r.utilization == pytest.approx(200 / 1100)
+    assert all(u.start >= 1000.0 or u.end <= 100.0 for u in r.usage)
+
+
+def test_makespan_counts_from_the_first_arrival(toy_table: ThroughputTable) -> None:
+    # The trace starts at t=500; a 360-step job runs [500, 860): makespan 360, JCT 360.
+    r = run_fifo([make_job(0, 360, 500)], "v100=1", toy_table)
+    assert finish_times(r) == [860.0]
+    assert r.makespan_s == 360.0 and r.avg_jct_s == 360.0
+
+
+def test_fifo_is_blind_to_speed(toy_table: ThroughputTable) -> None:
+    # The k80 comes first in the node list, so fifo puts the job there although the v100 is
+    # twice as fast: 720 steps at 0.5 step/s = 1440 s.  Of 2 GPUs x 1440 s only the k80's
+    # 1440 s are used: utilization 0.5.
+    r = run_fifo([make_job(0, 720, 0)], "k80=1:v100=1", toy_table)
+    assert r.makespan_s == 1440.0
+    assert r.utilization == 0.5
+    assert sum(u.busy_gpu_s[0] for u in r.usage) == 1440.0  # all on the k80 (type 0)
+    assert sum(u.busy_gpu_s[1] for u in r.usage) == 0.0
+
+
+def test_multi_gpu_job_holds_all_its_gpus(toy_table: ThroughputTable) -> None:
+    # toy2: 720 steps at 2 steps/s on two v100s = 360 s, holding 2 GPUs: 720 GPU-seconds of
+    # 2 x 360: utilization 1.  A 1-GPU toy job arriving with it waits for a free v100 and then
+    # runs 360 steps in 360 s: it finishes at 720.
+    jobs = [make_job(0, 720, 0, "toy2", scale=2), make_job(1, 360, 0)]
+    r = run_fifo(jobs, "v100=2", toy_table)
+    assert finish_times(r) == [360.0, 720.0]
+    assert r.makespan_s == 720.0
+    # Busy: 2 x 360 (job 0) + 360 (job 1) = 1080 of 2 x 720 GPU-seconds.
+    assert r.utilization == 0.75
+
+
+def test_unrunnable_job_does_not_loop_forever(toy_table: ThroughputTable) -> None:
+    # "v100only" cannot run on a k80 cluster; the simulator gives up instead of spinning.
+    jobs = [make_job(0, 100, 0), make_job(1, 100, 0, "v100only")]
+    r = run_fifo(jobs, "k80=1", toy_table)
+    assert (r.num_jobs, r.num_completed) == (2, 1)
+    assert r.finish[0] == 200.0  # 100 steps at 0.5 step/s
+    assert np.isnan(r.finish[1])
+
+
+def test_row_is_the_json_contract(toy_table: ThroughputTable) -> None:
+    r = run_fifo([make_job(0, 720, 0), make_job(1, 720, 100)], "v100=1", toy_table)
+    row = r.row()
+    assert row["policy"] == "fifo"
+    assert row["makespan_s"] == 1440.0
+    assert row["avg_jct_s"] == 1030.0
+    assert row["utilization"] == 1.0
+    assert (row["num_jobs"], row["num_completed"]) == (2, 2)
+    assert row["cluster"] == "1 v100 on 1 nodes"
