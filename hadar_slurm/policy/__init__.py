@@ -10,9 +10,11 @@ from collections.abc import Callable
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy.base import Decision, Policy, Reason, Snapshot
 from hadar_slurm.policy.fifo import FifoPolicy
+from hadar_slurm.policy.hadar import HadarPolicy
 
 REGISTRY: dict[str, Callable[[], Policy]] = {
     "fifo": FifoPolicy,
+    "hadar": HadarPolicy,
 }
 
 

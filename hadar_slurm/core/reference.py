@@ -1,0 +1,411 @@
+"""The Hadar primal-dual epoch planner: plain-Python reference implementation.
+
+This is the slow, obviously-correct twin of the compiled core (``cython_core/hadar_core.pyx``).
+Both take and return NumPy arrays only, do the same floating-point operations in the same order,
+and must return identical decisions (tests compare them on random instances).
+
+What it computes (``../shared/HADAR.md``, reconstructed in the OASiS family):
+
+* **Prices.**  A price per GPU-second ``p[h, t] = L * (U / L) ** (g[h, t] / c[h])`` for each GPU
+  type ``h`` and epoch ``t`` of the rolling horizon, where ``g`` is what admitted jobs already
+  hold.  ``L`` and ``U`` (the smallest and largest utility per GPU-second among the jobs in play)
+  are estimated by the caller (:func:`hadar_slurm.core.utility_bounds`).  Prices are per GPU
+  *type*, not per node: nodes of one type are interchangeable to the price, and which nodes a
+  job gets is decided afterwards by the matcher (the queue-order / resource-matching split).
+* **Dual subroutine** (:func:`_best_schedule`), per job against the current prices: in each
+  epoch the cheapest way to run it, i.e. its workers cheapest-first by price per iteration
+  ``p / (D * r)``, at most ``S`` of them, on free GPUs only.  A synchronous job runs ``S`` workers
+  in a gang whose pace is set by its slowest type, so for each possible pace type ``m`` the gang
+  takes the cheapest free GPUs among the types at least as fast as ``m``; an asynchronous job
+  takes up to ``S`` workers, each progressing at its own type's rate.  Then, for every finishing
+  epoch ``T`` of the horizon, the cheapest set of epoch options up to ``T`` that completes the
+  remaining work; and, for a job that cannot finish within the horizon, every cheapest prefix of
+  options with the rest of its work valued after the horizon on its best type at the floor
+  price ``L``.  It keeps the candidate that maximises ``utility(finish) - cost``.
+* **Admission.**  Jobs are taken in the given queue order; a job whose best payoff is positive
+  is admitted on that schedule and ``g`` grows, raising the prices the next jobs see; otherwise
+  it waits (``PRICED_OUT``) and is tried again next epoch.
+* **Migration.**  A job placed in epoch 0 on other GPU types than it held loses ``migration_s``
+  seconds of that epoch (checkpoint and restart), so it moves only when the move pays.
+* **Back-fill.**  GPUs still idle in epoch 0 go, in queue order, to jobs that do not run in
+  epoch 0, each on its fastest feasible option, whatever the price: an idle GPU earns nothing.
+
+Only epoch 0 of the plan is dispatched; the next epoch re-plans from scratch (rolling horizon).
+
+Utility: ``f(T) = k / (T + age)`` with ``T`` the finish time from now and ``k = w * ideal``
+(weight times the job's runtime alone on its best type), as in HADAR.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+INF = float("inf")
+
+
+def _epoch_option(
+    i: int, t: int, remaining_work: float, scale: I64, rate: F64, sync: I64, current: I64,
+    free: I64, price: F64, round_s: float, migration_s: float, counts_out: I64,
+) -> tuple[float, float]:
+    """Cheapest way to run job ``i`` in epoch ``t``: (cost, progress); counts in ``counts_out``.
+
+    Returns ``(inf, 0)`` when it cannot run in that epoch.  Picks the option with the least cost
+    per iteration; ties go to more progress, then to the lower pace-type index.
+    """
+    num_types = rate.shape[1]
+    s = int(scale[i])
+    best_cpi = INF
+    best_cost = INF
+    best_prog = 0.0
+    trial = np.zeros(num_types, dtype=np.int64)
+    for h in range(num_types):
+        counts_out[h] = 0
+    if sync[i]:
+        for m in range(num_types):
+            rm = float(rate[i, m])
+            if rm <= 0.0:
+                continue
+            # Gang of s workers on types at least as fast as m, cheapest price first.
+            for h in range(num_types):
+                trial[h] = 0
+            need = s
+            cost = 0.0
+            while need > 0:
+                pick = -1
+                pick_price = INF
+                for h in range(num_types):
+                    if rate[i, h] >= rm and free[h, t] - trial[h] > 0:
+                        ph = float(price[h, t])
+                        if ph < pick_price:
+                            pick_price = ph
+                            pick = h
+                if pick < 0:
+                    break
+                take = min(need, int(free[pick, t] - trial[pick]))
+                trial[pick] += take
+                need -= take
+                cost += take * pick_price * round_s
+            if need > 0:
+                continue
+            run_s = round_s
+            if t == 0 and migration_s > 0.0:
+                same = True
+                for h in range(num_types):
+                    if trial[h] != current[i, h]:
+                        same = False
+                if not same:
+                    run_s = round_s - migration_s
+                    if run_s < 0.0:
+                        run_s = 0.0
+            prog = s * rm * run_s
+            if prog <= 0.0:
+                continue
+            if prog > remaining_work:
+                prog = remaining_work
+            cpi = cost / prog
+            if cpi < best_cpi or (cpi == best_cpi and prog > best_prog):
+                best_cpi = cpi
+                best_cost = cost
+                best_prog = prog
+                for h in range(num_types):
+                    counts_out[h] = trial[h]
+        return best_cost, best_prog
+    # Asynchronous: up to s workers, cheapest price per iteration first.
+    for h in range(num_types):
+        trial[h] = 0
+    need = s
+    cost = 0.0
+    prog = 0.0
+    while need > 0:
+        pick = -1
+        pick_ppi = INF
+        for h in range(num_types):
+            rh = float(rate[i, h])
+            if rh > 0.0 and free[h, t] - trial[h] > 0:
+                ppi = float(price[h, t]) / rh
+                if ppi < pick_ppi:
+                    pick_ppi = ppi
+                    pick = h
+        if pick < 0:
+            break
+        take = min(need, int(free[pick, t] - trial[pick]))
+        trial[pick] += take
+        need -= take
+        cost += take * float(price[pick, t]) * round_s
+        prog += take * float(rate[i, pick]) * round_s
+    if prog <= 0.0:
+        return INF, 0.0
+    if t == 0 and migration_s > 0.0:
+        same = True
+        for h in range(num_types):
+            if trial[h] != current[i, h]:
+                same = False
+        if not same:
+            run_s = round_s - migration_s
+            if run_s < 0.0:
+                run_s = 0.0
+            prog = prog * (run_s / round_s)
+            if prog <= 0.0:
+                return INF, 0.0
+    if prog > remaining_work:
+        prog = remaining_work
+    for h in range(num_types):
+        counts_out[h] = trial[h]
+    return cost, prog
+
+
+def _best_schedule(
+    i: int, remaining: F64, scale: I64, rate: F64, ukey: F64, age: F64, sync: I64,
+    current: I64, free: I64, price: F64, round_s: float, horizon: int, migration_s: float,
+    best_rate: float, tail_price: float, opt_counts: I64, chosen: I64,
+) -> float:
+    """The dual subroutine for job ``i``.  Marks chosen epochs in ``chosen``; returns payoff.
+
+    ``opt_counts[t, h]`` receives each epoch's option.  Payoff is ``-inf`` when the job cannot
+    run anywhere in the horizon.
+    """
+    num_types = rate.shape[1]
+    work = float(remaining[i])
+    opt_cost = np.zeros(horizon)
+    opt_prog = np.zeros(horizon)
+    row = np.zeros(num_types, dtype=np.int64)
+    n_opt = 0
+    for t in range(horizon):
+        c, p = _epoch_option(i, t, work, scale, rate, sync, current, free, price, round_s,
+                             migration_s, row)
+        opt_cost[t] = c
+        opt_prog[t] = p
+        for h in range(num_types):
+            opt_counts[t, h] = row[h]
+        if p > 0.0:
+            n_opt += 1
+        chosen[t] = 0
+    if n_opt == 0:
+        return -INF
+    # Options in order of cost per iteration (stable: earlier epoch first on ties).
+    order = np.zeros(n_opt, dtype=np.int64)
+    cpi = np.zeros(n_opt)
+    k = 0
+    for t in range(horizon):
+        if opt_prog[t] > 0.0:
+            c_t = opt_cost[t] / opt_prog[t]
+            # insertion sort keeps the reference obviously equal to the compiled twin
+            j = k
+            while j > 0 and cpi[j - 1] > c_t:
+                cpi[j] = cpi[j - 1]
+                order[j] = order[j - 1]
+                j -= 1
+            cpi[j] = c_t
+            order[j] = t
+            k += 1
+    best_payoff = -INF
+    best_kind = -1  # 0: finish by T (value = T); 1: prefix of length best_len, tail after
+    best_val = 0
+    # (a) Finish within the horizon, by epoch T.
+    for T in range(horizon):
+        got = 0.0
+        cost = 0.0
+        last = -1
+        for j in range(n_opt):
+            t = int(order[j])
+            if t > T:
+                continue
+            got += opt_prog[t]
+            cost += opt_cost[t]
+            if t > last:
+                last = t
+            if got >= work:
+                break
+        if got < work or last != T:
+            continue
+        # Finish inside epoch `last`: work done before it in time order, then the rest.
+        before = got - opt_prog[last]
+        frac = (work - before) / opt_prog[last]
+        finish = last * round_s + frac * round_s
+        payoff = ukey[i] / (finish + age[i]) - cost
+        if payoff > best_payoff:
+            best_payoff = payoff
+            best_kind = 0
+            best_val = T
+    # (b) Cannot finish within the horizon: a cheapest prefix, the rest afterwards.
+    total_prog = 0.0
+    for t in range(horizon):
+        total_prog += opt_prog[t]
+    if total_prog < work and best_rate > 0.0:
+        got = 0.0
+        cost = 0.0
+        for j in range(n_opt):
+            t = int(order[j])
+            got += opt_prog[t]
+            cost += opt_cost[t]
+            tail_s = (work - got) / best_rate
+            finish = horizon * round_s + tail_s
+            tail_cost = tail_s * scale[i] * tail_price
+            payoff = ukey[i] / (finish + age[i]) - cost - tail_cost
+            if payoff > best_payoff:
+                best_payoff = payoff
+                best_kind = 1
+                best_val = j + 1
+    if best_kind == 0:
+        got = 0.0
+        for j in range(n_opt):
+            t = int(order[j])
+            if t > best_val:
+                continue
+            chosen[t] = 1
+            got += opt_prog[t]
+            if got >= work:
+                break
+    elif best_kind == 1:
+        for j in range(best_val):
+            chosen[int(order[j])] = 1
+    return best_payoff
+
+
+def plan(
+    remaining: F64, scale: I64, rate: F64, fill_rate: F64, ukey: F64, age: F64, sync: I64, current: I64,
+    order: I64, capacity: I64, round_s: float, horizon: int, migration_s: float,
+    price_floor: F64, price_ratio: float,
+) -> tuple[I64, F64, I64]:
+    """One epoch of Hadar.  Arrays in, arrays out.
+
+    Inputs (``J`` jobs, ``H`` GPU types): ``remaining[J]`` steps; ``scale[J]`` max workers;
+    ``rate[J, H]`` one worker's steps/s on the types the dual pass may use (0: not there);
+    ``fill_rate[J, H]`` the same on every type it can run on, for back-fill;
+    ``ukey[J] = w * ideal``; ``age[J]``
+    seconds since arrival; ``sync[J]`` 1/0; ``current[J, H]`` workers held last epoch;
+    ``order`` the queue order (job indices); ``capacity[H]``; the price of type ``h`` per
+    GPU-second rises from ``price_floor[h]`` (idle) to ``price_floor[h] * price_ratio`` (full).
+
+    Returns ``alloc[J, H]`` (workers per type in this epoch), ``payoff[J]`` (of the admitted
+    schedule; ``-inf`` if never runnable, ``nan`` if not admitted) and ``status[J]``
+    (0 admitted and runs now, 1 admitted for a later epoch, 2 priced out, 3 cannot run,
+    4 back-filled).
+    """
+    num_jobs, num_types = rate.shape
+    g = np.zeros((num_types, horizon), dtype=np.int64)
+    free = np.zeros((num_types, horizon), dtype=np.int64)
+    price = np.zeros((num_types, horizon))
+    alloc = np.zeros((num_jobs, num_types), dtype=np.int64)
+    payoff = np.full(num_jobs, np.nan)
+    status = np.full(num_jobs, 2, dtype=np.int64)
+    for h in range(num_types):
+        for t in range(horizon):
+            free[h, t] = capacity[h]
+            price[h, t] = price_floor[h]
+    opt_counts = np.zeros((horizon, num_types), dtype=np.int64)
+    chosen = np.zeros(horizon, dtype=np.int64)
+    for q in range(order.shape[0]):
+        i = int(order[q])
+        best_rate = 0.0
+        tail_price = 0.0
+        runnable = False
+        for h in range(num_types):
+            if fill_rate[i, h] > 0.0:
+                runnable = True
+            if rate[i, h] * scale[i] > best_rate:
+                best_rate = rate[i, h] * scale[i]
+                tail_price = price_floor[h]
+        if not runnable:
+            status[i] = 3
+            payoff[i] = -INF
+            continue
+        if best_rate <= 0.0:
+            continue
+        pay = _best_schedule(i, remaining, scale, rate, ukey, age, sync, current, free, price,
+                             round_s, horizon, migration_s, best_rate, tail_price, opt_counts,
+                             chosen)
+        if pay == -INF:
+            continue  # no free GPUs anywhere in the horizon: waits
+        if not pay > 0.0:
+            payoff[i] = pay
+            continue
+        payoff[i] = pay
+        status[i] = 1
+        for t in range(horizon):
+            if chosen[t] == 0:
+                continue
+            for h in range(num_types):
+                c = opt_counts[t, h]
+                if c == 0:
+                    continue
+                g[h, t] += c
+                free[h, t] -= c
+                price[h, t] = price_floor[h] * price_ratio ** (g[h, t] / capacity[h])
+                if t == 0:
+                    alloc[i, h] = c
+            if t == 0:
+                status[i] = 0
+    # Back-fill epoch 0: first on the types the job may use, then on any type it can run on.
+    for rates in (rate, fill_rate):
+        for q in range(order.shape[0]):
+            i = int(order[q])
+            if status[i] == 0 or status[i] == 3 or status[i] == 4:
+                continue
+            best_prog, best = _fastest_option(i, scale, rates, sync, free)
+            if best_prog <= 0.0:
+                continue
+            for h in range(num_types):
+                if best[h] > 0:
+                    free[h, 0] -= best[h]
+                    alloc[i, h] = best[h]
+            status[i] = 4
+    return alloc, payoff, status
+
+
+def _fastest_option(i: int, scale: I64, rate: F64, sync: I64, free: I64) -> tuple[float, I64]:
+    """The option of job ``i`` in epoch 0 with the most progress, on free GPUs."""
+    num_types = rate.shape[1]
+    s = int(scale[i])
+    best = np.zeros(num_types, dtype=np.int64)
+    best_prog = 0.0
+    trial = np.zeros(num_types, dtype=np.int64)
+    if sync[i]:
+        # Pace type m, fastest first; fill from the fastest types at least as fast as m.
+        for m in range(num_types):
+            rm = float(rate[i, m])
+            if rm <= 0.0:
+                continue
+            for h in range(num_types):
+                trial[h] = 0
+            need = s
+            while need > 0:
+                pick = -1
+                pick_rate = INF
+                for h in range(num_types):
+                    # slowest type that is still >= rm keeps faster GPUs for others
+                    if rate[i, h] >= rm and free[h, 0] - trial[h] > 0 and rate[i, h] < pick_rate:
+                        pick_rate = float(rate[i, h])
+                        pick = h
+                if pick < 0:
+                    break
+                take = min(need, int(free[pick, 0] - trial[pick]))
+                trial[pick] += take
+                need -= take
+            if need > 0:
+                continue
+            prog = s * rm
+            if prog > best_prog:
+                best_prog = prog
+                for h in range(num_types):
+                    best[h] = trial[h]
+        return best_prog, best
+    need = s
+    while need > 0:
+        pick = -1
+        pick_rate = 0.0
+        for h in range(num_types):
+            if free[h, 0] - best[h] > 0 and rate[i, h] > pick_rate:
+                pick_rate = float(rate[i, h])
+                pick = h
+        if pick < 0:
+            break
+        take = min(need, int(free[pick, 0] - best[pick]))
+        best[pick] += take
+        need -= take
+        best_prog += take * pick_rate
+    return best_prog, best
