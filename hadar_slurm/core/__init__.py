@@ -8,7 +8,7 @@ from __future__ import annotations
 from hadar_slurm.core import reference
 
 try:
-    from hadar_slurm import _hadar_core as _compiled
+    import hadar_slurm._hadar_core as _compiled
 
     plan = _compiled.plan
     COMPILED = True

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from hadar_slurm.core import plan
 from hadar_slurm.policy.base import Decision, FloatArray, IntArray, Reason, Snapshot
@@ -89,16 +90,23 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
     return max(bound, longest), best_pi
 
 
-def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray,
+def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray, scale: IntArray,
+                  window: float, base_load: FloatArray | None = None,
                   max_moves: int = 10000) -> FloatArray:
     """Split each job's remaining work over GPU types so that no type is overloaded.
 
-    ``gpu_s[i, h]`` is the GPU-seconds job ``i`` needs on type ``h`` alone (inf: cannot run).
-    Starts from each job on its cheapest type at the drain prices ``pi`` (its comparative
-    advantage), then repeatedly moves work from the most loaded type (per GPU) to the least
-    loaded one, taking first the job that loses least by the move, until the loads are level
-    or nothing can move.  Returns fractions ``phi[i, h]`` (rows sum to 1): the primal side of
-    the drain estimate, close to the fluid makespan LP's assignment.
+    ``gpu_s[i, h]`` is the GPU-seconds job ``i`` needs on type ``h`` alone (inf: cannot run);
+    a job on ``scale[i]`` GPUs takes ``gpu_s / scale`` seconds.  The split is the primal side
+    of the drain estimate, close to the fluid makespan LP's assignment:
+
+    1. each job starts on its cheapest type at the drain prices ``pi`` (comparative advantage);
+    2. a job that would then take longer than ``window`` moves just enough of its work to its
+       fastest type to fit (a job runs on one set of GPUs at a time);
+    3. work moves from the most loaded type (per GPU) to the least loaded one, the job that
+       loses least by the move first, never making a job longer than ``window``, until the
+       loads are level or nothing can move.
+
+    Returns fractions ``phi[i, h]`` of each job's remaining work (rows sum to 1).
     """
     n, num_types = gpu_s.shape
     phi = np.zeros((n, num_types))
@@ -106,13 +114,30 @@ def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray,
         return phi
     cap = capacity.astype(np.float64)
     usable = cap > 0
-    priced = np.where(usable[None, :], gpu_s * pi[None, :], np.inf)
-    priced = np.where(np.isfinite(priced), priced, np.inf)
-    first = np.argmin(np.where(np.isfinite(priced), priced, np.where(
-        np.isfinite(gpu_s) & usable[None, :], 1e300, np.inf)), axis=1)
-    runnable = np.isfinite(gpu_s[np.arange(n), first])
-    phi[np.arange(n)[runnable], first[runnable]] = 1.0
-    load = (phi * np.where(np.isfinite(gpu_s), gpu_s, 0.0)).sum(axis=0)
+    ok = np.isfinite(gpu_s) & usable[None, :]
+    g = np.where(ok, gpu_s, np.inf)
+    priced = np.where(ok, g * pi[None, :], np.inf)
+    first = np.argmin(np.where(np.isfinite(priced), priced, np.where(ok, 1e300, np.inf)), axis=1)
+    rows = np.arange(n)
+    runnable = ok[rows, first]
+    phi[rows[runnable], first[runnable]] = 1.0
+    sf = scale.astype(np.float64)
+    g0 = np.where(ok, g, 0.0)
+    # 2. Jobs too long for the window: shift work to the fastest type.
+    fastest = np.argmin(np.where(ok, g, np.inf), axis=1)
+    length = (phi * g0).sum(axis=1) / sf
+    for i in np.nonzero(runnable & (length > window))[0].tolist():
+        h0, hf = int(first[i]), int(fastest[i])
+        if h0 == hf:
+            continue
+        t_slow, t_fast = g[i, h0] / sf[i], g[i, hf] / sf[i]
+        f = min(1.0, (t_slow - window) / (t_slow - t_fast))
+        phi[i, h0] -= f
+        phi[i, hf] += f
+    load = (phi * g0).sum(axis=0)
+    if base_load is not None:
+        load = load + base_load
+    slack = window * sf - (phi * g0).sum(axis=1)  # GPU-seconds each job may still grow by
     for _ in range(max_moves):
         per = np.where(usable, load / np.where(usable, cap, 1.0), np.inf)
         src = int(np.argmax(np.where(usable, per, -np.inf)))
@@ -120,25 +145,31 @@ def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray,
         gap = per[src] - per[dst]
         if gap <= 1e-9 * max(per[src], 1.0):
             break
-        cand = (phi[:, src] > 1e-12) & np.isfinite(gpu_s[:, dst])
-        if not cand.any():
+        grow = g[:, dst] - g[:, src]  # GPU-seconds a whole job grows by if moved
+        movable = (phi[:, src] > 1e-12) & ok[:, dst] & ((grow <= 0) | (slack > 1e-9))
+        if not movable.any():
             break
-        ratio = np.where(cand, gpu_s[:, dst] / np.where(cand, gpu_s[:, src], 1.0), np.inf)
+        ratio = np.where(movable, g[:, dst] / np.where(movable, g[:, src], 1.0), np.inf)
         i = int(np.argmin(ratio))
-        g_src = float(gpu_s[i, src])
-        g_dst = float(gpu_s[i, dst])
+        g_src = float(g[i, src])
+        g_dst = float(g[i, dst])
         # Moving a fraction d of job i's work: load_src -= d*g_src, load_dst += d*g_dst.
         d = gap / (g_src / cap[src] + g_dst / cap[dst])
         d = min(d, float(phi[i, src]))
-        if d <= 0:
-            break
+        if grow[i] > 0:
+            d = min(d, float(slack[i]) / float(grow[i]))
+        if d <= 1e-12:
+            # Nothing worth moving from this job; rule it out for this pair.
+            phi[i, src] = phi[i, src]  # no-op; the slack test above excludes it next time
+            slack[i] = 0.0 if grow[i] > 0 else slack[i]
+            if grow[i] <= 0:
+                break
+            continue
         phi[i, src] -= d
         phi[i, dst] += d
         load[src] -= d * g_src
         load[dst] += d * g_dst
-        # A move that makes things worse means we are level up to granularity.
-        if ratio[i] == np.inf:
-            break
+        slack[i] -= d * grow[i]
     return phi
 
 
@@ -147,6 +178,7 @@ class HadarState:
     """Carried from epoch to epoch: the absolute time by which all work should drain."""
 
     target: float
+    phi: dict[int, tuple[float, ...]]
 
 
 @dataclass
@@ -155,10 +187,14 @@ class HadarPolicy:
 
     horizon: int = 8
     migration_s: float = 0.0
-    target_slack: float = 0.02
-    margin_rounds: float = 3
+    target_slack: float = 0.0
+    margin_rounds: float = 1
     min_floor: float = 0.05
     type_tolerance: float = 0.0
+    total_rule: bool = False
+    stable_split: bool = False
+    guard_tight: bool = False
+    critical_speedup: bool = False
     name: str = "hadar"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
@@ -183,16 +219,38 @@ class HadarPolicy:
             snapshot.rate > 0, snapshot.rate, 1.0) * pi[None, :], np.inf)
         need = np.where(snapshot.rate > 0, scale[:, None] * snapshot.remaining[:, None]
                         / np.where(snapshot.rate > 0, snapshot.rate, 1.0), np.inf)
-        phi = balance_types(need, capacity, pi)
+        prev = snapshot.policy_state
+        known = prev.phi if isinstance(prev, HadarState) and self.stable_split else {}
+        phi = np.zeros((n, num_types))
+        fresh = np.ones(n, dtype=np.bool_)
+        for i, j in enumerate(snapshot.job_ids.tolist()):
+            row = known.get(j)
+            if row is not None:
+                phi[i] = row
+                fresh[i] = False
+        finite_need = np.where(np.isfinite(need), need, 0.0)
+        if fresh.any():
+            base = (phi[~fresh] * finite_need[~fresh]).sum(axis=0)
+            limit = drain * (1.0 + self.target_slack)
+            for _ in range(3):
+                phi[fresh] = balance_types(need[fresh], capacity, pi, scale[fresh], limit,
+                                           base_load=base)
+                # If the split cannot drain by the limit anyway, relax the job-length limit to
+                # what it achieves, so that no job is kept off an idle type for nothing.
+                load = base + (phi[fresh] * finite_need[fresh]).sum(axis=0)
+                achieved = float((load / np.maximum(capacity, 1)).max())
+                if achieved <= limit * 1.0001:
+                    break
+                limit = achieved
+        split = {int(j): tuple(phi[i].tolist()) for i, j in enumerate(snapshot.job_ids.tolist())}
         own = np.argmax(phi, axis=1)
         # Time to finish on the types the balance gives it, one after the other.
         rem_own = (phi * np.where(np.isfinite(need), need, 0.0)).sum(axis=1) / scale
-        prev = snapshot.policy_state
         target = snapshot.now + drain * (1.0 + self.target_slack)
         if isinstance(prev, HadarState) and prev.target > snapshot.now:
             target = max(prev.target, snapshot.now + drain)
-        order = self.queue_order(snapshot, rem_best, rem_own, own, target - snapshot.now,
-                                 capacity)
+        window = target - snapshot.now
+        order, critical, tight = self.queue_order(snapshot, rem_best, rem_own, own, window, capacity)
         # Price floors follow the drain prices: a GPU-second of a type in demand costs more.
         # Scaled so that the dearest idle type costs half the least utility density: on an
         # idle cluster every job is worth admitting.
@@ -206,9 +264,25 @@ class HadarPolicy:
             i = index_of.get(j)
             if i is not None:
                 current[i, snapshot.node_type[node]] += c
-        fill_rate = worker_rate
-        if self.type_tolerance >= 0:
-            worker_rate = np.where(phi > self.type_tolerance, worker_rate, 0.0)
+        # A type that its own jobs need all of, until the target, serves only them.
+        mine = phi > self.type_tolerance
+        fill_rate = worker_rate if not self.guard_tight else np.where(
+            mine | ~tight[None, :], worker_rate, 0.0)
+        worker_rate = np.where(mine, worker_rate, 0.0)
+        # A critical job may only use types on which it still finishes by the target; if none
+        # is fast enough, only its fastest.
+        after = window - snapshot.round_s * self.margin_rounds
+        finish_s = np.divide(snapshot.remaining[:, None], snapshot.rate,
+                             out=np.full(snapshot.rate.shape, np.inf), where=snapshot.rate > 0)
+        fits = finish_s <= after
+        fastest = finish_s == finish_s.min(axis=1, keepdims=True)
+        usable = np.where(fits.any(axis=1, keepdims=True), fits, fastest)
+        crit_rate = np.where(usable & (fill_rate > 0), fill_rate, 0.0)
+        # Prefer its balanced types among those that fit.
+        crit_pref = np.where(worker_rate > 0, crit_rate, 0.0)
+        crit_rate = np.where((crit_pref > 0).any(axis=1, keepdims=True), crit_pref, crit_rate)
+        if self.critical_speedup:
+            worker_rate = np.where(critical[:, None], crit_rate, worker_rate)
         alloc, _payoff, status = plan(
             snapshot.remaining.astype(np.float64), scale, worker_rate, fill_rate, ukey, age,
             snapshot.sync.astype(np.int64), current, order, capacity, float(snapshot.round_s),
@@ -218,10 +292,11 @@ class HadarPolicy:
         reason[status == 3] = Reason.NO_THROUGHPUT
         reason[(status == 1)] = Reason.NO_FREE_GPU
         reason[placed] = Reason.PLACED
-        return Decision(snapshot.epoch, placement, reason, HadarState(target))
+        return Decision(snapshot.epoch, placement, reason, HadarState(target, split))
 
     def queue_order(self, snapshot: Snapshot, rem_best: FloatArray, rem_own: FloatArray,
-                    own: IntArray, window: float, capacity: IntArray) -> IntArray:
+                    own: IntArray, window: float, capacity: IntArray,
+                    ) -> tuple[IntArray, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
         """Critical jobs first (largest remaining first), then shortest remaining time first.
 
         A job is critical when, on its own type (the one the drain prices give it), the work
@@ -235,27 +310,26 @@ class HadarPolicy:
         after = window - d * self.margin_rounds
         scale = snapshot.scale.astype(np.float64)
         critical = np.zeros(n, dtype=np.bool_)
+        tight = np.zeros(capacity.shape[0], dtype=np.bool_)
         for h in range(capacity.shape[0]):
             members = np.nonzero(own == h)[0]
             if members.shape[0] == 0:
                 continue
-            p = rem_own[members]
-            by_len = members[np.argsort(-p, kind="stable")]
-            critical[members[p > after]] = True
-            # Total GPU-seconds left after this round if only the critical ones run now.
-            left = float((scale[members] * rem_own[members]).sum())
-            left -= float((scale[members] * np.minimum(rem_own[members], d))[
-                critical[members]].sum())
-            room = float(capacity[h]) * max(after, 0.0)
-            used = float((scale[members] * critical[members]).sum())
-            for i in by_len.tolist():
-                if left <= room or used + scale[i] > capacity[h]:
-                    break
-                if critical[i]:
-                    continue
-                critical[i] = True
-                used += scale[i]
-                left -= scale[i] * min(float(rem_own[i]), d)
+            by_len = members[np.argsort(-rem_own[members], kind="stable")]
+            # McNaughton's conditions after this round, over the longest jobs first: the k
+            # longest (in GPUs) must fit in k GPUs over the window, and all of them in the
+            # type's capacity.  The longest prefix that cannot wait must run now.
+            gpus = np.cumsum(scale[by_len])
+            work = np.cumsum(scale[by_len] * rem_own[by_len])
+            over = work > gpus * after
+            if work[-1] > float(capacity[h]) * after:
+                tight[h] = True
+                if self.total_rule:
+                    over |= True
+            hit = np.nonzero(over & (gpus <= capacity[h]))[0]
+            if hit.shape[0]:
+                critical[by_len[: int(hit[-1]) + 1]] = True
         srpt = rem_best / snapshot.weight
         key_crit = np.where(critical, -rem_own, np.inf)
-        return np.lexsort((snapshot.job_ids, srpt, key_crit, ~critical)).astype(np.int64)
+        order = np.lexsort((snapshot.job_ids, srpt, key_crit, ~critical)).astype(np.int64)
+        return order, critical, tight
