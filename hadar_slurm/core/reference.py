@@ -365,34 +365,40 @@ def _fastest_option(i: int, scale: I64, rate: F64, sync: I64, free: I64) -> tupl
     best_prog = 0.0
     trial = np.zeros(num_types, dtype=np.int64)
     if sync[i]:
-        # Pace type m, fastest first; fill from the fastest types at least as fast as m.
-        for m in range(num_types):
-            rm = float(rate[i, m])
-            if rm <= 0.0:
-                continue
-            for h in range(num_types):
-                trial[h] = 0
-            need = s
-            while need > 0:
-                pick = -1
-                pick_rate = INF
+        # A gang on one type if any fits; else mixed, paced by its slowest type m and filled
+        # from the slowest types still at least as fast as m (faster GPUs stay for others).
+        for mixed in range(2):
+            for m in range(num_types):
+                rm = float(rate[i, m])
+                if rm <= 0.0:
+                    continue
                 for h in range(num_types):
-                    # slowest type that is still >= rm keeps faster GPUs for others
-                    if rate[i, h] >= rm and free[h, 0] - trial[h] > 0 and rate[i, h] < pick_rate:
-                        pick_rate = float(rate[i, h])
-                        pick = h
-                if pick < 0:
-                    break
-                take = min(need, int(free[pick, 0] - trial[pick]))
-                trial[pick] += take
-                need -= take
-            if need > 0:
-                continue
-            prog = s * rm
-            if prog > best_prog:
-                best_prog = prog
-                for h in range(num_types):
-                    best[h] = trial[h]
+                    trial[h] = 0
+                need = s
+                while need > 0:
+                    pick = -1
+                    pick_rate = INF
+                    for h in range(num_types):
+                        if mixed == 0 and h != m:
+                            continue
+                        if (rate[i, h] >= rm and free[h, 0] - trial[h] > 0
+                                and rate[i, h] < pick_rate):
+                            pick_rate = float(rate[i, h])
+                            pick = h
+                    if pick < 0:
+                        break
+                    take = min(need, int(free[pick, 0] - trial[pick]))
+                    trial[pick] += take
+                    need -= take
+                if need > 0:
+                    continue
+                prog = s * rm
+                if prog > best_prog:
+                    best_prog = prog
+                    for h in range(num_types):
+                        best[h] = trial[h]
+            if best_prog > 0.0:
+                break
         return best_prog, best
     need = s
     while need > 0:

@@ -92,14 +92,16 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
 
 def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray, scale: IntArray,
                   window: float, base_load: FloatArray | None = None,
-                  max_moves: int = 10000) -> FloatArray:
+                  start: FloatArray | None = None, max_moves: int = 10000) -> FloatArray:
     """Split each job's remaining work over GPU types so that no type is overloaded.
 
     ``gpu_s[i, h]`` is the GPU-seconds job ``i`` needs on type ``h`` alone (inf: cannot run);
     a job on ``scale[i]`` GPUs takes ``gpu_s / scale`` seconds.  The split is the primal side
     of the drain estimate, close to the fluid makespan LP's assignment:
 
-    1. each job starts on its cheapest type at the drain prices ``pi`` (comparative advantage);
+    1. each job starts from its split in ``start`` (last epoch's, so that jobs do not hop
+       between types for nothing) or, if new, on its cheapest type at the drain prices ``pi``
+       (its comparative advantage);
     2. a job that would then take longer than ``window`` moves just enough of its work to its
        fastest type to fit (a job runs on one set of GPUs at a time);
     3. work moves from the most loaded type (per GPU) to the least loaded one, the job that
@@ -121,6 +123,10 @@ def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray, scale: 
     rows = np.arange(n)
     runnable = ok[rows, first]
     phi[rows[runnable], first[runnable]] = 1.0
+    if start is not None:
+        keep = (start * ok).sum(axis=1)
+        warm = keep > 0.999
+        phi[warm] = (start * ok)[warm] / keep[warm, None]
     sf = scale.astype(np.float64)
     g0 = np.where(ok, g, 0.0)
     # 2. Jobs too long for the window: shift work to the fastest type.
@@ -138,7 +144,20 @@ def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray, scale: 
     if base_load is not None:
         load = load + base_load
     slack = window * sf - (phi * g0).sum(axis=1)  # GPU-seconds each job may still grow by
-    for _ in range(max_moves):
+    moves = 0
+    for _ in range(8):
+        moves += _level(phi, g, ok, load, cap, usable, slack, max_moves - moves)
+        if not _exchange(phi, g, ok, load, usable, slack):
+            break
+    return phi
+
+
+def _level(phi: FloatArray, g: FloatArray, ok: npt.NDArray[np.bool_], load: FloatArray,
+           cap: FloatArray, usable: npt.NDArray[np.bool_], slack: FloatArray,
+           max_moves: int) -> int:
+    """Move work from the most to the least loaded type until level; returns the moves made."""
+    moves = 0
+    while moves < max_moves:
         per = np.where(usable, load / np.where(usable, cap, 1.0), np.inf)
         src = int(np.argmax(np.where(usable, per, -np.inf)))
         dst = int(np.argmin(per))
@@ -158,10 +177,9 @@ def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray, scale: 
         d = min(d, float(phi[i, src]))
         if grow[i] > 0:
             d = min(d, float(slack[i]) / float(grow[i]))
+        moves += 1
         if d <= 1e-12:
-            # Nothing worth moving from this job; rule it out for this pair.
-            phi[i, src] = phi[i, src]  # no-op; the slack test above excludes it next time
-            slack[i] = 0.0 if grow[i] > 0 else slack[i]
+            slack[i] = 0.0
             if grow[i] <= 0:
                 break
             continue
@@ -170,7 +188,57 @@ def balance_types(gpu_s: FloatArray, capacity: IntArray, pi: FloatArray, scale: 
         load[src] -= d * g_src
         load[dst] += d * g_dst
         slack[i] -= d * grow[i]
-    return phi
+    return moves
+
+
+def _exchange(phi: FloatArray, g: FloatArray, ok: npt.NDArray[np.bool_], load: FloatArray,
+              usable: npt.NDArray[np.bool_], slack: FloatArray) -> bool:
+    """Swap work between two types where that saves GPU-seconds (a 2-cycle of the LP).
+
+    For types X and Y, job a moves from X to Y at a cost of ``g[a,Y]/g[a,X]`` GPU-seconds on
+    Y per GPU-second freed on X, job b from Y to X at ``g[b,X]/g[b,Y]``; when the product is
+    below 1 the swap frees capacity on X while leaving Y as loaded as it was.  Returns True if
+    any swap was made (the loads then need levelling again).
+    """
+    num_types = g.shape[1]
+    changed = False
+    for x in range(num_types):
+        for y in range(num_types):
+            if x == y or not (usable[x] and usable[y]):
+                continue
+            for _ in range(64):
+                ca = (phi[:, x] > 1e-12) & ok[:, y] & ((g[:, y] <= g[:, x]) | (slack > 1e-9))
+                cb = (phi[:, y] > 1e-12) & ok[:, x] & ((g[:, x] <= g[:, y]) | (slack > 1e-9))
+                if not (ca.any() and cb.any()):
+                    break
+                ra = np.where(ca, g[:, y] / np.where(ca, g[:, x], 1.0), np.inf)
+                rb = np.where(cb, g[:, x] / np.where(cb, g[:, y], 1.0), np.inf)
+                a = int(np.argmin(ra))
+                b = int(np.argmin(rb))
+                if a == b or ra[a] * rb[b] >= 1.0 - 1e-9:
+                    break
+                # u GPU-seconds of a leave X and land as u*ra on Y; v = u*ra of b leave Y and
+                # land as v*rb on X.  Limit by what a and b hold there and by job lengths.
+                u = float(phi[a, x] * g[a, x])
+                u = min(u, float(phi[b, y] * g[b, y]) / float(ra[a]))
+                grow_a = float(g[a, y] - g[a, x]) / float(g[a, x])  # per GPU-s moved
+                grow_b = float(g[b, x] - g[b, y]) / float(g[b, y])
+                if grow_a > 0:
+                    u = min(u, float(slack[a]) / grow_a)
+                if grow_b > 0:
+                    u = min(u, float(slack[b]) / (grow_b * float(ra[a])))
+                if u <= 1e-9:
+                    break
+                v = u * float(ra[a])
+                phi[a, x] -= u / g[a, x]
+                phi[a, y] += u / g[a, x]
+                phi[b, y] -= v / g[b, y]
+                phi[b, x] += v / g[b, y]
+                load[x] += -u + v * float(rb[b])
+                slack[a] -= u * grow_a
+                slack[b] -= v * grow_b
+                changed = True
+    return changed
 
 
 @dataclass(frozen=True)
@@ -188,12 +256,14 @@ class HadarPolicy:
     horizon: int = 8
     migration_s: float = 0.0
     target_slack: float = 0.0
-    margin_rounds: float = 1
+    margin_rounds: float = 1.5
     min_floor: float = 0.05
     type_tolerance: float = 0.0
     total_rule: bool = False
     stable_split: bool = False
     guard_tight: bool = False
+    warm_split: bool = False
+    chain_factor: float = 0.8
     critical_speedup: bool = False
     name: str = "hadar"
 
@@ -220,21 +290,25 @@ class HadarPolicy:
         need = np.where(snapshot.rate > 0, scale[:, None] * snapshot.remaining[:, None]
                         / np.where(snapshot.rate > 0, snapshot.rate, 1.0), np.inf)
         prev = snapshot.policy_state
-        known = prev.phi if isinstance(prev, HadarState) and self.stable_split else {}
+        known = prev.phi if isinstance(prev, HadarState) else {}
         phi = np.zeros((n, num_types))
         fresh = np.ones(n, dtype=np.bool_)
+        warm = np.zeros((n, num_types))
         for i, j in enumerate(snapshot.job_ids.tolist()):
             row = known.get(j)
             if row is not None:
-                phi[i] = row
-                fresh[i] = False
+                warm[i] = row
+                if self.stable_split:
+                    phi[i] = row
+                    fresh[i] = False
         finite_need = np.where(np.isfinite(need), need, 0.0)
         if fresh.any():
             base = (phi[~fresh] * finite_need[~fresh]).sum(axis=0)
             limit = drain * (1.0 + self.target_slack)
             for _ in range(3):
                 phi[fresh] = balance_types(need[fresh], capacity, pi, scale[fresh], limit,
-                                           base_load=base)
+                                           base_load=base,
+                                           start=warm[fresh] if self.warm_split else None)
                 # If the split cannot drain by the limit anyway, relax the job-length limit to
                 # what it achieves, so that no job is kept off an idle type for nothing.
                 load = base + (phi[fresh] * finite_need[fresh]).sum(axis=0)
@@ -321,14 +395,22 @@ class HadarPolicy:
             # type's capacity.  The longest prefix that cannot wait must run now.
             gpus = np.cumsum(scale[by_len])
             work = np.cumsum(scale[by_len] * rem_own[by_len])
-            over = work > gpus * after
+            # McNaughton's conditions after this round: the k longest jobs (as long as they
+            # fit on the type together) must fit in their GPUs over the window; the longest
+            # prefix that cannot wait must run now.
+            over = (work > gpus * after) & (gpus <= capacity[h])
+            hit = np.nonzero(over)[0]
+            if hit.shape[0]:
+                critical[by_len[: int(hit[-1]) + 1]] = True
+            # Jobs wider than half the type can never run side by side: they form a chain
+            # that must fit in the window; if it does not, the longest of them runs now.
+            wide = by_len[scale[by_len] * 2 > capacity[h]]
+            if wide.shape[0] > 1 and float(rem_own[wide].sum()) > after * self.chain_factor:
+                critical[wide[0]] = True
             if work[-1] > float(capacity[h]) * after:
                 tight[h] = True
                 if self.total_rule:
-                    over |= True
-            hit = np.nonzero(over & (gpus <= capacity[h]))[0]
-            if hit.shape[0]:
-                critical[by_len[: int(hit[-1]) + 1]] = True
+                    critical[members] = True
         srpt = rem_best / snapshot.weight
         key_crit = np.where(critical, -rem_own, np.inf)
         order = np.lexsort((snapshot.job_ids, srpt, key_crit, ~critical)).astype(np.int64)
