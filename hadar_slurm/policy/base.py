@@ -36,6 +36,7 @@ class Reason(enum.IntEnum):
     SHARE_SERVED = 4
     QUEUE_ORDER = 5
     NOT_ARRIVED = 6
+    AWAITING_ALLOCATION = 7
 
     @property
     def component(self) -> str:
@@ -60,6 +61,10 @@ _REASON_TEXT = {
     ),
     Reason.QUEUE_ORDER: ("fifo", "waits: earlier jobs in the queue took the free GPUs"),
     Reason.NOT_ARRIVED: ("loop", "not submitted yet"),
+    Reason.AWAITING_ALLOCATION: (
+        "gavel.lp",
+        "waits: arrived after the last LP allocation; gets a share when it is recomputed",
+    ),
 }
 
 
