@@ -80,7 +80,8 @@ class SimulatedCluster:
         self.weight = np.array([j.weight for j in self.jobs], dtype=np.float64)
         self.sync = np.array([j.sync for j in self.jobs], dtype=np.bool_)
         self.rate = np.array(
-            [[table.rate(j.job_type, j.scale_factor, g) for g in self.gpu_types] for j in self.jobs],
+            [[table.rate(j.job_type, j.scale_factor, g) for g in self.gpu_types]
+             for j in self.jobs],
             dtype=np.float64,
         ).reshape(n, h)
         self.node_type = np.array(
