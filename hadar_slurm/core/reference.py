@@ -267,8 +267,8 @@ def _best_schedule(
 
 
 def plan(
-    remaining: F64, scale: I64, rate: F64, fill_rate: F64, ukey: F64, age: F64, sync: I64, current: I64,
-    order: I64, capacity: I64, round_s: float, horizon: int, migration_s: float,
+    remaining: F64, scale: I64, rate: F64, fill_rate: F64, ukey: F64, age: F64, sync: I64,
+    current: I64, order: I64, capacity: I64, round_s: float, horizon: int, migration_s: float,
     price_floor: F64, price_ratio: float,
 ) -> tuple[I64, F64, I64]:
     """One epoch of Hadar.  Arrays in, arrays out.

@@ -133,7 +133,7 @@ class HadarPolicy:
     horizon: int = 8
     migration_s: float = 0.0
     margin_rounds: float = 1.5
-    chain_factor: float = 0.8
+    chain_factor: float = 0.9
     min_floor: float = 0.05
     max_moves: int = 20000
     name: str = "hadar"
@@ -212,8 +212,9 @@ class HadarPolicy:
         Per type, over its jobs longest first (McNaughton's conditions for preemptive parallel
         machines, checked for after this round): the ``k`` longest jobs, while they fit on the
         type together, must fit in their GPUs over the window; the longest prefix that does
-        not is critical.  Jobs wider than half the type can never run side by side: when their
-        chain no longer fits (``chain_factor`` of the window), the longest of them is critical.
+        not is critical.  Jobs wider than half the type can never run side by side (nor beside
+        much else): when their chain no longer fits in ``chain_factor`` of the window, the
+        longest of them is critical.
         """
         after = window - float(snapshot.round_s) * self.margin_rounds
         scale = snapshot.scale.astype(np.float64)
@@ -230,7 +231,7 @@ class HadarPolicy:
             if hit.shape[0]:
                 critical[by_len[: int(hit[-1]) + 1]] = True
             wide = by_len[scale[by_len] * 2 > capacity[h]]
-            if wide.shape[0] > 1 and float(rem_own[wide].sum()) > after * self.chain_factor:
+            if wide.shape[0] and float(rem_own[wide].sum()) > after * self.chain_factor:
                 critical[wide[0]] = True
         return critical
 

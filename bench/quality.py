@@ -1,0 +1,126 @@
+"""Schedule quality: each policy on Gavel's traces, next to the fluid lower bound and Gavel.
+
+    python -m bench.quality [--traces NAME|FILE ...] [--cluster 4:4:4]
+                            [--policies hadar,gavel-las,gavel-makespan,fifo]
+                            [--json bench/results/quality.json]
+
+For each trace: the makespan lower bound of the fluid LP (every job on at most its scale factor
+of GPUs, :func:`hadar_slurm.bounds.fluid_makespan_bound`), then per policy the makespan, average
+JCT and utilization, each next to its bound and to Gavel's published figures where Gavel ran
+that trace (``data/gavel/README.md``).  Goals for ``hadar`` (issue #2): makespan within 3% of
+the bound and average JCT no worse than Gavel's max-min fairness (LAS).  The JSON rows hold
+``trace, cluster, policy, makespan_s, avg_jct_s, utilization, lower_bound_s`` and more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hadar_slurm.bounds import fluid_makespan_bound
+from hadar_slurm.cluster import load_cluster
+from hadar_slurm.policy import make_policy
+from hadar_slurm.sim.run import simulate
+from hadar_slurm.throughputs import default_table
+from hadar_slurm.trace import BUNDLED_TRACES, load_trace
+
+# Gavel's own results, cluster 4 V100 : 4 P100 : 4 K80 (data/gavel/README.md):
+# (makespan s, average JCT s) per trace and Gavel policy.
+GAVEL = {
+    "static_32_seed0": {"min_total_duration_perf": (28485, 27904),
+                        "max_min_fairness_perf": (32825, 20983),
+                        "fifo_perf": (40711, 21404)},
+    "static_48_multigpu_seed1": {"min_total_duration_perf": (80764, 79182),
+                                 "max_min_fairness_perf": (84009, 38901)},
+    "poisson_200_lam900_seed0": {"min_total_duration_perf": (179278, 45584),
+                                 "max_min_fairness_perf": (179523, 16687)},
+}
+OURS_TO_GAVEL = {"gavel-las": "max_min_fairness_perf", "gavel-makespan": "min_total_duration_perf"}
+MAKESPAN_GOAL = 1.03
+
+
+def run(traces: list[str], cluster_spec: str, policies: list[str]) -> list[dict[str, Any]]:
+    table = default_table()
+    cluster = load_cluster(cluster_spec)
+    capacity = np.array([cluster.capacity(g) for g in cluster.gpu_types], dtype=np.int64)
+    rows: list[dict[str, Any]] = []
+    for trace in traces:
+        jobs = load_trace(trace, table)
+        name = Path(trace).stem if Path(trace).exists() else trace
+        rate = np.array([[table.rate(j.job_type, j.scale_factor, g) for g in cluster.gpu_types]
+                         for j in jobs])
+        bound = fluid_makespan_bound(
+            np.array([j.arrival_s for j in jobs]), np.array([j.total_steps for j in jobs]),
+            np.array([j.scale_factor for j in jobs], dtype=np.int64), rate, capacity)
+        for policy in policies:
+            t0 = time.perf_counter()
+            res = simulate(jobs, cluster, table, make_policy(policy))
+            wall = time.perf_counter() - t0
+            gavel_las = GAVEL.get(name, {}).get("max_min_fairness_perf")
+            gavel_same = GAVEL.get(name, {}).get(OURS_TO_GAVEL.get(policy, ""))
+            rows.append({
+                "trace": name, "cluster": cluster_spec, "policy": policy,
+                "makespan_s": round(res.makespan_s, 1), "avg_jct_s": round(res.avg_jct_s, 1),
+                "p95_jct_s": round(res.p95_jct_s, 1), "utilization": round(res.utilization, 4),
+                "lower_bound_s": round(bound, 1),
+                "makespan_over_bound": round(res.makespan_s / bound, 4),
+                "gavel_las_avg_jct_s": gavel_las[1] if gavel_las else None,
+                "gavel_same_policy": list(gavel_same) if gavel_same else None,
+                "num_jobs": res.num_jobs, "num_completed": res.num_completed,
+                "decision_ms_median": round(res.decision_ms_median, 3),
+                "wall_s": round(wall, 2),
+            })
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = (f"{'trace':26s} {'policy':15s} {'makespan s':>10s} {'/bound':>7s} {'bound':>8s} "
+            f"{'avg JCT s':>10s} {'/LAS':>6s} {'util':>5s} {'Gavel same (mk, jct)':>22s} "
+            f"{'dec ms':>7s}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        las = r["gavel_las_avg_jct_s"]
+        ratio = f"{float(r['avg_jct_s']) / float(las):.3f}" if las else "-"
+        same = r["gavel_same_policy"]
+        same_txt = f"{same[0]:,} / {same[1]:,}" if same else "-"
+        print(f"{r['trace']!s:26s} {r['policy']!s:15s} {float(r['makespan_s']):10,.0f} "
+              f"{float(r['makespan_over_bound']):7.3f} {float(r['lower_bound_s']):8,.0f} "
+              f"{float(r['avg_jct_s']):10,.0f} {ratio:>6s} {float(r['utilization']):5.2f} "
+              f"{same_txt:>22s} {float(r['decision_ms_median']):7.2f}")
+    print()
+    for r in rows:
+        if r["policy"] != "hadar" or not r["gavel_las_avg_jct_s"]:
+            continue
+        mk_ok = float(r["makespan_over_bound"]) <= MAKESPAN_GOAL
+        jct_ok = float(r["avg_jct_s"]) <= float(r["gavel_las_avg_jct_s"])
+        print(f"goal {r['trace']}: makespan <= {MAKESPAN_GOAL:.2f} x bound: "
+              f"{'met' if mk_ok else 'NOT met'}; avg JCT <= Gavel LAS: "
+              f"{'met' if jct_ok else 'NOT met'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--traces", nargs="+", default=list(BUNDLED_TRACES),
+                    help="bundled trace names or trace files (default: the three shared ones)")
+    ap.add_argument("--cluster", default="4:4:4", help="V100:P100:K80 counts or a cluster file")
+    ap.add_argument("--policies", default="hadar,gavel-las,gavel-makespan,fifo")
+    ap.add_argument("--json", default="bench/results/quality.json", help="where to write rows")
+    args = ap.parse_args(argv)
+    rows = run(args.traces, args.cluster, [p for p in args.policies.split(",") if p])
+    print_table(rows)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"\nrows written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
