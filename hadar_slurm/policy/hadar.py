@@ -83,32 +83,38 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
     num_types = capacity.shape[0]
     cap = capacity.astype(np.float64)
     usable = cap > 0
-    if not usable.any() or remaining.shape[0] == 0:
-        return 0.0, np.where(usable, 1.0 / max(cap.sum(), 1.0), 0.0)
-    best = np.where(rate > 0, remaining[:, None] / np.where(rate > 0, rate, 1.0), np.inf)
-    longest = float(best.min(axis=1)[np.isfinite(best.min(axis=1))].max(initial=0.0))
-    gpu_s = best * scale[:, None]  # GPU-seconds job i needs on type h alone
-    gpu_s[:, ~usable] = np.inf
-    pi = np.where(usable, 1.0 / max(cap.sum(), 1.0), 0.0)
+    pi_out = np.where(usable, 1.0 / max(cap.sum(), 1.0), 0.0)
+    runs = (rate > 0) & usable[None, :]
+    jobs = runs.any(axis=1)  # jobs no type of the cluster can run are left out
+    if not usable.any() or not jobs.any():
+        return 0.0, pi_out
+    kinds = np.nonzero(usable)[0]
+    ok = runs[jobs][:, kinds]
+    best = np.where(ok, remaining[jobs, None] / np.where(ok, rate[jobs][:, kinds], 1.0), np.inf)
+    longest = float(best.min(axis=1).max())
+    gpu_s = best * scale[jobs, None]  # GPU-seconds job i needs on type h alone
+    c = cap[kinds]
+    pi = np.full(kinds.shape[0], 1.0 / c.sum())
+    rows = np.arange(gpu_s.shape[0])
     bound = 0.0
     best_pi = pi
     for _ in range(iterations):
-        priced = gpu_s * pi[None, :]
+        priced = np.where(ok, gpu_s * pi[None, :], np.inf)
         choice = np.argmin(priced, axis=1)
-        value = float(np.take_along_axis(priced, choice[:, None], axis=1).sum())
+        value = float(priced[rows, choice].sum())
         if value > bound:
             bound = value
             best_pi = pi
-        demand = np.bincount(choice, weights=gpu_s[np.arange(gpu_s.shape[0]), choice],
-                             minlength=num_types)
-        load = np.where(usable, demand / np.where(usable, cap, 1.0), 0.0)
-        mean = load[usable].mean()
+        demand = np.bincount(choice, weights=gpu_s[rows, choice], minlength=kinds.shape[0])
+        load = demand / c
+        mean = float(load.mean())
         if mean <= 0:
             break
         pi = pi * np.exp(0.5 * (load / mean - 1.0))
-        pi = np.where(usable, pi, 0.0)
-        pi = pi / float((pi * cap).sum())
-    return max(bound, longest), best_pi
+        pi = pi / float((pi * c).sum())
+    pi_out = np.zeros(num_types)
+    pi_out[kinds] = best_pi
+    return max(bound, longest), pi_out
 
 
 
@@ -126,6 +132,8 @@ class HadarPolicy:
     ``horizon``: epochs of look-ahead in the dual pass.  ``migration_s``: seconds of progress a
     job loses when it moves (checkpoint and restart; 0 in Gavel-style simulation).
     ``margin_rounds``: rounds of safety when testing whether a job can still wait.
+    ``split_share``: a type is one of a job's main types when the job's split puts at least
+    this share of the largest one there.
     ``chain_factor``: how early jobs wider than half a type start their chain (1.0: as late as
     possible; lower starts them earlier, trading JCT for makespan on gang-heavy workloads).
     """
@@ -135,6 +143,7 @@ class HadarPolicy:
     margin_rounds: float = 1.5
     chain_factor: float = 0.9
     min_floor: float = 0.05
+    split_share: float = 0.5
     max_moves: int = 20000
     name: str = "hadar"
 
@@ -193,7 +202,10 @@ class HadarPolicy:
             i = index_of.get(j)
             if i is not None:
                 current[i, snapshot.node_type[node]] += c
-        split_rate = np.where(phi > 0.0, worker_rate, 0.0)
+        # The dual pass uses a job's main types only: a sliver of a split (a job levelled over
+        # two types) is for back-fill, not a reason to take a GPU another job needs more.
+        main = (phi > 0.0) & (phi >= self.split_share * phi.max(axis=1, keepdims=True))
+        split_rate = np.where(main, worker_rate, 0.0)
         alloc, _payoff, status = plan(
             snapshot.remaining.astype(np.float64), scale, split_rate, worker_rate, ukey, age,
             snapshot.sync.astype(np.int64), current, order, capacity, float(snapshot.round_s),
@@ -212,8 +224,8 @@ class HadarPolicy:
         Per type, over its jobs longest first (McNaughton's conditions for preemptive parallel
         machines, checked for after this round): the ``k`` longest jobs, while they fit on the
         type together, must fit in their GPUs over the window; the longest prefix that does
-        not is critical.  Jobs wider than half the type can never run side by side (nor beside
-        much else): when their chain no longer fits in ``chain_factor`` of the window, the
+        not is critical.  Multi-GPU jobs wider than half the type can never run side by side (nor
+        beside much else): when their chain no longer fits in ``chain_factor`` of the window, the
         longest of them is critical.
         """
         after = window - float(snapshot.round_s) * self.margin_rounds
@@ -226,11 +238,11 @@ class HadarPolicy:
             by_len = members[np.argsort(-rem_own[members], kind="stable")]
             gpus = np.cumsum(scale[by_len])
             work = np.cumsum(scale[by_len] * rem_own[by_len])
-            over = (work > gpus * after) & (gpus <= capacity[h])
+            over = (work > gpus * after) & (gpus < capacity[h])
             hit = np.nonzero(over)[0]
             if hit.shape[0]:
                 critical[by_len[: int(hit[-1]) + 1]] = True
-            wide = by_len[scale[by_len] * 2 > capacity[h]]
+            wide = by_len[(scale[by_len] * 2 > capacity[h]) & (scale[by_len] > 1)]
             if wide.shape[0] and float(rem_own[wide].sum()) > after * self.chain_factor:
                 critical[wide[0]] = True
         return critical
