@@ -1,6 +1,836 @@
-# cython: language_level=3
-"""Compiled Hadar core (placeholder until the primal-dual port lands)."""
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, nonecheck=False
+# distutils: extra_compile_args = -ffp-contract=off
+"""The compiled Hadar core: the twin of :mod:`hadar_slurm.core.reference`.
+
+Same functions (``plan``, ``balance_split``), same signatures, same arrays in and out, and the
+same floating-point operations in the same order, so that both return identical decisions
+(``tests/test_core_twins.py`` compares them on random instances).  Each private helper mirrors
+the reference helper of the same name line by line (``_epoch_option``, ``_best_schedule``,
+``_fastest_option``, ``_movable``, ``_MoveIndex``, ``_level``, ``_exchange``); read the
+reference for the *why*.
+
+How the twin stays exact:
+
+* every comparison keeps the reference's direction and strictness (``<`` vs ``<=``), its
+  ``not x < y`` forms (true for NaN) and its tie-breaks (first index wins);
+* Python ``int * float`` becomes ``<double>int * float``, left to right; ``g / c`` (int / int
+  true division) is done in double; ``x ** y`` is libc ``pow``, which is what Python and NumPy
+  call for floats;
+* ``-ffp-contract=off`` keeps the C compiler from fusing ``a * b + c`` into one FMA, which
+  would round differently from Python;
+* where the reference divides two Python floats (not NumPy scalars) by zero it raises
+  ``ZeroDivisionError``; the helpers here return an error code in the same case and the public
+  function raises the same exception.  Divisions where the reference holds a NumPy scalar give
+  IEEE ``inf``/``nan`` in both (``cdivision``).
+
+Scratch buffers (and ``_MoveIndex``'s trees) are allocated once per call; the inner loops touch
+only C scalars and typed memoryviews and run without the GIL.  Arrays may come in any layout
+and integer/bool dtype: they are converted with ``np.ascontiguousarray`` at the boundary.
+"""
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.math cimport INFINITY, pow
+
+cnp.import_array()
+
+ctypedef long long i64
+
+cdef double INF = INFINITY
+
+# Error codes of the nogil helpers (0: fine).  Each stands for a ZeroDivisionError the
+# reference raises at the same point.
+cdef enum:
+    ERR_NONE = 0
+    ERR_ZERODIV = 1
 
 
-def version() -> int:
-    return 0
+# ----------------------------------------------------------------------------------------------
+# plan
+
+
+cdef inline int _epoch_option(
+    Py_ssize_t i, Py_ssize_t t, double remaining_work, const i64[::1] scale,
+    const double[:, ::1] rate, const i64[::1] sync, const i64[:, ::1] current,
+    i64[:, ::1] free, double[:, ::1] price, double round_s, double migration_s,
+    bint round_raises, i64[::1] counts_out, i64[::1] trial, double* cost_out,
+    double* prog_out,
+) noexcept nogil:
+    """Twin of ``reference._epoch_option``: (cost, progress) in ``cost_out``/``prog_out``."""
+    cdef Py_ssize_t num_types = rate.shape[1]
+    cdef i64 s = scale[i]
+    cdef double best_cpi = INF
+    cdef double best_cost = INF
+    cdef double best_prog = 0.0
+    cdef Py_ssize_t m, h, pick
+    cdef double rm, rh, cost, prog, pick_price, ph, pick_ppi, ppi, run_s, cpi
+    cdef i64 need, take, avail
+    cdef bint same
+    for h in range(num_types):
+        counts_out[h] = 0
+    if sync[i] != 0:
+        for m in range(num_types):
+            rm = rate[i, m]
+            if rm <= 0.0:
+                continue
+            # Gang of s workers on types at least as fast as m, cheapest price first.
+            for h in range(num_types):
+                trial[h] = 0
+            need = s
+            cost = 0.0
+            while need > 0:
+                pick = -1
+                pick_price = INF
+                for h in range(num_types):
+                    if rate[i, h] >= rm and free[h, t] - trial[h] > 0:
+                        ph = price[h, t]
+                        if ph < pick_price:
+                            pick_price = ph
+                            pick = h
+                if pick < 0:
+                    break
+                avail = free[pick, t] - trial[pick]
+                take = avail if avail < need else need
+                trial[pick] += take
+                need -= take
+                cost += <double>take * pick_price * round_s
+            if need > 0:
+                continue
+            run_s = round_s
+            if t == 0 and migration_s > 0.0:
+                same = True
+                for h in range(num_types):
+                    if trial[h] != current[i, h]:
+                        same = False
+                if not same:
+                    run_s = round_s - migration_s
+                    if run_s < 0.0:
+                        run_s = 0.0
+            prog = <double>s * rm * run_s
+            if prog <= 0.0:
+                continue
+            if prog > remaining_work:
+                prog = remaining_work
+            if prog == 0.0 and round_raises:
+                return ERR_ZERODIV  # reference: cost / prog with prog == 0.0 (remaining 0)
+            cpi = cost / prog
+            if cpi < best_cpi or (cpi == best_cpi and prog > best_prog):
+                best_cpi = cpi
+                best_cost = cost
+                best_prog = prog
+                for h in range(num_types):
+                    counts_out[h] = trial[h]
+        cost_out[0] = best_cost
+        prog_out[0] = best_prog
+        return ERR_NONE
+    # Asynchronous: up to s workers, cheapest price per iteration first.
+    for h in range(num_types):
+        trial[h] = 0
+    need = s
+    cost = 0.0
+    prog = 0.0
+    while need > 0:
+        pick = -1
+        pick_ppi = INF
+        for h in range(num_types):
+            rh = rate[i, h]
+            if rh > 0.0 and free[h, t] - trial[h] > 0:
+                ppi = price[h, t] / rh
+                if ppi < pick_ppi:
+                    pick_ppi = ppi
+                    pick = h
+        if pick < 0:
+            break
+        avail = free[pick, t] - trial[pick]
+        take = avail if avail < need else need
+        trial[pick] += take
+        need -= take
+        cost += <double>take * price[pick, t] * round_s
+        prog += <double>take * rate[i, pick] * round_s
+    if prog <= 0.0:
+        cost_out[0] = INF
+        prog_out[0] = 0.0
+        return ERR_NONE
+    if t == 0 and migration_s > 0.0:
+        same = True
+        for h in range(num_types):
+            if trial[h] != current[i, h]:
+                same = False
+        if not same:
+            run_s = round_s - migration_s
+            if run_s < 0.0:
+                run_s = 0.0
+            if round_s == 0.0 and round_raises:
+                return ERR_ZERODIV  # reference: run_s / round_s
+            prog = prog * (run_s / round_s)
+            if prog <= 0.0:
+                cost_out[0] = INF
+                prog_out[0] = 0.0
+                return ERR_NONE
+    if prog > remaining_work:
+        prog = remaining_work
+    for h in range(num_types):
+        counts_out[h] = trial[h]
+    cost_out[0] = cost
+    prog_out[0] = prog
+    return ERR_NONE
+
+
+cdef inline int _best_schedule(
+    Py_ssize_t i, const double[::1] remaining, const i64[::1] scale,
+    const double[:, ::1] rate, const double[::1] ukey, const double[::1] age,
+    const i64[::1] sync, const i64[:, ::1] current, i64[:, ::1] free, double[:, ::1] price,
+    double round_s, Py_ssize_t horizon, double migration_s, bint round_raises,
+    double best_rate, double tail_price, i64[:, ::1] opt_counts, i64[::1] chosen,
+    double[::1] opt_cost, double[::1] opt_prog, i64[::1] order, double[::1] cpi,
+    i64[::1] row, i64[::1] trial, double* payoff_out,
+) noexcept nogil:
+    """Twin of ``reference._best_schedule``; the payoff goes to ``payoff_out``."""
+    cdef Py_ssize_t num_types = rate.shape[1]
+    cdef double work = remaining[i]
+    cdef Py_ssize_t n_opt = 0
+    cdef Py_ssize_t t, h, j, k, T, last, best_kind, best_val
+    cdef double c, p, c_t, got, cost, before, frac, finish, payoff, best_payoff
+    cdef double total_prog, tail_s, tail_cost
+    cdef int err
+    for t in range(horizon):
+        err = _epoch_option(i, t, work, scale, rate, sync, current, free, price, round_s,
+                            migration_s, round_raises, row, trial, &c, &p)
+        if err != ERR_NONE:
+            return err
+        opt_cost[t] = c
+        opt_prog[t] = p
+        for h in range(num_types):
+            opt_counts[t, h] = row[h]
+        if p > 0.0:
+            n_opt += 1
+        chosen[t] = 0
+    if n_opt == 0:
+        payoff_out[0] = -INF
+        return ERR_NONE
+    # Options in order of cost per iteration (stable: earlier epoch first on ties).
+    k = 0
+    for t in range(horizon):
+        if opt_prog[t] > 0.0:
+            c_t = opt_cost[t] / opt_prog[t]
+            j = k
+            while j > 0 and cpi[j - 1] > c_t:
+                cpi[j] = cpi[j - 1]
+                order[j] = order[j - 1]
+                j -= 1
+            cpi[j] = c_t
+            order[j] = t
+            k += 1
+    best_payoff = -INF
+    best_kind = -1  # 0: finish by T (value = T); 1: prefix of length best_val, tail after
+    best_val = 0
+    # (a) Finish within the horizon, by epoch T.
+    for T in range(horizon):
+        got = 0.0
+        cost = 0.0
+        last = -1
+        for j in range(n_opt):
+            t = order[j]
+            if t > T:
+                continue
+            got += opt_prog[t]
+            cost += opt_cost[t]
+            if t > last:
+                last = t
+            if got >= work:
+                break
+        if got < work or last != T:
+            continue
+        before = got - opt_prog[last]
+        frac = (work - before) / opt_prog[last]
+        finish = <double>last * round_s + frac * round_s
+        payoff = ukey[i] / (finish + age[i]) - cost
+        if payoff > best_payoff:
+            best_payoff = payoff
+            best_kind = 0
+            best_val = T
+    # (b) Cannot finish within the horizon: a cheapest prefix, the rest afterwards.
+    total_prog = 0.0
+    for t in range(horizon):
+        total_prog += opt_prog[t]
+    if total_prog < work and best_rate > 0.0:
+        got = 0.0
+        cost = 0.0
+        for j in range(n_opt):
+            t = order[j]
+            got += opt_prog[t]
+            cost += opt_cost[t]
+            tail_s = (work - got) / best_rate
+            finish = <double>horizon * round_s + tail_s
+            tail_cost = tail_s * <double>scale[i] * tail_price
+            payoff = ukey[i] / (finish + age[i]) - cost - tail_cost
+            if payoff > best_payoff:
+                best_payoff = payoff
+                best_kind = 1
+                best_val = j + 1
+    if best_kind == 0:
+        got = 0.0
+        for j in range(n_opt):
+            t = order[j]
+            if t > best_val:
+                continue
+            chosen[t] = 1
+            got += opt_prog[t]
+            if got >= work:
+                break
+    elif best_kind == 1:
+        for j in range(best_val):
+            chosen[order[j]] = 1
+    payoff_out[0] = best_payoff
+    return ERR_NONE
+
+
+cdef inline double _fastest_option(
+    Py_ssize_t i, const i64[::1] scale, const double[:, ::1] rate, const i64[::1] sync,
+    i64[:, ::1] free, i64[::1] best, i64[::1] trial,
+) noexcept nogil:
+    """Twin of ``reference._fastest_option``: returns the progress, the option in ``best``."""
+    cdef Py_ssize_t num_types = rate.shape[1]
+    cdef i64 s = scale[i]
+    cdef double best_prog = 0.0
+    cdef Py_ssize_t mixed, m, h, pick
+    cdef double rm, pick_rate, prog
+    cdef i64 need, take, avail
+    for h in range(num_types):
+        best[h] = 0
+    if sync[i] != 0:
+        # A gang on one type if any fits; else mixed, paced by its slowest type m and filled
+        # from the slowest types still at least as fast as m.
+        for mixed in range(2):
+            for m in range(num_types):
+                rm = rate[i, m]
+                if rm <= 0.0:
+                    continue
+                for h in range(num_types):
+                    trial[h] = 0
+                need = s
+                while need > 0:
+                    pick = -1
+                    pick_rate = INF
+                    for h in range(num_types):
+                        if mixed == 0 and h != m:
+                            continue
+                        if (rate[i, h] >= rm and free[h, 0] - trial[h] > 0
+                                and rate[i, h] < pick_rate):
+                            pick_rate = rate[i, h]
+                            pick = h
+                    if pick < 0:
+                        break
+                    avail = free[pick, 0] - trial[pick]
+                    take = avail if avail < need else need
+                    trial[pick] += take
+                    need -= take
+                if need > 0:
+                    continue
+                prog = <double>s * rm
+                if prog > best_prog:
+                    best_prog = prog
+                    for h in range(num_types):
+                        best[h] = trial[h]
+            if best_prog > 0.0:
+                break
+        return best_prog
+    need = s
+    while need > 0:
+        pick = -1
+        pick_rate = 0.0
+        for h in range(num_types):
+            if free[h, 0] - best[h] > 0 and rate[i, h] > pick_rate:
+                pick_rate = rate[i, h]
+                pick = h
+        if pick < 0:
+            break
+        avail = free[pick, 0] - best[pick]
+        take = avail if avail < need else need
+        best[pick] += take
+        need -= take
+        best_prog += <double>take * pick_rate
+    return best_prog
+
+
+cdef inline bint _is_numpy_scalar(object x):
+    return isinstance(x, np.generic)
+
+
+def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, capacity,
+         round_s, horizon, migration_s, price_floor, price_ratio):
+    """One epoch of Hadar (see ``reference.plan``).  Arrays in, arrays out.
+
+    Returns ``alloc[J, H]`` (int64), ``payoff[J]`` (float64) and ``status[J]`` (int64).
+    """
+    cdef const double[::1] rem_v = np.ascontiguousarray(remaining, dtype=np.float64)
+    cdef const i64[::1] scale_v = np.ascontiguousarray(scale, dtype=np.int64)
+    cdef const double[:, ::1] rate_v = np.ascontiguousarray(rate, dtype=np.float64)
+    cdef const double[:, ::1] fill_v = np.ascontiguousarray(fill_rate, dtype=np.float64)
+    cdef const double[::1] ukey_v = np.ascontiguousarray(ukey, dtype=np.float64)
+    cdef const double[::1] age_v = np.ascontiguousarray(age, dtype=np.float64)
+    cdef const i64[::1] sync_v = np.ascontiguousarray(sync, dtype=np.int64)
+    cdef const i64[:, ::1] cur_v = np.ascontiguousarray(current, dtype=np.int64)
+    cdef const i64[::1] cap_v = np.ascontiguousarray(capacity, dtype=np.int64)
+    cdef const double[::1] floor_v = np.ascontiguousarray(price_floor, dtype=np.float64)
+    cdef Py_ssize_t num_jobs = rate_v.shape[0]
+    cdef Py_ssize_t num_types = rate_v.shape[1]
+    cdef Py_ssize_t hor = horizon
+    cdef double c_round = round_s
+    cdef double c_mig = migration_s
+    cdef double c_ratio = price_ratio
+    # The reference divides Python floats (raising ZeroDivisionError) unless round_s is a
+    # NumPy scalar, which makes the quotients NumPy scalars (IEEE inf/nan).
+    cdef bint round_raises = not _is_numpy_scalar(round_s)
+
+    # Shapes: the reference indexes these by job and type; reject what it could not index.
+    if fill_v.shape[0] != num_jobs or fill_v.shape[1] != num_types:
+        raise ValueError("fill_rate must have the shape of rate")
+    if cur_v.shape[0] != num_jobs or cur_v.shape[1] != num_types:
+        raise ValueError("current must have the shape of rate")
+    if (rem_v.shape[0] != num_jobs or scale_v.shape[0] != num_jobs
+            or ukey_v.shape[0] != num_jobs or age_v.shape[0] != num_jobs
+            or sync_v.shape[0] != num_jobs):
+        raise ValueError("remaining, scale, ukey, age and sync must have one entry per job")
+    if cap_v.shape[0] != num_types or floor_v.shape[0] != num_types:
+        raise ValueError("capacity and price_floor must have one entry per GPU type")
+    # Queue order: Python indexing semantics (negative indices count from the end).
+    order_a = np.ascontiguousarray(order, dtype=np.int64)
+    if order_a.ndim != 1:
+        raise ValueError("order must be one-dimensional")
+    if order_a.shape[0] > 0:
+        if int(order_a.min()) < -num_jobs or int(order_a.max()) >= num_jobs:
+            raise IndexError("order holds a job index out of range")
+        if int(order_a.min()) < 0:
+            order_a = np.where(order_a < 0, order_a + num_jobs, order_a)
+    cdef const i64[::1] order_v = order_a
+
+    g_a = np.zeros((num_types, horizon), dtype=np.int64)  # ValueError if horizon < 0, as ref
+    cdef i64[:, ::1] g = g_a
+    cdef i64[:, ::1] free = np.zeros((num_types, horizon), dtype=np.int64)
+    cdef double[:, ::1] price = np.zeros((num_types, horizon))
+    alloc_a = np.zeros((num_jobs, num_types), dtype=np.int64)
+    payoff_a = np.full(num_jobs, np.nan)
+    status_a = np.full(num_jobs, 2, dtype=np.int64)
+    cdef i64[:, ::1] alloc = alloc_a
+    cdef double[::1] payoff = payoff_a
+    cdef i64[::1] status = status_a
+    # Scratch, once per call.
+    cdef i64[:, ::1] opt_counts = np.zeros((horizon, num_types), dtype=np.int64)
+    cdef i64[::1] chosen = np.zeros(horizon, dtype=np.int64)
+    cdef double[::1] opt_cost = np.zeros(horizon)
+    cdef double[::1] opt_prog = np.zeros(horizon)
+    cdef i64[::1] opt_order = np.zeros(horizon, dtype=np.int64)
+    cdef double[::1] cpi = np.zeros(horizon)
+    cdef i64[::1] row = np.zeros(num_types, dtype=np.int64)
+    cdef i64[::1] trial = np.zeros(num_types, dtype=np.int64)
+    cdef i64[::1] best = np.zeros(num_types, dtype=np.int64)
+
+    cdef Py_ssize_t q, i, h, t, npass
+    cdef double best_rate, tail_price, pay, best_prog
+    cdef bint runnable
+    cdef i64 c
+    cdef int err = ERR_NONE
+    cdef const double[:, ::1] rates
+
+    with nogil:
+        for h in range(num_types):
+            for t in range(hor):
+                free[h, t] = cap_v[h]
+                price[h, t] = floor_v[h]
+        for q in range(order_v.shape[0]):
+            i = order_v[q]
+            best_rate = 0.0
+            tail_price = 0.0
+            runnable = False
+            for h in range(num_types):
+                if fill_v[i, h] > 0.0:
+                    runnable = True
+                if rate_v[i, h] * <double>scale_v[i] > best_rate:
+                    best_rate = rate_v[i, h] * <double>scale_v[i]
+                    tail_price = floor_v[h]
+            if not runnable:
+                status[i] = 3
+                payoff[i] = -INF
+                continue
+            if best_rate <= 0.0:
+                continue
+            err = _best_schedule(i, rem_v, scale_v, rate_v, ukey_v, age_v, sync_v, cur_v,
+                                 free, price, c_round, hor, c_mig, round_raises, best_rate,
+                                 tail_price, opt_counts, chosen, opt_cost, opt_prog,
+                                 opt_order, cpi, row, trial, &pay)
+            if err != ERR_NONE:
+                break
+            if pay == -INF:
+                continue  # no free GPUs anywhere in the horizon: waits
+            if not pay > 0.0:
+                payoff[i] = pay
+                continue
+            payoff[i] = pay
+            status[i] = 1
+            for t in range(hor):
+                if chosen[t] == 0:
+                    continue
+                for h in range(num_types):
+                    c = opt_counts[t, h]
+                    if c == 0:
+                        continue
+                    g[h, t] += c
+                    free[h, t] -= c
+                    price[h, t] = floor_v[h] * pow(c_ratio, <double>g[h, t] / <double>cap_v[h])
+                    if t == 0:
+                        alloc[i, h] = c
+                if t == 0:
+                    status[i] = 0
+    if err == ERR_ZERODIV:
+        raise ZeroDivisionError("float division by zero")
+    if hor == 0:
+        # The reference's back-fill reads free[h, 0] for every job still waiting: IndexError.
+        for q in range(order_v.shape[0]):
+            if status[order_v[q]] != 3:
+                raise IndexError("index 0 is out of bounds for axis 1 with size 0")
+    # Back-fill epoch 0: first on the types the job may use, then on any type it can run on.
+    with nogil:
+        for npass in range(2):
+            rates = rate_v if npass == 0 else fill_v
+            for q in range(order_v.shape[0]):
+                i = order_v[q]
+                if status[i] == 0 or status[i] == 3 or status[i] == 4:
+                    continue
+                best_prog = _fastest_option(i, scale_v, rates, sync_v, free, best, trial)
+                if best_prog <= 0.0:
+                    continue
+                for h in range(num_types):
+                    if best[h] > 0:
+                        free[h, 0] -= best[h]
+                        alloc[i, h] = best[h]
+                status[i] = 4
+    return alloc_a, payoff_a, status_a
+
+
+# ----------------------------------------------------------------------------------------------
+# balance_split
+
+
+cdef inline bint _movable(
+    double[:, ::1] phi, const double[:, ::1] gpu_s, double[::1] slack, Py_ssize_t i,
+    Py_ssize_t s, Py_ssize_t d,
+) noexcept nogil:
+    """Twin of ``reference._movable``: may job ``i`` move work from type ``s`` to ``d``?"""
+    cdef double grow
+    if not phi[i, s] > 1e-12 or not gpu_s[i, d] < INF:
+        return False
+    grow = gpu_s[i, d] - gpu_s[i, s]
+    return not (grow > 0.0 and not slack[i] > 1e-9)
+
+
+cdef class _MoveIndex:
+    """Twin of ``reference._MoveIndex``: a tournament tree per ordered pair of types.
+
+    ``key[p, node]`` / ``job[p, node]`` for pair ``p = s * H + d``: leaves at ``size + i``,
+    node ``k`` the lesser of ``2k`` and ``2k + 1`` (the left on ties), root at 1.  A pair's
+    tree is built when first asked for; the buffers of pairs never asked for stay untouched.
+    """
+
+    cdef double[:, ::1] phi
+    cdef const double[:, ::1] gpu_s
+    cdef double[::1] slack
+    cdef Py_ssize_t n, num_types, size, num_built
+    cdef double[:, ::1] key
+    cdef i64[:, ::1] job
+    cdef unsigned char[:, ::1] movable
+    cdef i64[::1] zeros
+    cdef i64[::1] built
+    cdef unsigned char[::1] has_tree
+
+    def __cinit__(self, double[:, ::1] phi, const double[:, ::1] gpu_s, double[::1] slack):
+        cdef Py_ssize_t n = gpu_s.shape[0]
+        cdef Py_ssize_t num_types = gpu_s.shape[1]
+        cdef Py_ssize_t size = 1
+        while size < n:
+            size *= 2
+        self.phi = phi
+        self.gpu_s = gpu_s
+        self.slack = slack
+        self.n = n
+        self.num_types = num_types
+        self.size = size
+        self.num_built = 0
+        # np.empty: the pages of a pair's rows are first touched when its tree is built.
+        self.key = np.empty((num_types * num_types, 2 * size))
+        self.job = np.empty((num_types * num_types, 2 * size), dtype=np.int64)
+        self.movable = np.empty((num_types * num_types, n), dtype=np.uint8)
+        self.zeros = np.zeros(num_types * num_types, dtype=np.int64)
+        self.built = np.zeros(num_types * num_types, dtype=np.int64)
+        self.has_tree = np.zeros(num_types * num_types, dtype=np.uint8)
+
+    cdef inline void _build(self, Py_ssize_t p) noexcept nogil:
+        cdef Py_ssize_t i, node
+        for node in range(2 * self.size):
+            self.key[p, node] = INF
+            self.job[p, node] = -1
+        for i in range(self.n):
+            self.movable[p, i] = 0
+            self.job[p, self.size + i] = i
+            self._set(p, i)
+        for node in range(self.size - 1, 0, -1):
+            self._pull(p, node)
+        self.has_tree[p] = 1
+        self.built[self.num_built] = p
+        self.num_built += 1
+
+    cdef inline bint _set(self, Py_ssize_t p, Py_ssize_t i) noexcept nogil:
+        """Job ``i``'s leaf of pair ``p``; True when it changed."""
+        cdef Py_ssize_t s = p // self.num_types
+        cdef Py_ssize_t d = p % self.num_types
+        cdef unsigned char m = 1 if _movable(self.phi, self.gpu_s, self.slack, i, s, d) else 0
+        cdef double g_s, ratio
+        cdef double k = INF
+        if m == self.movable[p, i]:
+            return False
+        self.movable[p, i] = m
+        g_s = self.gpu_s[i, s]
+        if g_s == 0.0:
+            self.zeros[p] += 1 if m else -1
+        if m and g_s != 0.0:
+            ratio = self.gpu_s[i, d] / g_s
+            if ratio < INF:
+                k = ratio
+        self.key[p, self.size + i] = k
+        return True
+
+    cdef inline void _pull(self, Py_ssize_t p, Py_ssize_t node) noexcept nogil:
+        cdef Py_ssize_t left = 2 * node
+        cdef Py_ssize_t right = left + 1
+        if self.key[p, right] < self.key[p, left]:
+            left = right
+        self.key[p, node] = self.key[p, left]
+        self.job[p, node] = self.job[p, left]
+
+    cdef inline void refresh(self, Py_ssize_t i) noexcept nogil:
+        """Job ``i``'s work or slack changed: update its leaves."""
+        cdef Py_ssize_t q, p, node
+        for q in range(self.num_built):
+            p = self.built[q]
+            if self._set(p, i):
+                node = (self.size + i) // 2
+                while node >= 1:
+                    self._pull(p, node)
+                    node //= 2
+
+    cdef inline int best(self, Py_ssize_t s, Py_ssize_t d, Py_ssize_t* job,
+                         double* ratio) noexcept nogil:
+        """The job a move from ``s`` to ``d`` takes and its quotient (-1, inf: none)."""
+        cdef Py_ssize_t p = s * self.num_types + d
+        if not self.has_tree[p]:
+            self._build(p)
+        if self.zeros[p] > 0:
+            return ERR_ZERODIV  # reference: float division by zero
+        if not self.key[p, 1] < INF:
+            job[0] = -1
+            ratio[0] = INF
+        else:
+            job[0] = self.job[p, 1]
+            ratio[0] = self.key[p, 1]
+        return ERR_NONE
+
+
+cdef inline i64 _level(
+    double[:, ::1] phi, const double[:, ::1] gpu_s, const i64[::1] capacity,
+    double[::1] load, double[::1] slack, i64 max_moves, _MoveIndex index, int* err,
+) noexcept nogil:
+    """Twin of ``reference._level``; returns the moves made (``err`` on ZeroDivisionError)."""
+    cdef Py_ssize_t num_types = gpu_s.shape[1]
+    cdef i64 moves = 0
+    cdef Py_ssize_t h, i, src, dst, best
+    cdef double per, per_src, per_dst, gap, scale_gap, best_ratio, grow
+    cdef double g_src, g_dst, d
+    while moves < max_moves:
+        src = -1
+        dst = -1
+        for h in range(num_types):
+            if capacity[h] <= 0:
+                continue
+            per = load[h] / <double>capacity[h]
+            if src < 0 or per > load[src] / <double>capacity[src]:
+                src = h
+            if dst < 0 or per < load[dst] / <double>capacity[dst]:
+                dst = h
+        if src < 0:
+            break
+        per_src = load[src] / <double>capacity[src]
+        per_dst = load[dst] / <double>capacity[dst]
+        gap = per_src - per_dst
+        scale_gap = per_src if per_src > 1.0 else 1.0
+        if gap <= 1e-9 * scale_gap:
+            break
+        # The job that loses least by the move (least gpu_s[dst] / gpu_s[src], first on ties).
+        err[0] = index.best(src, dst, &best, &best_ratio)
+        if err[0] != ERR_NONE:
+            return moves
+        if best < 0:
+            break
+        i = best
+        g_src = gpu_s[i, src]
+        g_dst = gpu_s[i, dst]
+        grow = g_dst - g_src
+        d = gap / (g_src / <double>capacity[src] + g_dst / <double>capacity[dst])
+        if d > phi[i, src]:
+            d = phi[i, src]
+        if grow > 0.0 and d > slack[i] / grow:
+            d = slack[i] / grow
+        moves += 1
+        if d <= 1e-12:
+            if grow <= 0.0:
+                break
+            slack[i] = 0.0
+            index.refresh(i)
+            continue
+        phi[i, src] -= d
+        phi[i, dst] += d
+        load[src] -= d * g_src
+        load[dst] += d * g_dst
+        slack[i] -= d * grow
+        index.refresh(i)
+    return moves
+
+
+cdef inline bint _exchange(
+    double[:, ::1] phi, const double[:, ::1] gpu_s, const i64[::1] capacity,
+    double[::1] load, double[::1] slack, _MoveIndex index, int* err,
+) noexcept nogil:
+    """Twin of ``reference._exchange``; True when it swapped anything."""
+    cdef Py_ssize_t num_types = gpu_s.shape[1]
+    cdef bint changed = False
+    cdef Py_ssize_t x, y, rep, a, b
+    cdef double ra, rb, gax, gay, gbx, gby, u, lim, grow_a, grow_b, v
+    for x in range(num_types):
+        for y in range(num_types):
+            if x == y or capacity[x] <= 0 or capacity[y] <= 0:
+                continue
+            for rep in range(64):
+                err[0] = index.best(x, y, &a, &ra)
+                if err[0] != ERR_NONE:
+                    return changed
+                err[0] = index.best(y, x, &b, &rb)
+                if err[0] != ERR_NONE:
+                    return changed
+                if a < 0 or b < 0 or a == b or ra * rb >= 1.0 - 1e-9:
+                    break
+                gax = gpu_s[a, x]
+                gay = gpu_s[a, y]
+                gbx = gpu_s[b, x]
+                gby = gpu_s[b, y]
+                # u GPU-seconds of a leave X and land as u*ra on Y; v = u*ra of b leave Y and
+                # land as v*rb on X.  Limited by what a and b hold and by their lengths.
+                u = phi[a, x] * gax
+                lim = phi[b, y] * gby / ra
+                if lim < u:
+                    u = lim
+                grow_a = (gay - gax) / gax
+                grow_b = (gbx - gby) / gby
+                if grow_a > 0.0 and slack[a] / grow_a < u:
+                    u = slack[a] / grow_a
+                if grow_b > 0.0 and slack[b] / (grow_b * ra) < u:
+                    u = slack[b] / (grow_b * ra)
+                if u <= 1e-9:
+                    break
+                v = u * ra
+                phi[a, x] -= u / gax
+                phi[a, y] += u / gax
+                phi[b, y] -= v / gby
+                phi[b, x] += v / gby
+                load[x] += -u + v * rb
+                slack[a] -= u * grow_a
+                slack[b] -= v * grow_b
+                index.refresh(a)
+                index.refresh(b)
+                changed = True
+    return changed
+
+
+def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
+    """Split each job's remaining work over GPU types (see ``reference.balance_split``).
+
+    Returns ``phi[J, H]`` (float64), the fraction of each job's work on each type.
+    """
+    cdef const double[:, ::1] gs = np.ascontiguousarray(gpu_s, dtype=np.float64)
+    cdef const i64[::1] cap_v = np.ascontiguousarray(capacity, dtype=np.int64)
+    cdef const double[::1] pi_v = np.ascontiguousarray(pi, dtype=np.float64)
+    cdef const i64[::1] scale_v = np.ascontiguousarray(scale, dtype=np.int64)
+    cdef Py_ssize_t n = gs.shape[0]
+    cdef Py_ssize_t num_types = gs.shape[1]
+    cdef double c_window = window
+    cdef i64 c_max_moves = max_moves
+    # (t_slow - window) / (t_slow - t_fast) raises on Python floats, not on a NumPy window.
+    cdef bint window_raises = not _is_numpy_scalar(window)
+    if cap_v.shape[0] != num_types or pi_v.shape[0] != num_types:
+        raise ValueError("capacity and pi must have one entry per GPU type")
+    if scale_v.shape[0] != n:
+        raise ValueError("scale must have one entry per job")
+    phi_a = np.zeros((n, num_types))
+    cdef double[:, ::1] phi = phi_a
+    cdef double[::1] load = np.zeros(num_types)
+    cdef double[::1] slack = np.zeros(n)
+    if n == 0:
+        return phi_a
+    cdef Py_ssize_t i, h, first, fastest, rnd
+    cdef double first_cost, gih, cost, sf, t_slow, t_fast, f, used
+    cdef i64 moves = 0
+    cdef int err = ERR_NONE
+    with nogil:
+        for i in range(n):
+            first = -1
+            first_cost = INF
+            fastest = -1
+            for h in range(num_types):
+                gih = gs[i, h]
+                if cap_v[h] <= 0 or not gih < INF:
+                    continue
+                cost = gih * pi_v[h]
+                if cost < first_cost or first < 0:
+                    first_cost = cost
+                    first = h
+                if fastest < 0 or gih < gs[i, fastest]:
+                    fastest = h
+            if first < 0:
+                continue
+            phi[i, first] = 1.0
+            sf = <double>scale_v[i]
+            if sf == 0.0:
+                err = ERR_ZERODIV  # reference: float(gpu_s) / float(scale) with scale 0
+                break
+            t_slow = gs[i, first] / sf
+            if t_slow > c_window and fastest != first:
+                t_fast = gs[i, fastest] / sf
+                if t_slow - t_fast == 0.0 and window_raises:
+                    err = ERR_ZERODIV  # reference: cheapest and fastest type equally fast
+                    break
+                f = (t_slow - c_window) / (t_slow - t_fast)
+                if f > 1.0:
+                    f = 1.0
+                phi[i, first] -= f
+                phi[i, fastest] += f
+            used = 0.0
+            for h in range(num_types):
+                if phi[i, h] > 0.0:
+                    used += phi[i, h] * gs[i, h]
+                    load[h] += phi[i, h] * gs[i, h]
+            slack[i] = c_window * sf - used
+    if err == ERR_ZERODIV:
+        raise ZeroDivisionError("float division by zero")
+    cdef _MoveIndex index = _MoveIndex(phi, gs, slack)
+    with nogil:
+        for rnd in range(8):
+            moves += _level(phi, gs, cap_v, load, slack, c_max_moves - moves, index, &err)
+            if err != ERR_NONE:
+                break
+            if not _exchange(phi, gs, cap_v, load, slack, index, &err):
+                break
+            if err != ERR_NONE:
+                break
+    if err == ERR_ZERODIV:
+        raise ZeroDivisionError("float division by zero")
+    return phi_a

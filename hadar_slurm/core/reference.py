@@ -476,17 +476,124 @@ def balance_split(
                 used += phi[i, h] * float(gpu_s[i, h])
                 load[h] += phi[i, h] * float(gpu_s[i, h])
         slack[i] = window * sf - used
+    index = _MoveIndex(phi, gpu_s, slack)
     moves = 0
     for _ in range(8):
-        moves += _level(phi, gpu_s, capacity, load, slack, max_moves - moves)
-        if not _exchange(phi, gpu_s, capacity, load, slack):
+        moves += _level(phi, gpu_s, capacity, load, slack, max_moves - moves, index)
+        if not _exchange(phi, gpu_s, capacity, load, slack, index):
             break
     return phi
 
 
-def _level(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64, max_moves: int) -> int:
+def _movable(phi: F64, gpu_s: F64, slack: F64, i: int, s: int, d: int) -> bool:
+    """May job ``i`` move work from type ``s`` to type ``d``?
+
+    It must hold work on ``s``, be able to run on ``d`` and, if the move makes it longer, have
+    slack left.  (The exchange's test ``gx < inf and gy < inf and phi[i, x] > 1e-12 and
+    (gy <= gx or slack > 1e-9)`` is the same set: work is only ever put on types with
+    ``gpu_s < inf``, and for such values ``not gy - gx > 0`` is ``gy <= gx``, with ``-inf`` too.)
+    """
+    if not phi[i, s] > 1e-12 or not gpu_s[i, d] < INF:
+        return False
+    grow = float(gpu_s[i, d]) - float(gpu_s[i, s])
+    return not (grow > 0.0 and not slack[i] > 1e-9)
+
+
+class _MoveIndex:
+    """Which job a move from type ``s`` to type ``d`` takes, kept up to date as work moves.
+
+    The job is the first in index order with the least ``gpu_s[i, d] / gpu_s[i, s]`` among the
+    jobs that may move (:func:`_movable`), i.e. what a scan over all jobs with a strict ``<``
+    against ``inf`` returns.  Rescanning all jobs after every move would cost ``O(jobs)`` per
+    move; since a move changes only the jobs it moves, one tournament tree per ordered pair of
+    types keeps the answer at its root instead (``O(types^2 log jobs)`` per moved job).  A leaf
+    holds the quotient of a job that may move, ``inf`` otherwise (and where the quotient is not
+    ``< inf``); a node holds the lesser key of its children, the left one on ties, so the root
+    holds the first least, as the scan would.  The scan would divide by ``gpu_s[i, s] == 0.0``
+    for such a job and raise ``ZeroDivisionError``; :meth:`best` raises it in the same case
+    (``zeros`` counts those jobs per pair).  A pair's tree is built when first asked for (from
+    the arrays as they are then, which is what updating it all along would give).
+    """
+
+    def __init__(self, phi: F64, gpu_s: F64, slack: F64) -> None:
+        n, num_types = gpu_s.shape
+        size = 1
+        while size < n:
+            size *= 2
+        self.phi = phi
+        self.gpu_s = gpu_s
+        self.slack = slack
+        self.num_types = num_types
+        self.size = size
+        self.built: list[int] = []  # pairs p = s * num_types + d with a tree, in build order
+        self.key = np.full((num_types * num_types, 2 * size), INF)
+        self.job = np.full((num_types * num_types, 2 * size), -1, dtype=np.int64)
+        self.movable = np.zeros((num_types * num_types, n), dtype=np.int64)
+        self.zeros = np.zeros(num_types * num_types, dtype=np.int64)
+        self.has_tree = np.zeros(num_types * num_types, dtype=np.int64)
+
+    def _build(self, p: int) -> None:
+        n = self.gpu_s.shape[0]
+        for i in range(n):
+            self.job[p, self.size + i] = i
+            self._set(p, i)
+        for node in range(self.size - 1, 0, -1):
+            self._pull(p, node)
+        self.has_tree[p] = 1
+        self.built.append(p)
+
+    def _set(self, p: int, i: int) -> bool:
+        """Job ``i``'s leaf of pair ``p``; True when it changed."""
+        s = p // self.num_types
+        d = p % self.num_types
+        m = 1 if _movable(self.phi, self.gpu_s, self.slack, i, s, d) else 0
+        if m == self.movable[p, i]:
+            return False
+        self.movable[p, i] = m
+        g_s = float(self.gpu_s[i, s])
+        if g_s == 0.0:
+            self.zeros[p] += 1 if m else -1
+        key = INF
+        if m and g_s != 0.0:
+            ratio = float(self.gpu_s[i, d]) / g_s
+            if ratio < INF:
+                key = ratio
+        self.key[p, self.size + i] = key
+        return True
+
+    def _pull(self, p: int, node: int) -> None:
+        left = 2 * node
+        right = left + 1
+        if self.key[p, right] < self.key[p, left]:
+            left = right
+        self.key[p, node] = self.key[p, left]
+        self.job[p, node] = self.job[p, left]
+
+    def refresh(self, i: int) -> None:
+        """Job ``i``'s work or slack changed: update its leaves."""
+        for p in self.built:
+            if self._set(p, i):
+                node = (self.size + i) // 2
+                while node >= 1:
+                    self._pull(p, node)
+                    node //= 2
+
+    def best(self, s: int, d: int) -> tuple[int, float]:
+        """The job a move from ``s`` to ``d`` takes and its quotient; ``(-1, inf)``: none."""
+        p = s * self.num_types + d
+        if not self.has_tree[p]:
+            self._build(p)
+        if self.zeros[p] > 0:
+            raise ZeroDivisionError("float division by zero")
+        if not self.key[p, 1] < INF:
+            return -1, INF
+        return int(self.job[p, 1]), float(self.key[p, 1])
+
+
+def _level(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64, max_moves: int,
+           index: _MoveIndex) -> int:
     """Move work from the most to the least loaded type until level; returns the moves made."""
-    n, num_types = gpu_s.shape
+    num_types = gpu_s.shape[1]
     moves = 0
     while moves < max_moves:
         src = -1
@@ -507,18 +614,8 @@ def _level(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64, max_moves
         scale_gap = per_src if per_src > 1.0 else 1.0
         if gap <= 1e-9 * scale_gap:
             break
-        best = -1
-        best_ratio = INF
-        for i in range(n):
-            if not phi[i, src] > 1e-12 or not gpu_s[i, dst] < INF:
-                continue
-            grow = float(gpu_s[i, dst]) - float(gpu_s[i, src])
-            if grow > 0.0 and not slack[i] > 1e-9:
-                continue
-            ratio = float(gpu_s[i, dst]) / float(gpu_s[i, src])
-            if ratio < best_ratio:
-                best_ratio = ratio
-                best = i
+        # The job that loses least by the move (least gpu_s[dst] / gpu_s[src], first on ties).
+        best, _ = index.best(src, dst)
         if best < 0:
             break
         i = best
@@ -535,16 +632,19 @@ def _level(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64, max_moves
             if grow <= 0.0:
                 break
             slack[i] = 0.0
+            index.refresh(i)
             continue
         phi[i, src] -= d
         phi[i, dst] += d
         load[src] -= d * g_src
         load[dst] += d * g_dst
         slack[i] -= d * grow
+        index.refresh(i)
     return moves
 
 
-def _exchange(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64) -> bool:
+def _exchange(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64,
+              index: _MoveIndex) -> bool:
     """Swap work between two types where that saves GPU-seconds (a 2-cycle of the LP).
 
     For types X and Y, job a moves from X to Y at ``gpu_s[a,Y]/gpu_s[a,X]`` GPU-seconds on Y
@@ -552,32 +652,15 @@ def _exchange(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64) -> boo
     is below 1 the swap frees capacity on X and leaves Y as loaded as it was.  Returns True when
     it swapped anything (the loads then need levelling again).
     """
-    n, num_types = gpu_s.shape
+    num_types = gpu_s.shape[1]
     changed = False
     for x in range(num_types):
         for y in range(num_types):
             if x == y or capacity[x] <= 0 or capacity[y] <= 0:
                 continue
             for _ in range(64):
-                a = -1
-                ra = INF
-                b = -1
-                rb = INF
-                for i in range(n):
-                    gx = float(gpu_s[i, x])
-                    gy = float(gpu_s[i, y])
-                    if not (gx < INF and gy < INF):
-                        continue
-                    if phi[i, x] > 1e-12 and (gy <= gx or slack[i] > 1e-9):
-                        r = gy / gx
-                        if r < ra:
-                            ra = r
-                            a = i
-                    if phi[i, y] > 1e-12 and (gx <= gy or slack[i] > 1e-9):
-                        r = gx / gy
-                        if r < rb:
-                            rb = r
-                            b = i
+                a, ra = index.best(x, y)
+                b, rb = index.best(y, x)
                 if a < 0 or b < 0 or a == b or ra * rb >= 1.0 - 1e-9:
                     break
                 gax = float(gpu_s[a, x])
@@ -606,5 +689,7 @@ def _exchange(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64) -> boo
                 load[x] += -u + v * rb
                 slack[a] -= u * grow_a
                 slack[b] -= v * grow_b
+                index.refresh(a)
+                index.refresh(b)
                 changed = True
     return changed

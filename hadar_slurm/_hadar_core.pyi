@@ -1,0 +1,20 @@
+"""Type stub of the compiled Hadar core (``cython_core/hadar_core.pyx``).
+
+Same signatures as :mod:`hadar_slurm.core.reference`; arrays of other layouts and integer or
+boolean dtypes are converted (to C-contiguous float64 / int64) on the way in.
+"""
+
+import numpy as np
+import numpy.typing as npt
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+def plan(
+    remaining: F64, scale: I64, rate: F64, fill_rate: F64, ukey: F64, age: F64, sync: I64,
+    current: I64, order: I64, capacity: I64, round_s: float, horizon: int, migration_s: float,
+    price_floor: F64, price_ratio: float,
+) -> tuple[I64, F64, I64]: ...
+def balance_split(
+    gpu_s: F64, capacity: I64, pi: F64, scale: I64, window: float, max_moves: int,
+) -> F64: ...

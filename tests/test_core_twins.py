@@ -1,0 +1,523 @@
+"""The compiled Hadar core (``hadar_slurm._hadar_core``) against its NumPy reference twin.
+
+The two must return identical decisions: the same integers and bit-identical floats (NaN and
+infinities in the same places), and raise the same exception where the reference raises.  Random
+instances cover: 0 to 60 jobs, 1 to 5 GPU types, idle types (capacity 0), types a job cannot
+run on (rate 0 / ``inf`` GPU-seconds), synchronous gangs and asynchronous jobs, scale factors
+1 to 8, current placements with and without migration cost, horizons 1 to 10, price ratios,
+windows that make some jobs too long, and ties (repeated rows and columns).  Hand-worked cases
+pin the reference itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hadar_slurm.core as core
+from hadar_slurm.core import reference
+
+try:
+    import hadar_slurm._hadar_core as compiled
+except ImportError:  # pragma: no cover - `make test` always builds it
+    compiled = None
+
+needs_compiled = pytest.mark.skipif(
+    compiled is None,
+    reason="compiled core hadar_slurm._hadar_core is not built "
+    "(run `make venv` or `pip install -e .`)",
+)
+
+INF = float("inf")
+NUM_PLAN = 1000
+NUM_SPLIT = 1000
+
+
+def test_compiled_core_is_built() -> None:
+    # `make test` builds the extension first; a silent fallback to the reference would hide a
+    # broken build (and skip every twin comparison below).
+    assert compiled is not None, "hadar_slurm._hadar_core failed to import"
+    assert core.COMPILED, "hadar_slurm.core fell back to the NumPy reference"
+    assert core.plan is compiled.plan and core.balance_split is compiled.balance_split
+
+
+# -- random instances ----------------------------------------------------------------------------
+
+
+def plan_instance(rng: np.random.Generator) -> tuple[Any, ...]:
+    """Arguments of ``plan`` as the policy builds them, with every corner we can think of."""
+    J = int(rng.integers(0, 61))
+    H = int(rng.integers(1, 6))
+    capacity = rng.integers(0, 13, H).astype(np.int64)
+    if rng.random() < 0.3:
+        capacity[rng.integers(H)] = 0
+    scale = rng.choice([1, 1, 1, 2, 4, 8, 3], J).astype(np.int64)
+    if rng.random() < 0.5:  # few discrete rates: ties in price per iteration
+        fill_rate = rng.choice([0.5, 1.0, 2.0], (J, H))
+    else:
+        fill_rate = rng.uniform(0.1, 3.0, (J, H))
+    fill_rate[rng.random((J, H)) < 0.2] = 0.0  # types a job cannot run on
+    if J > 0:
+        fill_rate[rng.random(J) < 0.08] = 0.0  # jobs no type can run
+    if J > 1 and rng.random() < 0.4:  # identical jobs
+        fill_rate[rng.integers(1, J)] = fill_rate[0]
+    if H > 1 and rng.random() < 0.3:  # identical types
+        fill_rate[:, 1] = fill_rate[:, 0]
+    # The dual pass may use a subset of the types (the split); back-fill uses all of them.
+    rate = np.where(rng.random((J, H)) < 0.75, fill_rate, 0.0)
+    round_s = float(rng.choice([360.0, 60.0]))
+    best = (fill_rate * scale[:, None]).max(axis=1, initial=0.0)
+    remaining = np.where(best > 0, best, 1.0) * round_s * rng.uniform(0.05, 15.0, J)
+    ideal = remaining / np.where(best > 0, best, 1.0) * rng.uniform(0.3, 1.5, J)
+    ukey = np.where(best > 0, rng.uniform(0.5, 3.0, J) * ideal, 0.0)
+    age = rng.uniform(0.0, 5000.0, J)
+    sync = (rng.random(J) < 0.7).astype(np.int64)
+    current = np.zeros((J, H), dtype=np.int64)
+    for i in range(J):
+        if rng.random() < 0.4:
+            current[i, rng.integers(H)] = rng.integers(1, scale[i] + 1)
+    order = rng.permutation(J).astype(np.int64)
+    if J > 0 and rng.random() < 0.15:  # not every job in the queue
+        order = order[: int(rng.integers(0, J + 1))]
+    horizon = int(rng.integers(1, 11))
+    migration_s = float(rng.choice([0.0, 0.0, rng.uniform(1.0, 100.0), 500.0]))
+    price_floor = 10.0 ** rng.uniform(-6.0, -2.0, H)
+    if rng.random() < 0.3:
+        price_floor[:] = price_floor[0]
+    price_ratio = float(rng.choice([1.0, 2.0, 10.0 ** rng.uniform(0.0, 4.0)]))
+    return (remaining, scale, rate, fill_rate, ukey, age, sync, current, order, capacity,
+            round_s, horizon, migration_s, price_floor, price_ratio)
+
+
+def split_instance(rng: np.random.Generator) -> tuple[Any, ...]:
+    """Arguments of ``balance_split``: GPU-seconds per job and type (``inf``: cannot run)."""
+    J = int(rng.integers(0, 61))
+    H = int(rng.integers(1, 6))
+    capacity = rng.integers(0, 17, H).astype(np.int64)
+    if rng.random() < 0.3:
+        capacity[rng.integers(H)] = 0
+    if rng.random() < 0.5:  # discrete values: ties in every quotient
+        gpu_s = rng.integers(1, 6, (J, H)).astype(np.float64) * 100.0
+    else:
+        gpu_s = rng.uniform(10.0, 1000.0, (J, H))
+    if J > 1 and rng.random() < 0.5:
+        gpu_s[rng.integers(1, J)] = gpu_s[0]
+    if H > 1 and rng.random() < 0.2:  # two equally fast types (see the xfail below)
+        gpu_s[:, 1] = gpu_s[:, 0]
+    gpu_s[rng.random((J, H)) < 0.2] = INF
+    pi = rng.uniform(0.5, 2.0, H) if rng.random() < 0.7 else np.ones(H)
+    scale = rng.integers(1, 9, J).astype(np.int64)
+    window = float(rng.choice([rng.uniform(1.0, 300.0), rng.uniform(50.0, 2000.0), INF]))
+    max_moves = int(rng.choice([0, 1, 3, 50, 20000]))
+    return gpu_s, capacity, pi, scale, window, max_moves
+
+
+def policy_instance(rng: np.random.Generator, J: int,
+                    H: int = 3) -> tuple[tuple[Any, ...], np.ndarray, np.ndarray]:
+    """A bigger instance built as the policy builds it (many moves): the arguments of
+    ``balance_split``, the whole-job rates and the remaining steps."""
+    capacity = rng.integers(20, 60, H).astype(np.int64)
+    scale = rng.choice([1, 2, 4, 8], J, p=[0.7, 0.1, 0.15, 0.05]).astype(np.int64)
+    rate = rng.uniform(0.2, 4.0, (J, H)) * scale[:, None]
+    rate[rng.random((J, H)) < 0.1] = 0.0
+    remaining = rng.uniform(1e3, 1e5, J)
+    runs = rate > 0
+    need = np.where(runs, scale[:, None] * remaining[:, None] / np.where(runs, rate, 1), INF)
+    pi = rng.uniform(0.5, 1.5, H) / capacity.sum()
+    split = (need, capacity, pi, scale, float(rng.uniform(1e3, 3e4)), 20000)
+    return split, rate, remaining
+
+
+def call(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """The result, or the exception type when it raises (the twins must raise alike)."""
+    try:
+        return fn(*args)
+    except (ZeroDivisionError, IndexError, ValueError) as exc:
+        return type(exc)
+
+
+def assert_same_arrays(ref: np.ndarray, got: np.ndarray) -> None:
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    if ref.dtype.kind == "f":
+        # bit for bit: same values, same NaN and +-inf positions, same signs of zeros
+        assert np.array_equal(ref, got, equal_nan=True)
+        assert np.array_equal(np.signbit(ref), np.signbit(got))
+    else:
+        assert np.array_equal(ref, got)
+
+
+def check_plan(ref: Any, got: Any) -> None:
+    if isinstance(ref, type):
+        assert got is ref
+        return
+    assert isinstance(got, tuple) and len(got) == 3
+    for r, g in zip(ref, got, strict=True):
+        assert_same_arrays(r, g)
+
+
+def check_plan_invariants(args: tuple[Any, ...], out: tuple[np.ndarray, ...]) -> None:
+    """What any plan must satisfy, checked on the reference's output."""
+    scale, sync, capacity = args[1], args[6], args[9]
+    fill_rate, order = args[3], args[8]
+    alloc, payoff, status = out
+    queued = np.zeros(status.shape[0], dtype=np.bool_)
+    queued[order] = True
+    assert (status[~queued] == 2).all() and np.isnan(payoff[~queued]).all()
+    assert (alloc >= 0).all()
+    assert (alloc.sum(axis=0) <= np.maximum(capacity, 0)).all()  # never more than the GPUs
+    held = alloc.sum(axis=1)
+    runs = (status == 0) | (status == 4)
+    assert (held[~runs] == 0).all() and (held[runs] > 0).all()
+    assert (held[sync == 1] % scale[sync == 1] == 0).all()  # a gang runs whole or not at all
+    assert (held[sync == 1] <= scale[sync == 1]).all() and (held <= scale).all()
+    assert (alloc[fill_rate <= 0] == 0).all()  # only on types it can run on
+    cannot = ~(fill_rate > 0).any(axis=1) & queued
+    assert (status[cannot] == 3).all() and (payoff[cannot] == -INF).all()
+
+
+@needs_compiled
+def test_plan_twins_on_random_instances() -> None:
+    rng = np.random.default_rng(20260101)
+    outcomes: dict[str, int] = {}
+    for _ in range(NUM_PLAN):
+        args = plan_instance(rng)
+        if rng.random() < 0.03 and args[0].shape[0] > 0:  # a finished job: see the note below
+            args[0][int(rng.integers(args[0].shape[0]))] = 0.0
+        ref = call(reference.plan, args)
+        got = call(compiled.plan, args)
+        check_plan(ref, got)
+        if isinstance(ref, type):
+            outcomes[ref.__name__] = outcomes.get(ref.__name__, 0) + 1
+            continue
+        check_plan_invariants(args, ref)
+        for s in ref[2]:
+            outcomes[f"status{s}"] = outcomes.get(f"status{s}", 0) + 1
+    # The instances do exercise every outcome.
+    for key in ("status0", "status1", "status2", "status3", "status4"):
+        assert outcomes.get(key, 0) > 20, outcomes
+
+
+def check_split(ref: Any, got: Any) -> None:
+    if isinstance(ref, type):
+        assert got is ref
+        return
+    assert_same_arrays(ref, got)
+
+
+@needs_compiled
+def test_balance_split_twins_on_random_instances() -> None:
+    rng = np.random.default_rng(20260102)
+    raised = 0
+    for _ in range(NUM_SPLIT):
+        args = split_instance(rng)
+        ref = call(reference.balance_split, args)
+        got = call(compiled.balance_split, args)
+        check_split(ref, got)
+        if isinstance(ref, type):
+            raised += 1
+            continue
+        gpu_s, capacity = args[0], args[1]
+        usable = (gpu_s < INF) & (capacity > 0)[None, :]
+        rows = ref.sum(axis=1)
+        assert np.allclose(rows[usable.any(axis=1)], 1.0, rtol=0, atol=1e-9)
+        assert (rows[~usable.any(axis=1)] == 0.0).all()
+        assert (ref[~usable] == 0.0).all()  # no work where it cannot run
+        assert (ref >= -1e-12).all()  # (rounding leaves entries of about -1e-16)
+    assert raised < NUM_SPLIT // 4
+
+
+@needs_compiled
+def test_twins_on_policy_like_instances() -> None:
+    # Bigger instances (hundreds of jobs) as the policy builds them: more moves, longer queues.
+    rng = np.random.default_rng(7)
+    for _ in range(4):
+        J, H = 400, 3
+        split, rate, remaining = policy_instance(rng, J, H)
+        check_split(call(reference.balance_split, split), call(compiled.balance_split, split))
+        capacity, scale = split[1], split[3]
+        phi = reference.balance_split(*split)
+        worker_rate = rate / scale[:, None]
+        args = (remaining, scale, np.where(phi > 0, worker_rate, 0.0), worker_rate,
+                rng.uniform(100, 1e4, J), rng.uniform(0, 1e4, J), np.ones(J, dtype=np.int64),
+                np.zeros((J, H), dtype=np.int64), rng.permutation(J).astype(np.int64),
+                capacity, 360.0, 8, 0.0, np.full(H, 1e-4), 50.0)
+        check_plan(call(reference.plan, args), call(compiled.plan, args))
+
+
+@needs_compiled
+def test_compiled_accepts_any_layout_and_integer_dtype() -> None:
+    # Fortran-ordered and strided views, int32 counts, bool flags: converted at the boundary.
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        args = list(plan_instance(rng))
+        ref = reference.plan(*args)
+        args[2] = np.asfortranarray(args[2])
+        args[3] = np.repeat(args[3], 2, axis=1)[:, ::2]
+        args[1] = args[1].astype(np.int32)
+        args[6] = args[6].astype(np.bool_)
+        args[7] = np.asfortranarray(args[7].astype(np.int32))
+        check_plan(ref, compiled.plan(*args))
+        split = list(split_instance(rng))
+        ref_split = call(reference.balance_split, tuple(split))
+        split[0] = np.asfortranarray(split[0])
+        split[3] = split[3].astype(np.int32)
+        check_split(ref_split, call(compiled.balance_split, tuple(split)))
+
+
+@needs_compiled
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+@pytest.mark.parametrize("round_s", [360.0, np.float64(360.0)])
+def test_twins_agree_on_a_sync_job_with_no_work_left(round_s: float) -> None:
+    # The reference divides cost by progress clamped to the remaining work: 0.0 for a finished
+    # synchronous job, a ZeroDivisionError on Python floats, nan on NumPy scalars.  The compiled
+    # core does what the reference does in both cases (see the report on remaining == 0).
+    args = (np.array([0.0]), np.array([1]), np.array([[1.0]]), np.array([[1.0]]),
+            np.array([1.0]), np.array([0.0]), np.array([1]), np.zeros((1, 1), dtype=np.int64),
+            np.array([0]), np.array([1]), round_s, 2, 0.0, np.array([1e-3]), 2.0)
+    check_plan(call(reference.plan, args), call(compiled.plan, args))
+
+
+@needs_compiled
+def test_twins_reject_a_zero_horizon_alike() -> None:
+    # No epoch to plan: the reference's back-fill reads epoch 0 of an empty array (IndexError),
+    # a negative horizon fails in np.zeros (ValueError).  Not meaningful inputs; same errors.
+    args = list(one_job(1000.0, 4, [1.0], [8]))
+    args[11] = 0
+    assert call(reference.plan, tuple(args)) is IndexError
+    assert call(compiled.plan, tuple(args)) is IndexError
+    args[11] = -1
+    assert call(reference.plan, tuple(args)) is ValueError
+    assert call(compiled.plan, tuple(args)) is ValueError
+
+
+# -- the reference's type split equals the plain scans it replaced ------------------------------
+
+
+def _level_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, load: np.ndarray,
+                slack: np.ndarray, max_moves: int, index: object) -> int:
+    """``_level`` as first written: a scan over all jobs for every move."""
+    n, num_types = gpu_s.shape
+    moves = 0
+    while moves < max_moves:
+        src = -1
+        dst = -1
+        for h in range(num_types):
+            if capacity[h] <= 0:
+                continue
+            per = load[h] / float(capacity[h])
+            if src < 0 or per > load[src] / float(capacity[src]):
+                src = h
+            if dst < 0 or per < load[dst] / float(capacity[dst]):
+                dst = h
+        if src < 0:
+            break
+        per_src = load[src] / float(capacity[src])
+        per_dst = load[dst] / float(capacity[dst])
+        gap = per_src - per_dst
+        scale_gap = per_src if per_src > 1.0 else 1.0
+        if gap <= 1e-9 * scale_gap:
+            break
+        best = -1
+        best_ratio = INF
+        for i in range(n):
+            if not phi[i, src] > 1e-12 or not gpu_s[i, dst] < INF:
+                continue
+            grow = float(gpu_s[i, dst]) - float(gpu_s[i, src])
+            if grow > 0.0 and not slack[i] > 1e-9:
+                continue
+            ratio = float(gpu_s[i, dst]) / float(gpu_s[i, src])
+            if ratio < best_ratio:
+                best_ratio = ratio
+                best = i
+        if best < 0:
+            break
+        i = best
+        g_src = float(gpu_s[i, src])
+        g_dst = float(gpu_s[i, dst])
+        grow = g_dst - g_src
+        d = gap / (g_src / float(capacity[src]) + g_dst / float(capacity[dst]))
+        if d > phi[i, src]:
+            d = float(phi[i, src])
+        if grow > 0.0 and d > slack[i] / grow:
+            d = float(slack[i]) / grow
+        moves += 1
+        if d <= 1e-12:
+            if grow <= 0.0:
+                break
+            slack[i] = 0.0
+            continue
+        phi[i, src] -= d
+        phi[i, dst] += d
+        load[src] -= d * g_src
+        load[dst] += d * g_dst
+        slack[i] -= d * grow
+    return moves
+
+
+def _exchange_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, load: np.ndarray,
+                   slack: np.ndarray, index: object) -> bool:
+    """``_exchange`` as first written: a scan over all jobs for every swap."""
+    n, num_types = gpu_s.shape
+    changed = False
+    for x in range(num_types):
+        for y in range(num_types):
+            if x == y or capacity[x] <= 0 or capacity[y] <= 0:
+                continue
+            for _ in range(64):
+                a = -1
+                ra = INF
+                b = -1
+                rb = INF
+                for i in range(n):
+                    gx = float(gpu_s[i, x])
+                    gy = float(gpu_s[i, y])
+                    if not (gx < INF and gy < INF):
+                        continue
+                    if phi[i, x] > 1e-12 and (gy <= gx or slack[i] > 1e-9):
+                        r = gy / gx
+                        if r < ra:
+                            ra = r
+                            a = i
+                    if phi[i, y] > 1e-12 and (gx <= gy or slack[i] > 1e-9):
+                        r = gx / gy
+                        if r < rb:
+                            rb = r
+                            b = i
+                if a < 0 or b < 0 or a == b or ra * rb >= 1.0 - 1e-9:
+                    break
+                gax = float(gpu_s[a, x])
+                gay = float(gpu_s[a, y])
+                gbx = float(gpu_s[b, x])
+                gby = float(gpu_s[b, y])
+                u = phi[a, x] * gax
+                lim = phi[b, y] * gby / ra
+                if lim < u:
+                    u = lim
+                grow_a = (gay - gax) / gax
+                grow_b = (gbx - gby) / gby
+                if grow_a > 0.0 and slack[a] / grow_a < u:
+                    u = slack[a] / grow_a
+                if grow_b > 0.0 and slack[b] / (grow_b * ra) < u:
+                    u = slack[b] / (grow_b * ra)
+                if u <= 1e-9:
+                    break
+                v = u * ra
+                phi[a, x] -= u / gax
+                phi[a, y] += u / gax
+                phi[b, y] -= v / gby
+                phi[b, x] += v / gby
+                load[x] += -u + v * rb
+                slack[a] -= u * grow_a
+                slack[b] -= v * grow_b
+                changed = True
+    return changed
+
+
+def test_move_index_picks_what_a_full_scan_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # reference._MoveIndex (one tournament tree per pair of types) replaced a scan over all jobs
+    # per move; the scan version must give bit-identical splits (and raise alike).
+    rng = np.random.default_rng(20260103)
+    cases = [split_instance(rng) for _ in range(300)]
+    cases += [policy_instance(rng, 150, int(rng.integers(2, 5)))[0] for _ in range(4)]
+    with_index = [call(reference.balance_split, args) for args in cases]
+    monkeypatch.setattr(reference, "_level", _level_scan)
+    monkeypatch.setattr(reference, "_exchange", _exchange_scan)
+    monkeypatch.setattr(reference, "_MoveIndex", lambda *a: None)
+    for args, ref in zip(cases, with_index, strict=True):
+        check_split(call(reference.balance_split, args), ref)
+
+
+# -- hand-worked cases on the reference (and the compiled twin) ----------------------------------
+
+IMPLS = [pytest.param(reference, id="reference"),
+         pytest.param(compiled, id="compiled", marks=needs_compiled)]
+
+
+def one_job(remaining: float, scale: int, rate: list[float], capacity: list[int], *,
+            sync: int = 1, horizon: int = 4) -> tuple[Any, ...]:
+    H = len(rate)
+    r = np.array([rate], dtype=np.float64)
+    return (np.array([remaining]), np.array([scale], dtype=np.int64), r, r.copy(),
+            np.array([250.0]), np.array([0.0]), np.array([sync], dtype=np.int64),
+            np.zeros((1, H), dtype=np.int64), np.array([0], dtype=np.int64),
+            np.array(capacity, dtype=np.int64), 360.0, horizon, 0.0, np.full(H, 1e-6), 2.0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_one_job_idle_cluster_runs_now_on_all_its_workers(impl: Any) -> None:
+    # 1000 steps, 4 workers of 1 step/s on an idle type of 8 GPUs.  Epoch option (every epoch
+    # alike): the gang of 4, cost 4 * 1e-6 * 360 = 0.00144, progress 4 * 1 * 360 = 1440 steps
+    # clamped to the 1000 left.  Finishing by T = 0: all in epoch 0, frac = 1000 / 1000 = 1, so
+    # finish = 0 * 360 + 1 * 360 = 360 s and payoff = 250 / (360 + 0) - 0.00144 > 0 (T >= 1
+    # cannot end in epoch T: epoch 0 comes first among equal costs and already finishes).
+    # Admitted, runs in epoch 0 (status 0) with its 4 workers.
+    alloc, payoff, status = impl.plan(*one_job(1000.0, 4, [1.0], [8]))
+    assert alloc.tolist() == [[4]]
+    assert status.tolist() == [0]
+    assert payoff[0] == 250.0 / (360.0 + 0.0) - 4 * 1e-6 * 360.0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_job_no_type_can_run_never_runs(impl: Any) -> None:
+    alloc, payoff, status = impl.plan(*one_job(1000.0, 2, [0.0, 0.0], [4, 4]))
+    assert status.tolist() == [3]
+    assert payoff[0] == -INF
+    assert alloc.tolist() == [[0, 0]]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_sync_gang_fits_in_the_free_gpus(impl: Any) -> None:
+    # 4 workers; 3 free GPUs of type 0 (2 steps/s), 2 of type 1 (1 step/s), equal prices.
+    # Paced by type 0 only type 0 may be used: 3 < 4, no gang.  Paced by type 1 both types may:
+    # cheapest first, ties to the lower index, so 3 on type 0 and the last one on type 1.
+    alloc, _, status = impl.plan(*one_job(5000.0, 4, [2.0, 1.0], [3, 2]))
+    assert status.tolist() == [0]
+    assert alloc.tolist() == [[3, 1]]
+    # With 3 GPUs in all, a gang of 4 cannot run: it waits, holding nothing.
+    alloc, payoff, status = impl.plan(*one_job(5000.0, 4, [2.0, 1.0], [2, 1]))
+    assert alloc.tolist() == [[0, 0]] and status.tolist() == [2] and np.isnan(payoff[0])
+    # Asynchronous, it takes the 3 there are (fastest per price first: type 0, then type 1).
+    alloc, _, status = impl.plan(*one_job(5000.0, 4, [2.0, 1.0], [2, 1], sync=0))
+    assert alloc.tolist() == [[2, 1]] and status.tolist() == [0]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_balance_split_levels_two_identical_types(impl: Any) -> None:
+    # Two identical jobs of 100 GPU-seconds on either of two identical types of 4 GPUs, equal
+    # prices.  Both start on type 0 (the first of two equally cheap types): loads per GPU
+    # 200/4 = 50 and 0.  Level: gap 50; both jobs lose nothing by moving (quotient 1), the first
+    # (job 0) moves d = 50 / (100/4 + 100/4) = 1, i.e. all its work.  Loads 25 and 25: level.
+    # Exchange: the only swap, job 1 to type 1 for job 0 to type 0, has quotients 1 * 1, no
+    # saving.  So each type runs one job: the load splits 50/50.
+    gpu_s = np.array([[100.0, 100.0], [100.0, 100.0]])
+    phi = impl.balance_split(gpu_s, np.array([4, 4]), np.array([1.0, 1.0]), np.array([1, 1]),
+                             1e9, 100)
+    assert phi.tolist() == [[0.0, 1.0], [1.0, 0.0]]
+    assert phi.sum(axis=1).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_balance_split_moves_a_long_job_to_its_fastest_type(impl: Any) -> None:
+    # One job of 1 GPU: 400 GPU-seconds on type 0, 100 on type 1; type 1 costs 5x more, so it
+    # starts on type 0 (400 * 1 < 100 * 5).  Window 200 s: t_slow = 400 > 200, t_fast = 100,
+    # f = (400 - 200) / (400 - 100) = 2/3 moves to type 1; it then takes exactly 200 s.
+    # Level: loads 400/3 on type 0 and 200/3 on type 1 (one GPU each).  Moving work to type 1
+    # makes the job shorter (grow = 100 - 400 < 0), so it may move without slack: the gap 200/3
+    # over 400/1 + 100/1 gives d = 2/15, phi = (1/5, 4/5), loads 80 and 80.  Exchange: the only
+    # job would have to swap with itself (a == b).
+    phi = impl.balance_split(np.array([[400.0, 100.0]]), np.array([1, 1]),
+                             np.array([1.0, 5.0]), np.array([1]), 200.0, 100)
+    assert phi[0].sum() == pytest.approx(1.0, abs=1e-15)
+    assert phi[0] * np.array([400.0, 100.0]) == pytest.approx([80.0, 80.0], rel=1e-12)
+
+
+@pytest.mark.xfail(strict=True, raises=ZeroDivisionError,
+                   reason="reference bug: (t_slow - window) / (t_slow - t_fast) divides by zero "
+                   "when the cheapest type and a different fastest type are equally fast")
+def test_balance_split_with_two_equally_fast_types_and_a_long_job() -> None:
+    # Type 1 is cheaper, type 0 is the (first) fastest, both take 100 s: f = 100 / 0.
+    reference.balance_split(np.array([[100.0, 100.0]]), np.array([1, 1]),
+                            np.array([2.0, 1.0]), np.array([1]), 50.0, 100)
