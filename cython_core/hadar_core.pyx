@@ -3,9 +3,9 @@
 # distutils: extra_compile_args = -ffp-contract=off
 """The compiled Hadar core: the twin of :mod:`hadar_slurm.core.reference`.
 
-Same functions (``plan``, ``balance_split``), same signatures, same arrays in and out, and the
-same floating-point operations in the same order, so that both return identical decisions
-(``tests/test_core_twins.py`` compares them on random instances).  Each private helper mirrors
+Same functions (``plan``, ``balance_split``, ``drain_prices``, ``match``), same signatures,
+same arrays in and out, and the same floating-point operations in the same order, so that both
+return identical decisions (``tests/test_core_twins.py`` compares them on random instances).  Each private helper mirrors
 the reference helper of the same name line by line (``_epoch_option``, ``_best_schedule``,
 ``_fastest_option``, ``_movable``, ``_MoveIndex``, ``_level``, ``_exchange``); read the
 reference for the *why*.
@@ -32,7 +32,7 @@ and integer/bool dtype: they are converted with ``np.ascontiguousarray`` at the 
 import numpy as np
 
 cimport numpy as cnp
-from libc.math cimport INFINITY, pow
+from libc.math cimport INFINITY, exp, pow
 
 cnp.import_array()
 
@@ -45,6 +45,8 @@ cdef double INF = INFINITY
 cdef enum:
     ERR_NONE = 0
     ERR_ZERODIV = 1
+    ERR_OVERFLOW = 2  # math.exp overflows (OverflowError in the reference)
+    ERR_INDEX = 3  # an index out of range (IndexError in the reference)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -834,3 +836,328 @@ def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
     if err == ERR_ZERODIV:
         raise ZeroDivisionError("float division by zero")
     return phi_a
+
+
+# ----------------------------------------------------------------------------------------------
+# drain_prices
+
+
+def drain_prices(remaining, scale, rate, capacity, iterations):
+    """A lower bound on the time to finish ``remaining`` work and its type prices.
+
+    Twin of ``reference.drain_prices``; returns ``(bound, pi)`` (float, float64 array).
+    ``math.exp`` is libc ``exp``; where it would overflow (``OverflowError`` in the reference,
+    which needs thousands of GPU types) the same exception is raised.
+    """
+    cdef const double[::1] rem_v = np.ascontiguousarray(remaining, dtype=np.float64)
+    cdef const i64[::1] scale_v = np.ascontiguousarray(scale, dtype=np.int64)
+    cdef const double[:, ::1] rate_v = np.ascontiguousarray(rate, dtype=np.float64)
+    cdef const i64[::1] cap_v = np.ascontiguousarray(capacity, dtype=np.int64)
+    cdef Py_ssize_t n = rate_v.shape[0]
+    cdef Py_ssize_t num_types = rate_v.shape[1]
+    cdef i64 iters = iterations
+    if rem_v.shape[0] != n or scale_v.shape[0] != n:
+        raise ValueError("remaining and scale must have one entry per job")
+    if cap_v.shape[0] != num_types:
+        raise ValueError("capacity must have one entry per GPU type")
+    pi_a = np.zeros(num_types)
+    best_a = np.zeros(num_types)
+    cdef double[::1] pi = pi_a
+    cdef double[::1] best_pi = best_a
+    cdef double[::1] load = np.zeros(num_types)
+    cdef double total_cap = 0.0
+    cdef i64 usable = 0
+    cdef double longest = 0.0
+    cdef bint any_job = False
+    cdef double bound = 0.0
+    cdef double fastest, t, value, pick_cost, pick_gpu_s, gpu_s, cost, mean, norm, x, e
+    cdef Py_ssize_t h, i, pick
+    cdef i64 it
+    cdef int err = ERR_NONE
+    with nogil:
+        for h in range(num_types):
+            if cap_v[h] > 0:
+                total_cap += <double>cap_v[h]
+                usable += 1
+    if usable == 0:
+        return 0.0, pi_a
+    with nogil:
+        for h in range(num_types):
+            if cap_v[h] > 0:
+                pi[h] = 1.0 / total_cap
+                best_pi[h] = pi[h]
+        for i in range(n):
+            fastest = INF
+            for h in range(num_types):
+                if cap_v[h] > 0 and rate_v[i, h] > 0.0:
+                    t = rem_v[i] / rate_v[i, h]
+                    if t < fastest:
+                        fastest = t
+            if fastest < INF:
+                any_job = True
+                if fastest > longest:
+                    longest = fastest
+    if not any_job:
+        return 0.0, best_a
+    with nogil:
+        for it in range(iters):
+            value = 0.0
+            for h in range(num_types):
+                load[h] = 0.0
+            for i in range(n):
+                pick = -1
+                pick_cost = INF
+                pick_gpu_s = 0.0
+                for h in range(num_types):
+                    if cap_v[h] > 0 and rate_v[i, h] > 0.0:
+                        gpu_s = rem_v[i] / rate_v[i, h] * <double>scale_v[i]
+                        cost = gpu_s * pi[h]
+                        if cost < pick_cost:
+                            pick_cost = cost
+                            pick = h
+                            pick_gpu_s = gpu_s
+                if pick >= 0:
+                    value += pick_cost
+                    load[pick] += pick_gpu_s
+            if value > bound:
+                bound = value
+                for h in range(num_types):
+                    best_pi[h] = pi[h]
+            mean = 0.0
+            for h in range(num_types):
+                if cap_v[h] > 0:
+                    load[h] = load[h] / <double>cap_v[h]
+                    mean += load[h]
+            mean = mean / <double>usable
+            if not mean > 0.0:
+                break
+            norm = 0.0
+            for h in range(num_types):
+                if cap_v[h] > 0:
+                    x = 0.5 * (load[h] / mean - 1.0)
+                    e = exp(x)
+                    if e == INF and x != INF:
+                        err = ERR_OVERFLOW
+                        break
+                    pi[h] = pi[h] * e
+                    norm += pi[h] * <double>cap_v[h]
+            if err != ERR_NONE:
+                break
+            for h in range(num_types):
+                pi[h] = pi[h] / norm
+    if err == ERR_OVERFLOW:
+        raise OverflowError("math range error")
+    if longest > bound:
+        bound = longest
+    return bound, best_a
+
+
+# ----------------------------------------------------------------------------------------------
+# match
+
+
+def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
+    """Resource matching: per-type GPU counts to (job, node, GPUs) rows.
+
+    Twin of ``reference.match``; returns ``rows_job, rows_node, rows_count, placed`` (int64).
+    The rows go to buffers sized by a bound on what the jobs in ``order`` can touch (per job,
+    at most the nodes of the types it asks for plus the nodes it keeps, and never more than all
+    nodes).  Entries of ``order`` must be job indices in ``[0, J)`` (``IndexError`` otherwise).
+    """
+    cdef const i64[::1] nt = np.ascontiguousarray(node_type, dtype=np.int64)
+    cdef const i64[::1] ng = np.ascontiguousarray(node_gpus, dtype=np.int64)
+    cdef const i64[:, ::1] cnt = np.ascontiguousarray(counts, dtype=np.int64)
+    cdef const i64[::1] order_v = np.ascontiguousarray(order, dtype=np.int64)
+    cdef const i64[::1] cj = np.ascontiguousarray(cur_job, dtype=np.int64)
+    cdef const i64[::1] cn = np.ascontiguousarray(cur_node, dtype=np.int64)
+    cdef const i64[::1] cc = np.ascontiguousarray(cur_count, dtype=np.int64)
+    cdef Py_ssize_t num_nodes = nt.shape[0]
+    cdef Py_ssize_t n = cnt.shape[0]
+    cdef Py_ssize_t num_types = cnt.shape[1]
+    cdef Py_ssize_t rows_cur = cj.shape[0]
+    if ng.shape[0] != num_nodes:
+        raise ValueError("node_type and node_gpus must have one entry per node")
+    if cn.shape[0] != rows_cur or cc.shape[0] != rows_cur:
+        raise ValueError("cur_job, cur_node and cur_count must have the same length")
+    cdef Py_ssize_t q, i, h, k, r, t, a, b
+    for q in range(order_v.shape[0]):
+        if order_v[q] < 0 or order_v[q] >= n:
+            raise IndexError("order holds a job index out of range")
+    cdef i64[::1] free = np.empty(num_nodes, dtype=np.int64)
+    cdef i64[:, ::1] want = np.empty((n, num_types), dtype=np.int64)
+    placed_a = np.zeros(n, dtype=np.int64)
+    cdef i64[::1] placed = placed_a
+    cdef i64[::1] type_start = np.zeros(num_types + 1, dtype=np.int64)
+    cdef i64[::1] type_fill = np.zeros(num_types, dtype=np.int64)
+    cdef i64[::1] kept = np.zeros(rows_cur, dtype=np.int64)
+    cdef i64[::1] held_start = np.zeros(n + 1, dtype=np.int64)
+    cdef i64[::1] fill = np.zeros(n, dtype=np.int64)
+    cdef i64[::1] took = np.zeros(num_nodes, dtype=np.int64)
+    cdef i64[::1] touched = np.zeros(num_nodes, dtype=np.int64)
+    cdef i64[::1] type_nodes
+    cdef i64[::1] held
+    cdef i64 take, total, need, v, bound_rows, row_bound
+    cdef Py_ssize_t best, pick, n_touched, n_rows
+    cdef bint ok
+    cdef int err = ERR_NONE
+    with nogil:
+        for k in range(num_nodes):
+            free[k] = ng[k]
+        for i in range(n):
+            for h in range(num_types):
+                want[i, h] = cnt[i, h]
+        # Nodes of each type, ascending (CSR).
+        for k in range(num_nodes):
+            if 0 <= nt[k] < num_types:
+                type_start[nt[k] + 1] += 1
+        for h in range(num_types):
+            type_start[h + 1] += type_start[h]
+    type_nodes = np.zeros(type_start[num_types], dtype=np.int64)
+    with nogil:
+        for k in range(num_nodes):
+            if 0 <= nt[k] < num_types:
+                h = nt[k]
+                type_nodes[type_start[h] + type_fill[h]] = k
+                type_fill[h] += 1
+        # 1. Stay put.
+        for r in range(rows_cur):
+            i = cj[r]
+            k = cn[r]
+            if i < 0 or k < 0 or k >= num_nodes:
+                continue
+            h = nt[k]
+            if h < 0:
+                h += num_types  # NumPy indexing, as the reference's want[i, h]
+            if i >= n or h < 0 or h >= num_types:
+                err = ERR_INDEX
+                break
+            take = cc[r]
+            if want[i, h] < take:
+                take = want[i, h]
+            if free[k] < take:
+                take = free[k]
+            if take > 0:
+                free[k] -= take
+                want[i, h] -= take
+                kept[r] = take
+        if err == ERR_NONE:
+            for r in range(rows_cur):
+                if kept[r] > 0:
+                    held_start[cj[r] + 1] += 1
+            for i in range(n):
+                held_start[i + 1] += held_start[i]
+    if err == ERR_INDEX:
+        raise IndexError("a current row's job or node type is out of range")
+    held = np.zeros(held_start[n], dtype=np.int64)
+    # A bound on the rows: per queued job, the nodes it can touch.
+    bound_rows = 0
+    with nogil:
+        for r in range(rows_cur):
+            if kept[r] > 0:
+                i = cj[r]
+                held[held_start[i] + fill[i]] = r
+                fill[i] += 1
+        for q in range(order_v.shape[0]):
+            i = order_v[q]
+            total = 0
+            row_bound = held_start[i + 1] - held_start[i]
+            for h in range(num_types):
+                total += cnt[i, h]
+                if cnt[i, h] > 0:
+                    row_bound += type_start[h + 1] - type_start[h]
+            if total <= 0:
+                continue
+            if row_bound > num_nodes:
+                row_bound = num_nodes
+            bound_rows += row_bound
+    out_job_a = np.empty(bound_rows, dtype=np.int64)
+    out_node_a = np.empty(bound_rows, dtype=np.int64)
+    out_count_a = np.empty(bound_rows, dtype=np.int64)
+    cdef i64[::1] out_job = out_job_a
+    cdef i64[::1] out_node = out_node_a
+    cdef i64[::1] out_count = out_count_a
+    n_rows = 0
+    with nogil:
+        for q in range(order_v.shape[0]):
+            i = order_v[q]
+            total = 0
+            for h in range(num_types):
+                total += cnt[i, h]
+            if total <= 0:
+                continue
+            n_touched = 0
+            ok = True
+            for h in range(num_types):
+                need = want[i, h]
+                if need <= 0:
+                    continue
+                # Best fit: fewest free GPUs that still hold the whole request.
+                best = -1
+                for t in range(type_start[h], type_start[h + 1]):
+                    k = type_nodes[t]
+                    if free[k] - took[k] >= need:
+                        if best < 0 or free[k] - took[k] < free[best] - took[best]:
+                            best = k
+                if best >= 0:
+                    if took[best] == 0:
+                        touched[n_touched] = best
+                        n_touched += 1
+                    took[best] += need
+                    continue
+                # Spread: most free first.
+                while need > 0:
+                    pick = -1
+                    for t in range(type_start[h], type_start[h + 1]):
+                        k = type_nodes[t]
+                        if free[k] - took[k] > 0:
+                            if pick < 0 or free[k] - took[k] > free[pick] - took[pick]:
+                                pick = k
+                    if pick < 0:
+                        break
+                    take = free[pick] - took[pick]
+                    if need < take:
+                        take = need
+                    if took[pick] == 0:
+                        touched[n_touched] = pick
+                        n_touched += 1
+                    took[pick] += take
+                    need -= take
+                if need > 0:
+                    ok = False
+                    break
+            if not ok:
+                for t in range(n_touched):
+                    took[touched[t]] = 0
+                # Give back what it kept.
+                for t in range(held_start[i], held_start[i + 1]):
+                    r = held[t]
+                    free[cn[r]] += kept[r]
+                continue
+            placed[i] = 1
+            for t in range(n_touched):
+                k = touched[t]
+                free[k] -= took[k]
+            for t in range(held_start[i], held_start[i + 1]):
+                r = held[t]
+                k = cn[r]
+                if took[k] == 0:
+                    touched[n_touched] = k
+                    n_touched += 1
+                took[k] += kept[r]
+            # Rows of this job, nodes ascending (insertion sort of the touched nodes).
+            for a in range(1, n_touched):
+                v = touched[a]
+                b = a - 1
+                while b >= 0 and touched[b] > v:
+                    touched[b + 1] = touched[b]
+                    b -= 1
+                touched[b + 1] = v
+            for t in range(n_touched):
+                k = touched[t]
+                if took[k] > 0:
+                    out_job[n_rows] = i
+                    out_node[n_rows] = k
+                    out_count[n_rows] = took[k]
+                    n_rows += 1
+                took[k] = 0
+    return out_job_a[:n_rows], out_node_a[:n_rows], out_count_a[:n_rows], placed_a

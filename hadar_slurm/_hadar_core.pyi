@@ -18,3 +18,10 @@ def plan(
 def balance_split(
     gpu_s: F64, capacity: I64, pi: F64, scale: I64, window: float, max_moves: int,
 ) -> F64: ...
+def drain_prices(
+    remaining: F64, scale: I64, rate: F64, capacity: I64, iterations: int,
+) -> tuple[float, F64]: ...
+def match(
+    node_type: I64, node_gpus: I64, counts: I64, order: I64,
+    cur_job: I64, cur_node: I64, cur_count: I64,
+) -> tuple[I64, I64, I64, I64]: ...

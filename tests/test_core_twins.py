@@ -34,6 +34,8 @@ needs_compiled = pytest.mark.skipif(
 INF = float("inf")
 NUM_PLAN = 1000
 NUM_SPLIT = 1000
+NUM_DRAIN = 400
+NUM_MATCH = 400
 
 
 def test_compiled_core_is_built() -> None:
@@ -42,6 +44,7 @@ def test_compiled_core_is_built() -> None:
     assert compiled is not None, "hadar_slurm._hadar_core failed to import"
     assert core.COMPILED, "hadar_slurm.core fell back to the NumPy reference"
     assert core.plan is compiled.plan and core.balance_split is compiled.balance_split
+    assert core.drain_prices is compiled.drain_prices and core.match is compiled.match
 
 
 # -- random instances ----------------------------------------------------------------------------
@@ -521,3 +524,354 @@ def test_balance_split_with_two_equally_fast_types_and_a_long_job() -> None:
     # Type 1 is cheaper, type 0 is the (first) fastest, both take 100 s: f = 100 / 0.
     reference.balance_split(np.array([[100.0, 100.0]]), np.array([1, 1]),
                             np.array([2.0, 1.0]), np.array([1]), 50.0, 100)
+
+
+# -- drain_prices --------------------------------------------------------------------------------
+
+
+def drain_instance(rng: np.random.Generator) -> tuple[Any, ...]:
+    """Arguments of ``drain_prices``: whole-job rates, idle types, finished and stuck jobs."""
+    J = int(rng.integers(0, 61))
+    H = int(rng.integers(1, 6))
+    capacity = rng.integers(0, 13, H).astype(np.int64)
+    if rng.random() < 0.3:
+        capacity[rng.integers(H)] = 0
+    if rng.random() < 0.05:
+        capacity[:] = 0  # no GPUs at all
+    scale = rng.choice([1, 1, 1, 2, 4, 8, 3], J).astype(np.int64)
+    if rng.random() < 0.5:  # few discrete rates: ties between types
+        rate = rng.choice([0.5, 1.0, 2.0], (J, H)) * scale[:, None]
+    else:
+        rate = rng.uniform(0.1, 3.0, (J, H)) * scale[:, None]
+    rate[rng.random((J, H)) < 0.2] = 0.0  # types a job cannot run on
+    if J > 0:
+        rate[rng.random(J) < 0.08] = 0.0  # jobs no type can run
+    if J > 1 and rng.random() < 0.4:  # identical jobs
+        rate[rng.integers(1, J)] = rate[0]
+    if H > 1 and rng.random() < 0.3:  # identical types
+        rate[:, 1] = rate[:, 0]
+    remaining = rng.uniform(1.0, 1e5, J)
+    remaining[rng.random(J) < 0.05] = 0.0  # finished jobs
+    if rng.random() < 0.05:
+        remaining[:] = 0.0  # nothing left to do: the mean load is 0
+    iterations = int(rng.integers(0, 81))
+    return remaining, scale, rate, capacity, iterations
+
+
+def check_drain(ref: Any, got: Any) -> None:
+    if isinstance(ref, type):
+        assert got is ref
+        return
+    assert isinstance(got, tuple) and len(got) == 2
+    assert np.float64(got[0]).tobytes() == np.float64(ref[0]).tobytes()  # bit for bit
+    assert_same_arrays(ref[1], got[1])
+
+
+@needs_compiled
+def test_drain_prices_twins_on_random_instances() -> None:
+    rng = np.random.default_rng(20260104)
+    positive = 0
+    for _ in range(NUM_DRAIN):
+        args = drain_instance(rng)
+        ref = call(reference.drain_prices, args)
+        got = call(compiled.drain_prices, args)
+        check_drain(ref, got)
+        assert not isinstance(ref, type)
+        bound, pi = ref
+        remaining, _, rate, capacity, _ = args
+        usable = capacity > 0
+        assert (pi >= 0.0).all() and (pi[~usable] == 0.0).all()
+        if usable.any():
+            assert float((pi * capacity).sum()) == pytest.approx(1.0, rel=1e-9)
+        runs = (rate > 0) & usable[None, :]
+        per_job = np.where(runs, remaining[:, None] / np.where(runs, rate, 1.0), INF).min(
+            axis=1, initial=INF)
+        longest = float(per_job[per_job < INF].max(initial=0.0))
+        assert bound >= longest  # never below the longest job on its fastest type
+        positive += bound > 0.0
+    assert positive > NUM_DRAIN // 2
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_drain_bound_of_two_jobs_on_two_identical_types_is_one_jobs_time(impl: Any) -> None:
+    # Two jobs of 100 steps at 1 step/s (1 GPU), two types of 1 GPU each.  Start: pi = 1/2 each;
+    # both jobs pick type 0 (first of two equal costs 100 * 1/2), value 100: one job's time, the
+    # makespan of running them side by side.  Later prices are uneven and both jobs take the
+    # cheaper type, value 200 * min(pi) < 100.  The longest job alone is 100 s too.
+    args = (np.array([100.0, 100.0]), np.array([1, 1]), np.ones((2, 2)), np.array([1, 1]), 60)
+    bound, pi = impl.drain_prices(*args)
+    assert bound == 100.0
+    assert pi.tolist() == [0.5, 0.5]  # the prices of the best bound: the first ones
+    # Without iterations the bound is the longest job.
+    bound, pi = impl.drain_prices(*args[:4], 0)
+    assert bound == 100.0 and pi.tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_drain_bound_is_at_least_the_longest_job(impl: Any) -> None:
+    # One job of 1000 steps at 1 step/s on a type of 4 GPUs: the dual value is 1000 * 1/4,
+    # but the job alone takes 1000 s.
+    bound, pi = impl.drain_prices(np.array([1000.0]), np.array([1]), np.array([[1.0]]),
+                                  np.array([4]), 60)
+    assert bound == 1000.0 and pi.tolist() == [0.25]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_drain_leaves_out_jobs_no_type_can_run(impl: Any) -> None:
+    # Job 1 runs only on type 1, which has no GPUs; job 2 runs nowhere.  Both are left out: the
+    # bound is job 0's (200 steps at 2 steps/s: 100 s) and type 1 gets no price.
+    rate = np.array([[2.0, 2.0], [0.0, 5.0], [0.0, 0.0]])
+    args = (np.array([200.0, 1e6, 1e6]), np.array([1, 1, 1]), rate, np.array([1, 0]), 40)
+    bound, pi = impl.drain_prices(*args)
+    assert bound == 100.0 and pi.tolist() == [1.0, 0.0]
+    # No GPUs at all, or no job any type can run: (0, prices 0 / uniform).
+    bound, pi = impl.drain_prices(*args[:3], np.array([0, 0]), 40)
+    assert bound == 0.0 and pi.tolist() == [0.0, 0.0]
+    bound, pi = impl.drain_prices(args[0][1:], args[1][1:], rate[1:], np.array([3, 0]), 40)
+    assert bound == 0.0 and pi.tolist() == [1.0 / 3.0, 0.0]
+
+
+# -- match ---------------------------------------------------------------------------------------
+
+
+def match_instance(rng: np.random.Generator) -> tuple[Any, ...]:
+    """Arguments of ``match``: nodes of a few types (some types without nodes), per-type counts
+    (some over several types, some too large to place), last epoch's rows."""
+    N = int(rng.integers(0, 25))
+    H = int(rng.integers(1, 5))
+    kinds = rng.choice(H, int(rng.integers(1, H + 1)), replace=False)  # types that have nodes
+    node_type = rng.choice(kinds, N).astype(np.int64)
+    node_gpus = rng.choice([1, 2, 4, 4, 8], N).astype(np.int64)
+    if N > 0 and rng.random() < 0.2:
+        node_gpus[rng.integers(N)] = 0
+    J = int(rng.integers(0, 31))
+    counts = np.zeros((J, H), dtype=np.int64)
+    for i in range(J):
+        if rng.random() < 0.1:
+            continue  # asks for nothing
+        counts[i, rng.integers(H)] = rng.choice([1, 1, 2, 3, 4, 6, 8, 16])
+        if rng.random() < 0.25:  # a multi-type row
+            counts[i, rng.integers(H)] += rng.integers(1, 5)
+    order = rng.permutation(J).astype(np.int64)
+    if J > 0 and rng.random() < 0.15:  # not every job in the queue
+        order = order[: int(rng.integers(0, J + 1))]
+    cur: dict[tuple[int, int], int] = {}
+    if N > 0:
+        for _ in range(int(rng.integers(0, 2 * J + 2))):
+            j = int(rng.integers(-1, J)) if rng.random() < 0.9 else -1  # -1: a job gone
+            cur[(j, int(rng.integers(N)))] = int(rng.integers(1, 9))
+    pairs = list(cur.items())
+    perm = rng.permutation(len(pairs))
+    cur_job = np.array([pairs[p][0][0] for p in perm], dtype=np.int64)
+    cur_node = np.array([pairs[p][0][1] for p in perm], dtype=np.int64)
+    cur_count = np.array([pairs[p][1] for p in perm], dtype=np.int64)
+    return node_type, node_gpus, counts, order, cur_job, cur_node, cur_count
+
+
+def check_match(ref: Any, got: Any) -> None:
+    if isinstance(ref, type):
+        assert got is ref
+        return
+    assert isinstance(got, tuple) and len(got) == 4
+    for r, g in zip(ref, got, strict=True):
+        assert_same_arrays(r, g)
+
+
+def check_match_invariants(args: tuple[Any, ...], out: tuple[np.ndarray, ...]) -> None:
+    """What any matching must satisfy, checked on the reference's output."""
+    node_type, node_gpus, counts, order = args[:4]
+    rows_job, rows_node, rows_count, placed = out
+    assert (rows_count > 0).all()
+    used = np.bincount(rows_node, weights=rows_count, minlength=node_gpus.shape[0])
+    assert (used <= node_gpus).all()  # never more GPUs than a node has
+    got = np.zeros_like(counts)
+    np.add.at(got, (rows_job, node_type[rows_node]), rows_count)
+    assert np.array_equal(got[placed == 1], counts[placed == 1])  # all it asked for
+    assert (got[placed == 0] == 0).all()  # or nothing
+    assert set(np.nonzero(placed)[0].tolist()) <= set(order.tolist())
+    for j in np.unique(rows_job):
+        assert (np.diff(rows_node[rows_job == j]) > 0).all()  # nodes ascending, one row each
+
+
+@needs_compiled
+def test_match_twins_on_random_instances() -> None:
+    rng = np.random.default_rng(20260105)
+    placed = unplaced = 0
+    for _ in range(NUM_MATCH):
+        args = match_instance(rng)
+        ref = call(reference.match, args)
+        got = call(compiled.match, args)
+        check_match(ref, got)
+        assert not isinstance(ref, type)
+        check_match_invariants(args, ref)
+        asked = args[2].sum(axis=1) > 0
+        asked_q = np.zeros_like(asked)
+        asked_q[args[3]] = asked[args[3]]
+        placed += int(ref[3].sum())
+        unplaced += int((asked_q & (ref[3] == 0)).sum())
+    assert placed > 500 and unplaced > 200  # both outcomes are exercised
+
+
+def _nodes(gpus: list[int], types: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    t = [0] * len(gpus) if types is None else types
+    return np.array(t, dtype=np.int64), np.array(gpus, dtype=np.int64)
+
+
+def _no_rows() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    z = np.zeros(0, dtype=np.int64)
+    return z, z.copy(), z.copy()
+
+
+def _rows(out: tuple[np.ndarray, ...]) -> list[tuple[int, int, int]]:
+    return list(zip(out[0].tolist(), out[1].tolist(), out[2].tolist(), strict=True))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_match_best_fit_takes_the_smallest_node_that_holds_the_request(impl: Any) -> None:
+    # Free GPUs 8, 2, 4, 4; 3 wanted: nodes 2 and 3 hold it with the fewest free (4), the first
+    # of them wins.  Then 2 wanted: node 1 (2 free) fits exactly.
+    out = impl.match(*_nodes([8, 2, 4, 4]), np.array([[3], [2]]), np.array([0, 1]),
+                     *_no_rows())
+    assert _rows(out) == [(0, 2, 3), (1, 1, 2)]
+    assert out[3].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_match_spreads_over_the_freest_nodes_when_no_node_holds_it(impl: Any) -> None:
+    # Free 2, 3, 1; 5 wanted: node 1 (3) then node 0 (2); rows listed by node.
+    out = impl.match(*_nodes([2, 3, 1]), np.array([[5]]), np.array([0]), *_no_rows())
+    assert _rows(out) == [(0, 0, 2), (0, 1, 3)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_match_a_job_that_cannot_get_all_gets_none_and_gives_back_what_it_kept(impl: Any) -> None:
+    # Node 0: 4 GPUs of type 0, node 1: 2 of type 1.  Job 0 held 2 GPUs on node 0 and now wants
+    # 2 of type 0 and 4 of type 1: type 1 has only 2, so it gets nothing and its 2 GPUs on node
+    # 0 go back.  Job 1, served next, wants 4 of type 0: all of node 0.
+    out = impl.match(*_nodes([4, 2], [0, 1]), np.array([[2, 4], [4, 0]]), np.array([0, 1]),
+                     np.array([0]), np.array([0]), np.array([2]))
+    assert _rows(out) == [(1, 0, 4)]
+    assert out[3].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_match_keeps_gpus_where_they_were(impl: Any) -> None:
+    # Two nodes of 4.  Job 0 held 1 GPU on node 1 and wants 3: it keeps that one, and the other
+    # 2 go by best fit to node 1 (3 free left, fewer than node 0's 4): one row of 3 on node 1.
+    # A row of a job no longer there (-1) is ignored, and job 1 then fits on node 0.
+    out = impl.match(*_nodes([4, 4]), np.array([[3], [4]]), np.array([0, 1]),
+                     np.array([-1, 0]), np.array([0, 1]), np.array([4, 1]))
+    assert _rows(out) == [(0, 1, 3), (1, 0, 4)]
+    # A job keeps at most what it asks for now: held 3, wants 1 -> 1 on the same node.
+    out = impl.match(*_nodes([4, 4]), np.array([[1]]), np.array([0]),
+                     np.array([0]), np.array([1]), np.array([3]))
+    assert _rows(out) == [(0, 1, 1)]
+
+
+def _match_nodes_numpy(snapshot: Any, counts: np.ndarray,
+                       order: np.ndarray) -> tuple[Any, np.ndarray]:
+    """``policy.matching.match_nodes`` as it was before it called ``core.match`` (NumPy)."""
+    from hadar_slurm.policy.base import Placement
+
+    num_nodes = snapshot.node_gpus.shape[0]
+    free = snapshot.node_gpus.astype(np.int64).copy()
+    node_type = snapshot.node_type
+    nodes_of_type = [np.nonzero(node_type == h)[0] for h in range(len(snapshot.gpu_types))]
+    want = counts.astype(np.int64).copy()
+    index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
+    kept: dict[int, list[tuple[int, int]]] = {}
+    cur = snapshot.current
+    for j, n, c in zip(cur.job.tolist(), cur.node.tolist(), cur.count.tolist(), strict=True):
+        i = index_of.get(j)
+        if i is None or n >= num_nodes:
+            continue
+        h = int(node_type[n])
+        take = min(c, int(want[i, h]), int(free[n]))
+        if take > 0:
+            free[n] -= take
+            want[i, h] -= take
+            kept.setdefault(i, []).append((n, take))
+    rows_job: list[int] = []
+    rows_node: list[int] = []
+    rows_count: list[int] = []
+    placed = np.zeros(snapshot.num_jobs, dtype=np.bool_)
+    for i in order.tolist():
+        if counts[i].sum() <= 0:
+            continue
+        rows = list(kept.get(i, []))
+        trial = free.copy()
+        ok = True
+        for h in np.nonzero(want[i] > 0)[0].tolist():
+            need = int(want[i, h])
+            cand = nodes_of_type[h]
+            fits = cand[trial[cand] >= need]
+            if fits.shape[0]:
+                n = int(fits[np.argmin(trial[fits])])
+                trial[n] -= need
+                rows.append((n, need))
+                continue
+            for n in cand[np.argsort(-trial[cand], kind="stable")].tolist():
+                if need == 0 or trial[n] == 0:
+                    break
+                take = min(need, int(trial[n]))
+                trial[n] -= take
+                need -= take
+                rows.append((n, take))
+            if need > 0:
+                ok = False
+                break
+        if not ok:
+            for n, c in kept.get(i, []):
+                free[n] += c
+            continue
+        free = trial
+        placed[i] = True
+        jid = int(snapshot.job_ids[i])
+        merged: dict[int, int] = {}
+        for n, c in rows:
+            merged[n] = merged.get(n, 0) + c
+        for n, c in sorted(merged.items()):
+            rows_job.append(jid)
+            rows_node.append(n)
+            rows_count.append(c)
+    placement = Placement(np.asarray(rows_job, dtype=np.int64),
+                          np.asarray(rows_node, dtype=np.int64),
+                          np.asarray(rows_count, dtype=np.int64))
+    return placement, placed
+
+
+def test_match_nodes_places_what_the_numpy_matcher_placed() -> None:
+    # The policy-level matcher (job ids, not indices) against the NumPy version it replaced, on
+    # snapshots with shuffled job ids, rows of jobs that are gone, and multi-type counts.
+    from dataclasses import replace
+
+    from bench.instances import gavel_cluster, snapshot
+    from hadar_slurm.policy.base import Placement
+    from hadar_slurm.policy.matching import match_nodes
+
+    rng = np.random.default_rng(20260106)
+    for trial in range(40):
+        J = int(rng.integers(1, 120))
+        snap = snapshot(J, gavel_cluster(int(rng.choice([4, 8, 16]))), seed=trial)
+        ids = rng.permutation(10 * J)[:J].astype(np.int64)
+        H = len(snap.gpu_types)
+        counts = np.zeros((J, H), dtype=np.int64)
+        for i in range(J):
+            counts[i, rng.integers(H)] = rng.choice([0, 1, 2, 4, 8])
+            if rng.random() < 0.2:
+                counts[i, rng.integers(H)] += 1
+        num_nodes = snap.node_gpus.shape[0]
+        cur_rows = {}
+        for _ in range(int(rng.integers(0, J + 1))):
+            jid = int(ids[rng.integers(J)]) if rng.random() < 0.8 else int(10 * J + 5)
+            cur_rows[(jid, int(rng.integers(num_nodes)))] = int(rng.integers(1, 5))
+        cur = Placement(np.array([k[0] for k in cur_rows], dtype=np.int64),
+                        np.array([k[1] for k in cur_rows], dtype=np.int64),
+                        np.array(list(cur_rows.values()), dtype=np.int64))
+        snap = replace(snap, job_ids=ids, current=cur)
+        order = rng.permutation(J).astype(np.int64)
+        new, placed_new = match_nodes(snap, counts, order)
+        old, placed_old = _match_nodes_numpy(snap, counts, order)
+        assert placed_new.dtype == np.bool_ and np.array_equal(placed_new, placed_old)
+        for a, b in ((new.job, old.job), (new.node, old.node), (new.count, old.count)):
+            assert a.dtype == np.int64 and np.array_equal(a, b)

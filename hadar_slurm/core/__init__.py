@@ -1,7 +1,8 @@
 """The Hadar core: compiled when built, with the NumPy reference twin otherwise.
 
 Both expose the same functions with the same results (see :mod:`hadar_slurm.core.reference`):
-``plan`` (one epoch of the primal-dual planner) and ``balance_split`` (the type split).
+``plan`` (one epoch of the primal-dual planner), ``balance_split`` (the type split),
+``drain_prices`` (the drain bound and its type prices) and ``match`` (resource matching).
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ try:
 
     plan = _compiled.plan
     balance_split = _compiled.balance_split
+    drain_prices = _compiled.drain_prices
+    match = _compiled.match
     COMPILED = True
 except (ImportError, AttributeError):  # not built (e.g. a bare source tree)
     plan = reference.plan
     balance_split = reference.balance_split
+    drain_prices = reference.drain_prices
+    match = reference.match
     COMPILED = False
 
-__all__ = ["COMPILED", "balance_split", "plan", "reference"]
+__all__ = ["COMPILED", "balance_split", "drain_prices", "match", "plan", "reference"]

@@ -34,9 +34,15 @@ Only epoch 0 of the plan is dispatched; the next epoch re-plans from scratch (ro
 
 Utility: ``f(T) = k / (T + age)`` with ``T`` the finish time from now and ``k = w * ideal``
 (weight times the job's runtime alone on its best type), as in HADAR.md.
+
+Also here, with their compiled twins: :func:`balance_split` (the type split),
+:func:`drain_prices` (the drain bound and the type prices that certify it) and :func:`match`
+(resource matching: per-type GPU counts to nodes).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import numpy.typing as npt
@@ -693,3 +699,256 @@ def _exchange(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64,
                 index.refresh(b)
                 changed = True
     return changed
+
+
+def drain_prices(
+    remaining: F64, scale: I64, rate: F64, capacity: I64, iterations: int,
+) -> tuple[float, F64]:
+    """A lower bound on the time to finish ``remaining`` work, and the prices that certify it.
+
+    ``rate[i, h]`` is job ``i``'s whole-job steps/s on type ``h`` (0: cannot run).  Lagrangian
+    dual of the fluid makespan LP: for type prices ``pi >= 0`` with ``sum pi * c = 1``, the sum
+    over jobs of ``min_h pi_h * gpu_s[i, h]`` (``gpu_s = remaining / rate * scale``, the
+    GPU-seconds the job needs on ``h``) bounds the makespan from below.  ``iterations``
+    multiplicative steps move the prices towards the types whose demand at the current prices
+    exceeds their capacity; the best bound seen is kept.  The bound is also at least the longest
+    job on its fastest type.  Jobs no type can run are left out.  Returns ``(bound, pi)``, with
+    ``pi`` 0 on types without GPUs.
+    """
+    n, num_types = rate.shape
+    pi = np.zeros(num_types)
+    best_pi = np.zeros(num_types)
+    load = np.zeros(num_types)
+    total_cap = 0.0
+    usable = 0
+    for h in range(num_types):
+        if capacity[h] > 0:
+            total_cap += float(capacity[h])
+            usable += 1
+    if usable == 0:
+        return 0.0, pi
+    for h in range(num_types):
+        if capacity[h] > 0:
+            pi[h] = 1.0 / total_cap
+            best_pi[h] = pi[h]
+    longest = 0.0
+    any_job = False
+    for i in range(n):
+        fastest = INF
+        for h in range(num_types):
+            if capacity[h] > 0 and rate[i, h] > 0.0:
+                t = float(remaining[i]) / float(rate[i, h])
+                if t < fastest:
+                    fastest = t
+        if fastest < INF:
+            any_job = True
+            if fastest > longest:
+                longest = fastest
+    if not any_job:
+        return 0.0, best_pi
+    bound = 0.0
+    for _ in range(iterations):
+        value = 0.0
+        for h in range(num_types):
+            load[h] = 0.0
+        for i in range(n):
+            pick = -1
+            pick_cost = INF
+            pick_gpu_s = 0.0
+            for h in range(num_types):
+                if capacity[h] > 0 and rate[i, h] > 0.0:
+                    gpu_s = float(remaining[i]) / float(rate[i, h]) * float(scale[i])
+                    cost = gpu_s * pi[h]
+                    if cost < pick_cost:
+                        pick_cost = cost
+                        pick = h
+                        pick_gpu_s = gpu_s
+            if pick >= 0:
+                value += pick_cost
+                load[pick] += pick_gpu_s
+        if value > bound:
+            bound = value
+            for h in range(num_types):
+                best_pi[h] = pi[h]
+        mean = 0.0
+        for h in range(num_types):
+            if capacity[h] > 0:
+                load[h] = load[h] / float(capacity[h])
+                mean += load[h]
+        mean = mean / usable
+        if not mean > 0.0:
+            break
+        norm = 0.0
+        for h in range(num_types):
+            if capacity[h] > 0:
+                pi[h] = pi[h] * math.exp(0.5 * (load[h] / mean - 1.0))
+                norm += pi[h] * float(capacity[h])
+        for h in range(num_types):
+            pi[h] = pi[h] / norm
+    if longest > bound:
+        bound = longest
+    return bound, best_pi
+
+
+def match(
+    node_type: I64, node_gpus: I64, counts: I64, order: I64,
+    cur_job: I64, cur_node: I64, cur_count: I64,
+) -> tuple[I64, I64, I64, I64]:
+    """Resource matching: turn per-type GPU counts into (job, node, GPUs) rows.
+
+    ``counts[i, h]``: GPUs of type ``h`` job index ``i`` should get; jobs are served in
+    ``order``.  ``cur_job/cur_node/cur_count`` are last epoch's rows (job *indices*, -1 for a
+    job no longer there).  Rules: a job first keeps the GPUs it held on the nodes it held them,
+    as far as its counts allow; the rest of each type goes to the node with the fewest free
+    GPUs that holds the whole request (best fit, first such node on ties), or else to the nodes
+    with the most free GPUs first (fewest nodes).  A job whose counts cannot all be met gets
+    nothing (a partial synchronous job would waste its GPUs).  Returns ``rows_job`` (indices),
+    ``rows_node``, ``rows_count`` (jobs in service order, nodes ascending within a job) and
+    ``placed[i]`` (1 when job ``i`` got all it asked for).
+    """
+    num_nodes = node_type.shape[0]
+    n, num_types = counts.shape
+    free = np.zeros(num_nodes, dtype=np.int64)
+    for k in range(num_nodes):
+        free[k] = node_gpus[k]
+    want = np.zeros((n, num_types), dtype=np.int64)
+    for i in range(n):
+        for h in range(num_types):
+            want[i, h] = counts[i, h]
+    placed = np.zeros(n, dtype=np.int64)
+    # Nodes of each type, ascending (CSR), so a request scans only its type's nodes.
+    type_start = np.zeros(num_types + 1, dtype=np.int64)
+    for k in range(num_nodes):
+        if 0 <= node_type[k] < num_types:
+            type_start[int(node_type[k]) + 1] += 1
+    for h in range(num_types):
+        type_start[h + 1] += type_start[h]
+    type_nodes = np.zeros(type_start[num_types], dtype=np.int64)
+    type_fill = np.zeros(num_types, dtype=np.int64)
+    for k in range(num_nodes):
+        if 0 <= node_type[k] < num_types:
+            h = int(node_type[k])
+            type_nodes[type_start[h] + type_fill[h]] = k
+            type_fill[h] += 1
+    # 1. Stay put: kept[r] GPUs of row r stay with its job.
+    rows_cur = cur_job.shape[0]
+    kept = np.zeros(rows_cur, dtype=np.int64)
+    for r in range(rows_cur):
+        i = int(cur_job[r])
+        k = int(cur_node[r])
+        if i < 0 or k < 0 or k >= num_nodes:
+            continue
+        h = int(node_type[k])
+        take = int(cur_count[r])
+        if want[i, h] < take:
+            take = int(want[i, h])
+        if free[k] < take:
+            take = int(free[k])
+        if take > 0:
+            free[k] -= take
+            want[i, h] -= take
+            kept[r] = take
+    # Rows held by each job, to list them and to give them back on failure.
+    held_start = np.zeros(n + 1, dtype=np.int64)
+    for r in range(rows_cur):
+        if kept[r] > 0:
+            held_start[int(cur_job[r]) + 1] += 1
+    for i in range(n):
+        held_start[i + 1] += held_start[i]
+    held = np.zeros(held_start[n], dtype=np.int64)
+    fill = np.zeros(n, dtype=np.int64)
+    for r in range(rows_cur):
+        if kept[r] > 0:
+            i = int(cur_job[r])
+            held[held_start[i] + fill[i]] = r
+            fill[i] += 1
+    jobs_out: list[int] = []
+    nodes_out: list[int] = []
+    counts_out: list[int] = []
+    took = np.zeros(num_nodes, dtype=np.int64)  # GPUs this job takes per node (new + kept)
+    touched = np.zeros(num_nodes, dtype=np.int64)
+    for q in range(order.shape[0]):
+        i = int(order[q])
+        total = 0
+        for h in range(num_types):
+            total += int(counts[i, h])
+        if total <= 0:
+            continue
+        n_touched = 0
+        ok = True
+        for h in range(num_types):
+            need = int(want[i, h])
+            if need <= 0:
+                continue
+            # Best fit: fewest free GPUs that still hold the whole request.
+            best = -1
+            for t in range(type_start[h], type_start[h + 1]):
+                k = int(type_nodes[t])
+                if free[k] - took[k] >= need:
+                    if best < 0 or free[k] - took[k] < free[best] - took[best]:
+                        best = k
+            if best >= 0:
+                if took[best] == 0:
+                    touched[n_touched] = best
+                    n_touched += 1
+                took[best] += need
+                continue
+            # Spread: most free first.
+            while need > 0:
+                pick = -1
+                for t in range(type_start[h], type_start[h + 1]):
+                    k = int(type_nodes[t])
+                    if free[k] - took[k] > 0:
+                        if pick < 0 or free[k] - took[k] > free[pick] - took[pick]:
+                            pick = k
+                if pick < 0:
+                    break
+                take = int(free[pick] - took[pick])
+                if need < take:
+                    take = need
+                if took[pick] == 0:
+                    touched[n_touched] = pick
+                    n_touched += 1
+                took[pick] += take
+                need -= take
+            if need > 0:
+                ok = False
+                break
+        if not ok:
+            for t in range(n_touched):
+                took[touched[t]] = 0
+            # Give back what it kept: a partial synchronous job wastes GPUs.
+            for t in range(held_start[i], held_start[i + 1]):
+                r = int(held[t])
+                free[int(cur_node[r])] += kept[r]
+            continue
+        placed[i] = 1
+        for t in range(n_touched):
+            k = int(touched[t])
+            free[k] -= took[k]
+        for t in range(held_start[i], held_start[i + 1]):
+            r = int(held[t])
+            k = int(cur_node[r])
+            if took[k] == 0:
+                touched[n_touched] = k
+                n_touched += 1
+            took[k] += kept[r]
+        # Rows of this job, nodes ascending (insertion sort of the touched nodes).
+        for a in range(1, n_touched):
+            v = touched[a]
+            b = a - 1
+            while b >= 0 and touched[b] > v:
+                touched[b + 1] = touched[b]
+                b -= 1
+            touched[b + 1] = v
+        for t in range(n_touched):
+            k = int(touched[t])
+            if took[k] > 0:
+                jobs_out.append(i)
+                nodes_out.append(k)
+                counts_out.append(int(took[k]))
+            took[k] = 0
+    out_job = np.asarray(jobs_out, dtype=np.int64)
+    out_node = np.asarray(nodes_out, dtype=np.int64)
+    out_count = np.asarray(counts_out, dtype=np.int64)
+    return out_job, out_node, out_count, placed

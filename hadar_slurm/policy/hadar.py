@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hadar_slurm.core import balance_split, plan
+from hadar_slurm.core import balance_split, drain_prices, plan
 from hadar_slurm.policy.base import (
     BoolArray,
     Decision,
@@ -80,41 +80,13 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
     remaining job on its best type.  Returns the bound and the type prices ``pi`` (normalised
     so that ``sum pi * c = 1``), the shadow value of a GPU-second of each type.
     """
-    num_types = capacity.shape[0]
-    cap = capacity.astype(np.float64)
-    usable = cap > 0
-    pi_out = np.where(usable, 1.0 / max(cap.sum(), 1.0), 0.0)
-    runs = (rate > 0) & usable[None, :]
-    jobs = runs.any(axis=1)  # jobs no type of the cluster can run are left out
-    if not usable.any() or not jobs.any():
-        return 0.0, pi_out
-    kinds = np.nonzero(usable)[0]
-    ok = runs[jobs][:, kinds]
-    best = np.where(ok, remaining[jobs, None] / np.where(ok, rate[jobs][:, kinds], 1.0), np.inf)
-    longest = float(best.min(axis=1).max())
-    gpu_s = best * scale[jobs, None]  # GPU-seconds job i needs on type h alone
-    c = cap[kinds]
-    pi = np.full(kinds.shape[0], 1.0 / c.sum())
-    rows = np.arange(gpu_s.shape[0])
-    bound = 0.0
-    best_pi = pi
-    for _ in range(iterations):
-        priced = np.where(ok, gpu_s * pi[None, :], np.inf)
-        choice = np.argmin(priced, axis=1)
-        value = float(priced[rows, choice].sum())
-        if value > bound:
-            bound = value
-            best_pi = pi
-        demand = np.bincount(choice, weights=gpu_s[rows, choice], minlength=kinds.shape[0])
-        load = demand / c
-        mean = float(load.mean())
-        if mean <= 0:
-            break
-        pi = pi * np.exp(0.5 * (load / mean - 1.0))
-        pi = pi / float((pi * c).sum())
-    pi_out = np.zeros(num_types)
-    pi_out[kinds] = best_pi
-    return max(bound, longest), pi_out
+    return drain_prices(
+        np.ascontiguousarray(remaining, dtype=np.float64),
+        np.ascontiguousarray(scale, dtype=np.int64),
+        np.ascontiguousarray(rate, dtype=np.float64),
+        np.ascontiguousarray(capacity, dtype=np.int64),
+        int(iterations),
+    )
 
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from hadar_slurm import core
 from hadar_slurm.policy.base import IntArray, Placement, Snapshot
 
 
@@ -31,74 +32,24 @@ def match_nodes(
     Returns the placement and ``placed[i]`` (True where the job got all it asked for; jobs with
     no counts at all are False).  Pure; O(jobs x nodes of a type) in the worst case.
     """
-    num_nodes = snapshot.node_gpus.shape[0]
-    free = snapshot.node_gpus.astype(np.int64).copy()
-    node_type = snapshot.node_type
-    nodes_of_type = [np.nonzero(node_type == h)[0] for h in range(len(snapshot.gpu_types))]
-    want = counts.astype(np.int64).copy()
-    index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
-
-    # 1. Stay put.
-    kept: dict[int, list[tuple[int, int]]] = {}
     cur = snapshot.current
-    for j, n, c in zip(cur.job.tolist(), cur.node.tolist(), cur.count.tolist(), strict=True):
-        i = index_of.get(j)
-        if i is None or n >= num_nodes:
-            continue
-        h = int(node_type[n])
-        take = min(c, int(want[i, h]), int(free[n]))
-        if take > 0:
-            free[n] -= take
-            want[i, h] -= take
-            kept.setdefault(i, []).append((n, take))
-
-    rows_job: list[int] = []
-    rows_node: list[int] = []
-    rows_count: list[int] = []
-    placed = np.zeros(snapshot.num_jobs, dtype=np.bool_)
-    for i in order.tolist():
-        if counts[i].sum() <= 0:
-            continue
-        rows = list(kept.get(i, []))
-        trial = free.copy()
-        ok = True
-        for h in np.nonzero(want[i] > 0)[0].tolist():
-            need = int(want[i, h])
-            cand = nodes_of_type[h]
-            fits = cand[trial[cand] >= need]
-            if fits.shape[0]:
-                n = int(fits[np.argmin(trial[fits])])
-                trial[n] -= need
-                rows.append((n, need))
-                continue
-            for n in cand[np.argsort(-trial[cand], kind="stable")].tolist():
-                if need == 0 or trial[n] == 0:
-                    break
-                take = min(need, int(trial[n]))
-                trial[n] -= take
-                need -= take
-                rows.append((n, take))
-            if need > 0:
-                ok = False
-                break
-        if not ok:
-            # Give back what it kept: a partial synchronous job wastes GPUs.
-            for n, c in kept.get(i, []):
-                free[n] += c
-            continue
-        free = trial
-        placed[i] = True
-        jid = int(snapshot.job_ids[i])
-        merged: dict[int, int] = {}
-        for n, c in rows:
-            merged[n] = merged.get(n, 0) + c
-        for n, c in sorted(merged.items()):
-            rows_job.append(jid)
-            rows_node.append(n)
-            rows_count.append(c)
-    placement = Placement(
-        np.asarray(rows_job, dtype=np.int64),
-        np.asarray(rows_node, dtype=np.int64),
-        np.asarray(rows_count, dtype=np.int64),
+    # Last epoch's rows by job index (-1: a job no longer in the snapshot).
+    ids = snapshot.job_ids.astype(np.int64)
+    cur_job = np.full(cur.job.shape[0], -1, dtype=np.int64)
+    if cur.job.shape[0] and ids.shape[0]:
+        by_id = np.argsort(ids, kind="stable")
+        pos = np.searchsorted(ids, cur.job, sorter=by_id)
+        pos = np.minimum(pos, ids.shape[0] - 1)
+        hit = ids[by_id[pos]] == cur.job
+        cur_job[hit] = by_id[pos[hit]]
+    rows_job, rows_node, rows_count, placed = core.match(
+        np.ascontiguousarray(snapshot.node_type, dtype=np.int64),
+        np.ascontiguousarray(snapshot.node_gpus, dtype=np.int64),
+        np.ascontiguousarray(counts, dtype=np.int64),
+        np.ascontiguousarray(order, dtype=np.int64),
+        cur_job,
+        np.ascontiguousarray(cur.node, dtype=np.int64),
+        np.ascontiguousarray(cur.count, dtype=np.int64),
     )
-    return placement, placed
+    placement = Placement(ids[rows_job], rows_node, rows_count)
+    return placement, placed.astype(np.bool_)
