@@ -5,10 +5,10 @@
 
 Same functions (``plan``, ``balance_split``, ``drain_prices``, ``match``), same signatures,
 same arrays in and out, and the same floating-point operations in the same order, so that both
-return identical decisions (``tests/test_core_twins.py`` compares them on random instances).  Each private helper mirrors
-the reference helper of the same name line by line (``_epoch_option``, ``_best_schedule``,
-``_fastest_option``, ``_movable``, ``_MoveIndex``, ``_level``, ``_exchange``); read the
-reference for the *why*.
+return identical decisions (``tests/test_core_twins.py`` compares them on random instances).
+Each private helper mirrors the reference helper of the same name line by line
+(``_epoch_option``, ``_best_schedule``, ``_fastest_option``, ``_movable``, ``_MoveIndex``,
+``_level``, ``_exchange``); read the reference for the *why*.
 
 How the twin stays exact:
 
@@ -57,17 +57,17 @@ cdef inline int _epoch_option(
     Py_ssize_t i, Py_ssize_t t, double remaining_work, const i64[::1] scale,
     const double[:, ::1] rate, const i64[::1] sync, const i64[:, ::1] current,
     i64[:, ::1] free, double[:, ::1] price, double round_s, double migration_s,
-    bint round_raises, i64[::1] counts_out, i64[::1] trial, double* cost_out,
-    double* prog_out,
+    i64[::1] counts_out, i64[::1] trial, double* cost_out, double* prog_out, double* raw_out,
 ) noexcept nogil:
-    """Twin of ``reference._epoch_option``: (cost, progress) in ``cost_out``/``prog_out``."""
+    """Twin of ``reference._epoch_option``: (cost, progress, raw progress) in the outs."""
     cdef Py_ssize_t num_types = rate.shape[1]
     cdef i64 s = scale[i]
     cdef double best_cpi = INF
     cdef double best_cost = INF
     cdef double best_prog = 0.0
+    cdef double best_raw = 0.0
     cdef Py_ssize_t m, h, pick
-    cdef double rm, rh, cost, prog, pick_price, ph, pick_ppi, ppi, run_s, cpi
+    cdef double rm, rh, cost, prog, raw, pick_price, ph, pick_ppi, ppi, run_s, cpi
     cdef i64 need, take, avail
     cdef bint same
     for h in range(num_types):
@@ -113,19 +113,20 @@ cdef inline int _epoch_option(
             prog = <double>s * rm * run_s
             if prog <= 0.0:
                 continue
+            raw = prog
             if prog > remaining_work:
                 prog = remaining_work
-            if prog == 0.0 and round_raises:
-                return ERR_ZERODIV  # reference: cost / prog with prog == 0.0 (remaining 0)
             cpi = cost / prog
             if cpi < best_cpi or (cpi == best_cpi and prog > best_prog):
                 best_cpi = cpi
                 best_cost = cost
                 best_prog = prog
+                best_raw = raw
                 for h in range(num_types):
                     counts_out[h] = trial[h]
         cost_out[0] = best_cost
         prog_out[0] = best_prog
+        raw_out[0] = best_raw
         return ERR_NONE
     # Asynchronous: up to s workers, cheapest price per iteration first.
     for h in range(num_types):
@@ -154,6 +155,7 @@ cdef inline int _epoch_option(
     if prog <= 0.0:
         cost_out[0] = INF
         prog_out[0] = 0.0
+        raw_out[0] = 0.0
         return ERR_NONE
     if t == 0 and migration_s > 0.0:
         same = True
@@ -164,19 +166,20 @@ cdef inline int _epoch_option(
             run_s = round_s - migration_s
             if run_s < 0.0:
                 run_s = 0.0
-            if round_s == 0.0 and round_raises:
-                return ERR_ZERODIV  # reference: run_s / round_s
             prog = prog * (run_s / round_s)
             if prog <= 0.0:
                 cost_out[0] = INF
                 prog_out[0] = 0.0
+                raw_out[0] = 0.0
                 return ERR_NONE
+    raw = prog
     if prog > remaining_work:
         prog = remaining_work
     for h in range(num_types):
         counts_out[h] = trial[h]
     cost_out[0] = cost
     prog_out[0] = prog
+    raw_out[0] = raw
     return ERR_NONE
 
 
@@ -184,9 +187,10 @@ cdef inline int _best_schedule(
     Py_ssize_t i, const double[::1] remaining, const i64[::1] scale,
     const double[:, ::1] rate, const double[::1] ukey, const double[::1] age,
     const i64[::1] sync, const i64[:, ::1] current, i64[:, ::1] free, double[:, ::1] price,
-    double round_s, Py_ssize_t horizon, double migration_s, bint round_raises,
+    double round_s, Py_ssize_t horizon, double migration_s,
     double best_rate, double tail_price, i64[:, ::1] opt_counts, i64[::1] chosen,
-    double[::1] opt_cost, double[::1] opt_prog, i64[::1] order, double[::1] cpi,
+    double[::1] opt_cost, double[::1] opt_prog, double[::1] opt_raw, i64[::1] order,
+    double[::1] cpi,
     i64[::1] row, i64[::1] trial, double* payoff_out,
 ) noexcept nogil:
     """Twin of ``reference._best_schedule``; the payoff goes to ``payoff_out``."""
@@ -194,16 +198,17 @@ cdef inline int _best_schedule(
     cdef double work = remaining[i]
     cdef Py_ssize_t n_opt = 0
     cdef Py_ssize_t t, h, j, k, T, last, best_kind, best_val
-    cdef double c, p, c_t, got, cost, before, frac, finish, payoff, best_payoff
+    cdef double c, p, raw, c_t, got, cost, before, frac, finish, payoff, best_payoff
     cdef double total_prog, tail_s, tail_cost
     cdef int err
     for t in range(horizon):
         err = _epoch_option(i, t, work, scale, rate, sync, current, free, price, round_s,
-                            migration_s, round_raises, row, trial, &c, &p)
+                            migration_s, row, trial, &c, &p, &raw)
         if err != ERR_NONE:
             return err
         opt_cost[t] = c
         opt_prog[t] = p
+        opt_raw[t] = raw
         for h in range(num_types):
             opt_counts[t, h] = row[h]
         if p > 0.0:
@@ -246,7 +251,9 @@ cdef inline int _best_schedule(
         if got < work or last != T:
             continue
         before = got - opt_prog[last]
-        frac = (work - before) / opt_prog[last]
+        frac = (work - before) / opt_raw[last]
+        if frac > 1.0:
+            frac = 1.0
         finish = <double>last * round_s + frac * round_s
         payoff = ukey[i] / (finish + age[i]) - cost
         if payoff > best_payoff:
@@ -357,16 +364,17 @@ cdef inline double _fastest_option(
     return best_prog
 
 
-cdef inline bint _is_numpy_scalar(object x):
-    return isinstance(x, np.generic)
-
-
 def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, capacity,
          round_s, horizon, migration_s, price_floor, price_ratio):
     """One epoch of Hadar (see ``reference.plan``).  Arrays in, arrays out.
 
     Returns ``alloc[J, H]`` (int64), ``payoff[J]`` (float64) and ``status[J]`` (int64).
+    Raises ``ValueError`` unless ``horizon >= 1`` and ``round_s > 0`` (as the reference).
     """
+    if not horizon >= 1:
+        raise ValueError(f"plan: horizon must be at least 1 epoch, got {horizon!r}")
+    if not round_s > 0.0:
+        raise ValueError(f"plan: round_s must be positive (seconds), got {round_s!r}")
     cdef const double[::1] rem_v = np.ascontiguousarray(remaining, dtype=np.float64)
     cdef const i64[::1] scale_v = np.ascontiguousarray(scale, dtype=np.int64)
     cdef const double[:, ::1] rate_v = np.ascontiguousarray(rate, dtype=np.float64)
@@ -383,9 +391,6 @@ def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, cap
     cdef double c_round = round_s
     cdef double c_mig = migration_s
     cdef double c_ratio = price_ratio
-    # The reference divides Python floats (raising ZeroDivisionError) unless round_s is a
-    # NumPy scalar, which makes the quotients NumPy scalars (IEEE inf/nan).
-    cdef bint round_raises = not _is_numpy_scalar(round_s)
 
     # Shapes: the reference indexes these by job and type; reject what it could not index.
     if fill_v.shape[0] != num_jobs or fill_v.shape[1] != num_types:
@@ -424,6 +429,7 @@ def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, cap
     cdef i64[::1] chosen = np.zeros(horizon, dtype=np.int64)
     cdef double[::1] opt_cost = np.zeros(horizon)
     cdef double[::1] opt_prog = np.zeros(horizon)
+    cdef double[::1] opt_raw = np.zeros(horizon)
     cdef i64[::1] opt_order = np.zeros(horizon, dtype=np.int64)
     cdef double[::1] cpi = np.zeros(horizon)
     cdef i64[::1] row = np.zeros(num_types, dtype=np.int64)
@@ -444,6 +450,8 @@ def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, cap
                 price[h, t] = floor_v[h]
         for q in range(order_v.shape[0]):
             i = order_v[q]
+            if rem_v[i] <= 0.0:
+                continue  # finished: nothing to plan
             best_rate = 0.0
             tail_price = 0.0
             runnable = False
@@ -460,9 +468,9 @@ def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, cap
             if best_rate <= 0.0:
                 continue
             err = _best_schedule(i, rem_v, scale_v, rate_v, ukey_v, age_v, sync_v, cur_v,
-                                 free, price, c_round, hor, c_mig, round_raises, best_rate,
+                                 free, price, c_round, hor, c_mig, best_rate,
                                  tail_price, opt_counts, chosen, opt_cost, opt_prog,
-                                 opt_order, cpi, row, trial, &pay)
+                                 opt_raw, opt_order, cpi, row, trial, &pay)
             if err != ERR_NONE:
                 break
             if pay == -INF:
@@ -488,11 +496,6 @@ def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, cap
                     status[i] = 0
     if err == ERR_ZERODIV:
         raise ZeroDivisionError("float division by zero")
-    if hor == 0:
-        # The reference's back-fill reads free[h, 0] for every job still waiting: IndexError.
-        for q in range(order_v.shape[0]):
-            if status[order_v[q]] != 3:
-                raise IndexError("index 0 is out of bounds for axis 1 with size 0")
     # Back-fill epoch 0: first on the types the job may use, then on any type it can run on.
     with nogil:
         for npass in range(2):
@@ -500,6 +503,8 @@ def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, cap
             for q in range(order_v.shape[0]):
                 i = order_v[q]
                 if status[i] == 0 or status[i] == 3 or status[i] == 4:
+                    continue
+                if rem_v[i] <= 0.0:
                     continue
                 best_prog = _fastest_option(i, scale_v, rates, sync_v, free, best, trial)
                 if best_prog <= 0.0:
@@ -522,7 +527,7 @@ cdef inline bint _movable(
 ) noexcept nogil:
     """Twin of ``reference._movable``: may job ``i`` move work from type ``s`` to ``d``?"""
     cdef double grow
-    if not phi[i, s] > 1e-12 or not gpu_s[i, d] < INF:
+    if not phi[i, s] > 1e-12 or not (gpu_s[i, d] > 0.0 and gpu_s[i, d] < INF):
         return False
     grow = gpu_s[i, d] - gpu_s[i, s]
     return not (grow > 0.0 and not slack[i] > 1e-9)
@@ -766,8 +771,6 @@ def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
     cdef Py_ssize_t num_types = gs.shape[1]
     cdef double c_window = window
     cdef i64 c_max_moves = max_moves
-    # (t_slow - window) / (t_slow - t_fast) raises on Python floats, not on a NumPy window.
-    cdef bint window_raises = not _is_numpy_scalar(window)
     if cap_v.shape[0] != num_types or pi_v.shape[0] != num_types:
         raise ValueError("capacity and pi must have one entry per GPU type")
     if scale_v.shape[0] != n:
@@ -789,7 +792,7 @@ def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
             fastest = -1
             for h in range(num_types):
                 gih = gs[i, h]
-                if cap_v[h] <= 0 or not gih < INF:
+                if cap_v[h] <= 0 or not (gih > 0.0 and gih < INF):
                     continue
                 cost = gih * pi_v[h]
                 if cost < first_cost or first < 0:
@@ -807,14 +810,12 @@ def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
             t_slow = gs[i, first] / sf
             if t_slow > c_window and fastest != first:
                 t_fast = gs[i, fastest] / sf
-                if t_slow - t_fast == 0.0 and window_raises:
-                    err = ERR_ZERODIV  # reference: cheapest and fastest type equally fast
-                    break
-                f = (t_slow - c_window) / (t_slow - t_fast)
-                if f > 1.0:
-                    f = 1.0
-                phi[i, first] -= f
-                phi[i, fastest] += f
+                if t_fast < t_slow:
+                    f = (t_slow - c_window) / (t_slow - t_fast)
+                    if f > 1.0:
+                        f = 1.0
+                    phi[i, first] -= f
+                    phi[i, fastest] += f
             used = 0.0
             for h in range(num_types):
                 if phi[i, h] > 0.0:
@@ -833,6 +834,12 @@ def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
                 break
             if err != ERR_NONE:
                 break
+        if err == ERR_NONE:
+            # Rounding leaves entries of about -1e-16 where work moved away: clip them to 0.
+            for i in range(n):
+                for h in range(num_types):
+                    if phi[i, h] < 0.0:
+                        phi[i, h] = 0.0
     if err == ERR_ZERODIV:
         raise ZeroDivisionError("float division by zero")
     return phi_a

@@ -56,17 +56,22 @@ INF = float("inf")
 def _epoch_option(
     i: int, t: int, remaining_work: float, scale: I64, rate: F64, sync: I64, current: I64,
     free: I64, price: F64, round_s: float, migration_s: float, counts_out: I64,
-) -> tuple[float, float]:
-    """Cheapest way to run job ``i`` in epoch ``t``: (cost, progress); counts in ``counts_out``.
+) -> tuple[float, float, float]:
+    """Cheapest way to run job ``i`` in epoch ``t``: (cost, progress, raw progress); counts in
+    ``counts_out``.
 
-    Returns ``(inf, 0)`` when it cannot run in that epoch.  Picks the option with the least cost
-    per iteration; ties go to more progress, then to the lower pace-type index.
+    ``progress`` is clamped to ``remaining_work`` (what the epoch can contribute); ``raw`` is
+    what the option would do in the whole epoch, unclamped (for the finish time inside the
+    epoch).  Returns ``(inf, 0, 0)`` when it cannot run in that epoch.  Picks the option with
+    the least cost per (clamped) iteration; ties go to more progress, then to the lower
+    pace-type index.
     """
     num_types = rate.shape[1]
     s = int(scale[i])
     best_cpi = INF
     best_cost = INF
     best_prog = 0.0
+    best_raw = 0.0
     trial = np.zeros(num_types, dtype=np.int64)
     for h in range(num_types):
         counts_out[h] = 0
@@ -110,6 +115,7 @@ def _epoch_option(
             prog = s * rm * run_s
             if prog <= 0.0:
                 continue
+            raw = prog
             if prog > remaining_work:
                 prog = remaining_work
             cpi = cost / prog
@@ -117,9 +123,10 @@ def _epoch_option(
                 best_cpi = cpi
                 best_cost = cost
                 best_prog = prog
+                best_raw = raw
                 for h in range(num_types):
                     counts_out[h] = trial[h]
-        return best_cost, best_prog
+        return best_cost, best_prog, best_raw
     # Asynchronous: up to s workers, cheapest price per iteration first.
     for h in range(num_types):
         trial[h] = 0
@@ -144,7 +151,7 @@ def _epoch_option(
         cost += take * float(price[pick, t]) * round_s
         prog += take * float(rate[i, pick]) * round_s
     if prog <= 0.0:
-        return INF, 0.0
+        return INF, 0.0, 0.0
     if t == 0 and migration_s > 0.0:
         same = True
         for h in range(num_types):
@@ -156,12 +163,13 @@ def _epoch_option(
                 run_s = 0.0
             prog = prog * (run_s / round_s)
             if prog <= 0.0:
-                return INF, 0.0
+                return INF, 0.0, 0.0
+    raw = prog
     if prog > remaining_work:
         prog = remaining_work
     for h in range(num_types):
         counts_out[h] = trial[h]
-    return cost, prog
+    return cost, prog, raw
 
 
 def _best_schedule(
@@ -178,13 +186,15 @@ def _best_schedule(
     work = float(remaining[i])
     opt_cost = np.zeros(horizon)
     opt_prog = np.zeros(horizon)
+    opt_raw = np.zeros(horizon)  # unclamped progress of each epoch's option
     row = np.zeros(num_types, dtype=np.int64)
     n_opt = 0
     for t in range(horizon):
-        c, p = _epoch_option(i, t, work, scale, rate, sync, current, free, price, round_s,
-                             migration_s, row)
+        c, p, raw = _epoch_option(i, t, work, scale, rate, sync, current, free, price,
+                                  round_s, migration_s, row)
         opt_cost[t] = c
         opt_prog[t] = p
+        opt_raw[t] = raw
         for h in range(num_types):
             opt_counts[t, h] = row[h]
         if p > 0.0:
@@ -228,9 +238,12 @@ def _best_schedule(
                 break
         if got < work or last != T:
             continue
-        # Finish inside epoch `last`: work done before it in time order, then the rest.
+        # Finish inside epoch `last`: work done before it in time order, then the rest at the
+        # epoch's full (unclamped) pace: a job that needs half an epoch finishes half-way.
         before = got - opt_prog[last]
-        frac = (work - before) / opt_prog[last]
+        frac = (work - before) / opt_raw[last]
+        if frac > 1.0:
+            frac = 1.0
         finish = last * round_s + frac * round_s
         payoff = ukey[i] / (finish + age[i]) - cost
         if payoff > best_payoff:
@@ -290,8 +303,15 @@ def plan(
     Returns ``alloc[J, H]`` (workers per type in this epoch), ``payoff[J]`` (of the admitted
     schedule; ``-inf`` if never runnable, ``nan`` if not admitted) and ``status[J]``
     (0 admitted and runs now, 1 admitted for a later epoch, 2 priced out, 3 cannot run,
-    4 back-filled).
+    4 back-filled).  A job with ``remaining <= 0`` (finished) is skipped: status 2, payoff
+    ``nan``, no GPUs.
+
+    Raises ``ValueError`` unless ``horizon >= 1`` and ``round_s > 0``.
     """
+    if not horizon >= 1:
+        raise ValueError(f"plan: horizon must be at least 1 epoch, got {horizon!r}")
+    if not round_s > 0.0:
+        raise ValueError(f"plan: round_s must be positive (seconds), got {round_s!r}")
     num_jobs, num_types = rate.shape
     g = np.zeros((num_types, horizon), dtype=np.int64)
     free = np.zeros((num_types, horizon), dtype=np.int64)
@@ -307,6 +327,8 @@ def plan(
     chosen = np.zeros(horizon, dtype=np.int64)
     for q in range(order.shape[0]):
         i = int(order[q])
+        if remaining[i] <= 0.0:
+            continue  # finished: nothing to plan
         best_rate = 0.0
         tail_price = 0.0
         runnable = False
@@ -351,6 +373,8 @@ def plan(
         for q in range(order.shape[0]):
             i = int(order[q])
             if status[i] == 0 or status[i] == 3 or status[i] == 4:
+                continue
+            if remaining[i] <= 0.0:
                 continue
             best_prog, best = _fastest_option(i, scale, rates, sync, free)
             if best_prog <= 0.0:
@@ -428,21 +452,22 @@ def balance_split(
 ) -> F64:
     """Split each job's remaining work over GPU types so that no type is overloaded.
 
-    ``gpu_s[i, h]`` is the GPU-seconds job ``i`` needs on type ``h`` alone (``inf``: it cannot
-    run there); on its ``scale[i]`` GPUs that takes ``gpu_s / scale`` seconds.  The split is the
+    ``gpu_s[i, h]`` is the GPU-seconds job ``i`` needs on type ``h`` alone (``inf``, or
+    ``<= 0`` as for a finished job: it cannot run there); on its ``scale[i]`` GPUs that takes
+    ``gpu_s / scale`` seconds.  The split is the
     primal side of the drain prices ``pi`` and lands close to the fluid makespan LP's
     assignment (within a fraction of a percent on Gavel's traces):
 
     1. each job starts on its cheapest type at the prices (its comparative advantage);
     2. a job that would then take longer than ``window`` moves just enough of its work to its
-       fastest type to fit (a job runs on one set of GPUs at a time);
+       fastest type to fit (a job runs on one set of GPUs at a time), if that type is faster;
     3. **level**: work moves from the most loaded type (per GPU) to the least loaded one, the
        job that loses least by the move first, never making a job longer than ``window``;
     4. **exchange**: between two types, a job moves one way and another the other way when
        that saves GPU-seconds (a 2-cycle of the LP); then level again.  At most 8 rounds.
 
-    Returns ``phi[i, h]``, the fraction of job ``i``'s work on type ``h`` (rows sum to 1, or
-    0 for a job that cannot run on any type).
+    Returns ``phi[i, h] >= 0``, the fraction of job ``i``'s work on type ``h`` (rows sum to
+    1, or 0 for a job with no positive finite ``gpu_s`` on a type with GPUs).
     """
     n, num_types = gpu_s.shape
     phi = np.zeros((n, num_types))
@@ -456,8 +481,8 @@ def balance_split(
         fastest = -1
         for h in range(num_types):
             gih = float(gpu_s[i, h])
-            if capacity[h] <= 0 or not gih < INF:
-                continue
+            if capacity[h] <= 0 or not (gih > 0.0 and gih < INF):
+                continue  # no GPUs there, or the job cannot run there
             cost = gih * float(pi[h])
             if cost < first_cost or first < 0:
                 first_cost = cost
@@ -471,11 +496,12 @@ def balance_split(
         t_slow = float(gpu_s[i, first]) / sf
         if t_slow > window and fastest != first:
             t_fast = float(gpu_s[i, fastest]) / sf
-            f = (t_slow - window) / (t_slow - t_fast)
-            if f > 1.0:
-                f = 1.0
-            phi[i, first] -= f
-            phi[i, fastest] += f
+            if t_fast < t_slow:  # equally fast types: moving would not shorten it
+                f = (t_slow - window) / (t_slow - t_fast)
+                if f > 1.0:
+                    f = 1.0
+                phi[i, first] -= f
+                phi[i, fastest] += f
         used = 0.0
         for h in range(num_types):
             if phi[i, h] > 0.0:
@@ -488,18 +514,24 @@ def balance_split(
         moves += _level(phi, gpu_s, capacity, load, slack, max_moves - moves, index)
         if not _exchange(phi, gpu_s, capacity, load, slack, index):
             break
+    # Rounding leaves entries of about -1e-16 where work moved away: clip them to 0.
+    for i in range(n):
+        for h in range(num_types):
+            if phi[i, h] < 0.0:
+                phi[i, h] = 0.0
     return phi
 
 
 def _movable(phi: F64, gpu_s: F64, slack: F64, i: int, s: int, d: int) -> bool:
     """May job ``i`` move work from type ``s`` to type ``d``?
 
-    It must hold work on ``s``, be able to run on ``d`` and, if the move makes it longer, have
-    slack left.  (The exchange's test ``gx < inf and gy < inf and phi[i, x] > 1e-12 and
-    (gy <= gx or slack > 1e-9)`` is the same set: work is only ever put on types with
-    ``gpu_s < inf``, and for such values ``not gy - gx > 0`` is ``gy <= gx``, with ``-inf`` too.)
+    It must hold work on ``s``, be able to run on ``d`` (``0 < gpu_s[i, d] < inf``) and, if
+    the move makes it longer, have slack left.  (The exchange's test ``0 < gx < inf and
+    0 < gy < inf and phi[i, x] > 1e-12 and (gy <= gx or slack > 1e-9)`` is the same set: work
+    is only ever put on types with ``0 < gpu_s < inf``, and for such values
+    ``not gy - gx > 0`` is ``gy <= gx``.)
     """
-    if not phi[i, s] > 1e-12 or not gpu_s[i, d] < INF:
+    if not phi[i, s] > 1e-12 or not (gpu_s[i, d] > 0.0 and gpu_s[i, d] < INF):
         return False
     grow = float(gpu_s[i, d]) - float(gpu_s[i, s])
     return not (grow > 0.0 and not slack[i] > 1e-9)
@@ -517,7 +549,8 @@ class _MoveIndex:
     ``< inf``); a node holds the lesser key of its children, the left one on ties, so the root
     holds the first least, as the scan would.  The scan would divide by ``gpu_s[i, s] == 0.0``
     for such a job and raise ``ZeroDivisionError``; :meth:`best` raises it in the same case
-    (``zeros`` counts those jobs per pair).  A pair's tree is built when first asked for (from
+    (``zeros`` counts those jobs per pair; unreachable from :func:`balance_split`, which never
+    puts work on a type with ``gpu_s <= 0``).  A pair's tree is built when first asked for (from
     the arrays as they are then, which is what updating it all along would give).
     """
 
