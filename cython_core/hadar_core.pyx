@@ -854,7 +854,9 @@ def drain_prices(remaining, scale, rate, capacity, iterations):
 
     Twin of ``reference.drain_prices``; returns ``(bound, pi)`` (float, float64 array).
     ``math.exp`` is libc ``exp``; where it would overflow (``OverflowError`` in the reference,
-    which needs thousands of GPU types) the same exception is raised.
+    which needs thousands of GPU types) the same exception is raised.  The GPU-seconds
+    ``remaining / rate * scale`` that the reference computes in every iteration are computed
+    once (the same operations on the same values: the same bits).
     """
     cdef const double[::1] rem_v = np.ascontiguousarray(remaining, dtype=np.float64)
     cdef const i64[::1] scale_v = np.ascontiguousarray(scale, dtype=np.int64)
@@ -872,6 +874,7 @@ def drain_prices(remaining, scale, rate, capacity, iterations):
     cdef double[::1] pi = pi_a
     cdef double[::1] best_pi = best_a
     cdef double[::1] load = np.zeros(num_types)
+    cdef double[:, ::1] gs
     cdef double total_cap = 0.0
     cdef i64 usable = 0
     cdef double longest = 0.0
@@ -906,7 +909,13 @@ def drain_prices(remaining, scale, rate, capacity, iterations):
                     longest = fastest
     if not any_job:
         return 0.0, best_a
+    gs = np.zeros((n if iters > 0 else 0, num_types))
     with nogil:
+        if iters > 0:
+            for i in range(n):
+                for h in range(num_types):
+                    if cap_v[h] > 0 and rate_v[i, h] > 0.0:
+                        gs[i, h] = rem_v[i] / rate_v[i, h] * <double>scale_v[i]
         for it in range(iters):
             value = 0.0
             for h in range(num_types):
@@ -917,7 +926,7 @@ def drain_prices(remaining, scale, rate, capacity, iterations):
                 pick_gpu_s = 0.0
                 for h in range(num_types):
                     if cap_v[h] > 0 and rate_v[i, h] > 0.0:
-                        gpu_s = rem_v[i] / rate_v[i, h] * <double>scale_v[i]
+                        gpu_s = gs[i, h]
                         cost = gpu_s * pi[h]
                         if cost < pick_cost:
                             pick_cost = cost
