@@ -90,6 +90,57 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
 
 
 
+def repack_gangs(alloc: IntArray, scale: IntArray, main: BoolArray, rate: FloatArray,
+                 order: IntArray, capacity: IntArray) -> IntArray:
+    """Give a waiting multi-GPU job the GPUs that smaller, later jobs hold on its main type.
+
+    A gang needs all its GPUs of one type at once; jobs that come after it in the queue
+    order but fit in the GPUs left over can take them first and keep it waiting while GPUs
+    idle or run jobs off their best type (fragmentation).  Per type, the first waiting gang
+    (in queue order) whose main type it is takes the type's idle GPUs plus those of the
+    fewest smaller, later jobs that make room; the jobs it displaces then take idle GPUs of
+    any type where they fit, fastest first.  Returns the new per-type counts.
+    """
+    out = alloc.copy()
+    n, num_types = out.shape
+    if n == 0:
+        return out
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(order.shape[0])
+    held = out.sum(axis=1)
+    waiting = (held == 0) & (scale > 1)
+    if not waiting.any():
+        return out
+    displaced: list[int] = []
+    for h in range(num_types):
+        cands = np.nonzero(waiting & main[:, h] & (scale <= capacity[h]))[0]
+        if cands.shape[0] == 0:
+            continue
+        g = int(cands[np.argmin(pos[cands])])
+        idle = int(capacity[h] - out[:, h].sum())
+        need = int(scale[g]) - idle
+        if need > 0:
+            on_h = np.nonzero((out[:, h] > 0) & (out[:, h] == out.sum(axis=1))
+                              & (scale < scale[g]) & (pos > pos[g]))[0]
+            victims = on_h[np.argsort(-pos[on_h], kind="stable")]
+            freed = np.cumsum(out[victims, h])
+            enough = np.nonzero(freed >= need)[0]
+            if enough.shape[0] == 0:
+                continue
+            chosen = victims[: int(enough[0]) + 1]
+            out[chosen, h] = 0
+            displaced.extend(chosen.tolist())
+        out[g, h] = scale[g]
+        waiting[g] = False
+    for v in sorted(displaced, key=lambda i: int(pos[i])):
+        free = capacity - out.sum(axis=0)
+        fits = (rate[v] > 0) & (free >= scale[v])
+        if fits.any():
+            h = int(np.argmax(np.where(fits, rate[v], -1.0)))
+            out[v, h] = scale[v]
+    return out
+
+
 @dataclass(frozen=True)
 class HadarState:
     """Carried from epoch to epoch: the absolute time by which all work should drain."""
@@ -183,6 +234,8 @@ class HadarPolicy:
             snapshot.sync.astype(np.int64), current, order, capacity, float(snapshot.round_s),
             int(self.horizon), float(self.migration_s), floor, hi / lo,
         )
+        alloc = repack_gangs(alloc, scale, main & (worker_rate > 0), worker_rate, order,
+                             capacity)
         placement, placed = match_nodes(snapshot, alloc, order)
         reason[status == 3] = Reason.NO_THROUGHPUT
         reason[status == 1] = Reason.NO_FREE_GPU
