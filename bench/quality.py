@@ -15,7 +15,6 @@ the bound and average JCT no worse than Gavel's max-min fairness (LAS).  The JSO
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.report import write_rows
 from hadar_slurm.bounds import fluid_makespan_bound
 from hadar_slurm.cluster import load_cluster
 from hadar_slurm.policy import make_policy
@@ -115,10 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = run(args.traces, args.cluster, [p for p in args.policies.split(",") if p])
     print_table(rows)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"\nrows written to {out}")
+    write_rows(rows, args.json)
     return 0
 
 

@@ -17,15 +17,14 @@ memory so far (ru_maxrss, an upper bound that includes everything loaded).  Goal
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import sys
 import time
 import tracemalloc
-from pathlib import Path
 
 from bench.instances import gavel_cluster, large_cluster, snapshot
+from bench.report import write_rows
 from hadar_slurm.core import COMPILED
 from hadar_slurm.model import ClusterSpec
 from hadar_slurm.policy import make_policy
@@ -86,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{policy:15s} {n:6d} {cluster.total_gpus:6d} {row['median_ms']:10.2f} "
                   f"{row['min_ms']:9.2f} {row['runs']:4d} {row['peak_mb']:8.1f} "
                   f"{row['process_peak_rss_mb']:7.1f}", flush=True)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"\nrows written to {out}")
+    write_rows(rows, args.json)
     return 0
 
 

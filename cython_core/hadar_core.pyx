@@ -53,6 +53,23 @@ cdef enum:
 # plan
 
 
+cdef inline double _run_seconds(
+    Py_ssize_t i, Py_ssize_t t, i64[::1] trial, const i64[:, ::1] current, double round_s,
+    double migration_s,
+) noexcept nogil:
+    """Twin of ``reference._run_seconds``."""
+    cdef Py_ssize_t h
+    cdef double run_s
+    if t == 0 and migration_s > 0.0:
+        for h in range(current.shape[1]):
+            if trial[h] != current[i, h]:
+                run_s = round_s - migration_s
+                if run_s < 0.0:
+                    run_s = 0.0
+                return run_s
+    return round_s
+
+
 cdef inline int _epoch_option(
     Py_ssize_t i, Py_ssize_t t, double remaining_work, const i64[::1] scale,
     const double[:, ::1] rate, const i64[::1] sync, const i64[:, ::1] current,
@@ -69,7 +86,6 @@ cdef inline int _epoch_option(
     cdef Py_ssize_t m, h, pick
     cdef double rm, rh, cost, prog, raw, pick_price, ph, pick_ppi, ppi, run_s, cpi
     cdef i64 need, take, avail
-    cdef bint same
     for h in range(num_types):
         counts_out[h] = 0
     if sync[i] != 0:
@@ -100,16 +116,7 @@ cdef inline int _epoch_option(
                 cost += <double>take * pick_price * round_s
             if need > 0:
                 continue
-            run_s = round_s
-            if t == 0 and migration_s > 0.0:
-                same = True
-                for h in range(num_types):
-                    if trial[h] != current[i, h]:
-                        same = False
-                if not same:
-                    run_s = round_s - migration_s
-                    if run_s < 0.0:
-                        run_s = 0.0
+            run_s = _run_seconds(i, t, trial, current, round_s, migration_s)
             prog = <double>s * rm * run_s
             if prog <= 0.0:
                 continue
@@ -157,21 +164,14 @@ cdef inline int _epoch_option(
         prog_out[0] = 0.0
         raw_out[0] = 0.0
         return ERR_NONE
-    if t == 0 and migration_s > 0.0:
-        same = True
-        for h in range(num_types):
-            if trial[h] != current[i, h]:
-                same = False
-        if not same:
-            run_s = round_s - migration_s
-            if run_s < 0.0:
-                run_s = 0.0
-            prog = prog * (run_s / round_s)
-            if prog <= 0.0:
-                cost_out[0] = INF
-                prog_out[0] = 0.0
-                raw_out[0] = 0.0
-                return ERR_NONE
+    run_s = _run_seconds(i, t, trial, current, round_s, migration_s)
+    if run_s != round_s:
+        prog = prog * (run_s / round_s)
+        if prog <= 0.0:
+            cost_out[0] = INF
+            prog_out[0] = 0.0
+            raw_out[0] = 0.0
+            return ERR_NONE
     raw = prog
     if prog > remaining_work:
         prog = remaining_work

@@ -53,6 +53,24 @@ I64 = npt.NDArray[np.int64]
 INF = float("inf")
 
 
+def _run_seconds(
+    i: int, t: int, trial: I64, current: I64, round_s: float, migration_s: float,
+) -> float:
+    """Seconds of epoch ``t`` that job ``i`` computes on GPUs ``trial`` (counts per type).
+
+    In epoch 0, GPUs other than those it holds (``current[i]``) cost ``migration_s`` of the
+    epoch (checkpoint and restart); otherwise it computes the whole epoch.
+    """
+    if t == 0 and migration_s > 0.0:
+        for h in range(current.shape[1]):
+            if trial[h] != current[i, h]:
+                run_s = round_s - migration_s
+                if run_s < 0.0:
+                    run_s = 0.0
+                return run_s
+    return round_s
+
+
 def _epoch_option(
     i: int, t: int, remaining_work: float, scale: I64, rate: F64, sync: I64, current: I64,
     free: I64, price: F64, round_s: float, migration_s: float, counts_out: I64,
@@ -102,16 +120,7 @@ def _epoch_option(
                 cost += take * pick_price * round_s
             if need > 0:
                 continue
-            run_s = round_s
-            if t == 0 and migration_s > 0.0:
-                same = True
-                for h in range(num_types):
-                    if trial[h] != current[i, h]:
-                        same = False
-                if not same:
-                    run_s = round_s - migration_s
-                    if run_s < 0.0:
-                        run_s = 0.0
+            run_s = _run_seconds(i, t, trial, current, round_s, migration_s)
             prog = s * rm * run_s
             if prog <= 0.0:
                 continue
@@ -152,18 +161,11 @@ def _epoch_option(
         prog += take * float(rate[i, pick]) * round_s
     if prog <= 0.0:
         return INF, 0.0, 0.0
-    if t == 0 and migration_s > 0.0:
-        same = True
-        for h in range(num_types):
-            if trial[h] != current[i, h]:
-                same = False
-        if not same:
-            run_s = round_s - migration_s
-            if run_s < 0.0:
-                run_s = 0.0
-            prog = prog * (run_s / round_s)
-            if prog <= 0.0:
-                return INF, 0.0, 0.0
+    run_s = _run_seconds(i, t, trial, current, round_s, migration_s)
+    if run_s != round_s:
+        prog = prog * (run_s / round_s)
+        if prog <= 0.0:
+            return INF, 0.0, 0.0
     raw = prog
     if prog > remaining_work:
         prog = remaining_work
