@@ -13,15 +13,17 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    of each type is worth to the workload as a whole.
 2. **Type split.**  :func:`hadar_slurm.core.balance_split` turns the prices into the primal
    split: which fraction of each job's work should run on which type (its comparative advantage,
-   levelled so that no type is overloaded).  In the dual pass a job may use only the types of its
-   split; idle GPUs are back-filled on any type.
+   levelled so that no type is overloaded).  In the dual pass a job may use only the main types
+   of its split; idle GPUs are back-filled on any type.
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
    :class:`HadarState`, pushed back only when the remaining work cannot make it).
 4. **Critical jobs first** (longest first): per type, McNaughton's conditions for preemptive
    parallel machines: the ``k`` longest jobs of the type must fit in their GPUs until the
-   target after this round; jobs wider than half a type can never overlap, so their chain must
-   fit too.  Jobs that cannot wait are critical.
+   target after this round; multi-GPU jobs wider than half a type can never overlap, so their
+   chain must fit too.  Jobs that cannot wait are critical.
 5. **Then shortest remaining time first** (weighted), which minimises the average JCT.
+6. **Gang repacking** (:func:`repack_gangs`): a waiting multi-GPU job takes its main type from
+   smaller jobs later in the order, which would otherwise fragment it.
 
 Prices in the dual pass rise from a floor per type (proportional to ``pi``, at most half the
 least utility density, so an idle cluster admits every job) by the factor ``U / L`` when full;
