@@ -19,8 +19,9 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    :class:`HadarState`, pushed back only when the remaining work cannot make it).
 4. **Critical jobs first** (longest first): per type, McNaughton's conditions for preemptive
    parallel machines: the ``k`` longest jobs of the type must fit in their GPUs until the
-   target after this round; multi-GPU jobs wider than half a type can never overlap, so their
-   chain must fit too.  Jobs that cannot wait are critical.
+   target after this round, in the time the type's chain of gangs (multi-GPU jobs wider than
+   half the type, which can never overlap) leaves them; and that chain must fit too.  Jobs that
+   cannot wait are critical.
 5. **Then shortest remaining time first** (weighted), which minimises the average JCT.
 6. **Gang repacking** (:func:`repack_gangs`): a waiting multi-GPU job takes its main type from
    smaller jobs later in the order, which would otherwise fragment it.
@@ -166,7 +167,7 @@ class HadarPolicy:
     horizon: int = 8
     migration_s: float = 0.0
     margin_rounds: float = 1.5
-    chain_factor: float = 0.9
+    chain_factor: float = 0.95
     min_floor: float = 0.05
     split_share: float = 0.5
     max_moves: int = 20000
@@ -248,12 +249,14 @@ class HadarPolicy:
                       window: float, capacity: IntArray) -> BoolArray:
         """Jobs that cannot wait this round without the target becoming unreachable.
 
-        Per type, over its jobs longest first (McNaughton's conditions for preemptive parallel
-        machines, checked for after this round): the ``k`` longest jobs, while they fit on the
-        type together, must fit in their GPUs over the window; the longest prefix that does
-        not is critical.  Multi-GPU jobs wider than half the type can never run side by side (nor
-        beside much else): when their chain no longer fits in ``chain_factor`` of the window, the
-        longest of them is critical.
+        Per type, its jobs split into *gangs* (multi-GPU jobs wider than half the type, which
+        can never run side by side, nor beside much else) and the rest.  The gangs form a chain
+        that occupies the whole type for the sum of their times, so the other jobs only have
+        the window minus that chain.  Over those jobs, longest first, McNaughton's conditions
+        for preemptive parallel machines are checked for after this round: the ``k`` longest
+        (while they fit on the type together) must fit in their GPUs over that reduced window;
+        the longest prefix that does not is critical.  When the chain no longer fits in
+        ``chain_factor`` of the window, its longest gang is critical.
         """
         after = window - float(snapshot.round_s) * self.margin_rounds
         scale = snapshot.scale.astype(np.float64)
@@ -263,15 +266,19 @@ class HadarPolicy:
             if members.shape[0] == 0:
                 continue
             by_len = members[np.argsort(-rem_own[members], kind="stable")]
-            gpus = np.cumsum(scale[by_len])
-            work = np.cumsum(scale[by_len] * rem_own[by_len])
-            over = (work > gpus * after) & (gpus < capacity[h])
-            hit = np.nonzero(over)[0]
-            if hit.shape[0]:
-                critical[by_len[: int(hit[-1]) + 1]] = True
-            wide = by_len[(scale[by_len] * 2 > capacity[h]) & (scale[by_len] > 1)]
-            if wide.shape[0] and float(rem_own[wide].sum()) > after * self.chain_factor:
-                critical[wide[0]] = True
+            is_gang = (scale[by_len] * 2 > capacity[h]) & (scale[by_len] > 1)
+            gangs = by_len[is_gang]
+            others = by_len[~is_gang]
+            chain = float(rem_own[gangs].sum())
+            if others.shape[0]:
+                gpus = np.cumsum(scale[others])
+                work = np.cumsum(scale[others] * rem_own[others])
+                over = (work > gpus * (after - chain)) & (gpus < capacity[h])
+                hit = np.nonzero(over)[0]
+                if hit.shape[0]:
+                    critical[others[: int(hit[-1]) + 1]] = True
+            if gangs.shape[0] and chain > after * self.chain_factor:
+                critical[gangs[0]] = True
         return critical
 
 
