@@ -11,7 +11,7 @@ DEMO_CLUSTER ?= 4:4:4
 LINT_PATHS := hadar_slurm tests $(wildcard bench)
 SLURM_PACKAGES := munge slurmctld slurmd slurm-client slurmrestd libslurm-dev
 
-.PHONY: venv deps demo test lint typecheck pytest clean distclean
+.PHONY: venv deps demo test lint typecheck pytest clean distclean cluster-up cluster-down cluster-status
 
 venv: $(STAMP)
 
@@ -56,10 +56,24 @@ typecheck: venv
 pytest: venv
 	$(BIN)/pytest -q tests
 
+# The Slurm integration tests (tests/test_dev_cluster.py) start their own private dev cluster
+# (slurm_conf/dev-cluster.sh, own state dir and ports) in a session fixture and always stop it,
+# also when a test fails; they are skipped without root or Slurm, except on CI.
 test: venv deps
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy hadar_slurm
 	$(BIN)/pytest -q tests
+
+# A dev cluster to work with by hand (default state dir /tmp/hadar-devcluster):
+#   make cluster-up; eval "$$(slurm_conf/dev-cluster.sh env)"; sinfo; ...; make cluster-down
+cluster-up:
+	bash slurm_conf/dev-cluster.sh up
+
+cluster-down:
+	bash slurm_conf/dev-cluster.sh down
+
+cluster-status:
+	bash slurm_conf/dev-cluster.sh status
 
 clean:
 	rm -rf build dist *.egg-info out .mypy_cache .ruff_cache .pytest_cache

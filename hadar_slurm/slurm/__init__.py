@@ -1,0 +1,41 @@
+"""The Slurm boundary: argv builders (:mod:`.commands`), one subprocess runner (:mod:`.runner`)
+and pure parsers of Slurm's output (:mod:`.parse`).  Nothing here goes through a shell."""
+
+from hadar_slurm.slurm.errors import (
+    SlurmCommandError,
+    SlurmConfigError,
+    SlurmError,
+    SlurmParseError,
+    SlurmTimeoutError,
+)
+from hadar_slurm.slurm.parse import (
+    Gres,
+    SlurmJob,
+    SlurmNode,
+    expand_hostlist,
+    parse_gres,
+    parse_sbatch_parsable,
+    parse_scontrol_show,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
+from hadar_slurm.slurm.runner import CommandResult, SlurmRunner
+
+__all__ = [
+    "CommandResult",
+    "Gres",
+    "SlurmCommandError",
+    "SlurmConfigError",
+    "SlurmError",
+    "SlurmJob",
+    "SlurmNode",
+    "SlurmParseError",
+    "SlurmRunner",
+    "SlurmTimeoutError",
+    "expand_hostlist",
+    "parse_gres",
+    "parse_sbatch_parsable",
+    "parse_scontrol_show",
+    "parse_sinfo_json",
+    "parse_squeue_json",
+]

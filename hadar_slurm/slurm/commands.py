@@ -1,0 +1,120 @@
+"""Argv builders for the Slurm commands the backends use.  Pure: they only build lists.
+
+Options go out as single ``--name=value`` arguments (a value that starts with ``-`` cannot be
+taken for an option), and nothing here goes through a shell.  Run them with
+:meth:`hadar_slurm.slurm.runner.SlurmRunner.run`.
+
+Slurm 22.05 notes: ``squeue --json`` ignores ``-j`` (it dumps all jobs), so callers filter by job
+id after parsing; ``scontrol`` has no ``--json``; ``sbatch --parsable`` prints ``ID`` or
+``ID;CLUSTER``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+_UPDATE_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
+
+
+def _job_id(job_id: int) -> str:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
+        raise ValueError(f"job id must be a positive int, got {job_id!r}")
+    return str(job_id)
+
+
+def _value(name: str, value: object) -> str:
+    text = str(value)
+    if "\n" in text or "\r" in text or "\0" in text:
+        raise ValueError(f"{name} must be one line without NUL bytes, got {text!r}")
+    return text
+
+
+def squeue_json() -> list[str]:
+    """All jobs (pending, running, and finished ones younger than MinJobAge) as JSON."""
+    return ["squeue", "--json"]
+
+
+def sinfo_json() -> list[str]:
+    """All nodes as JSON (22.05: a ``nodes`` list; 23.x+: a ``sinfo`` list of node groups)."""
+    return ["sinfo", "--json"]
+
+
+def sbatch(
+    *, wrap: str | None = None, script: str | None = None, job_name: str | None = None,
+    gres: str | None = None, constraint: str | None = None, nodelist: str | None = None,
+    partition: str | None = None, comment: str | None = None, hold: bool = False,
+    output: str | None = None, error: str | None = None, chdir: str | None = None,
+    time_limit: str | None = None, nodes: int | None = None, ntasks: int | None = None,
+    cpus_per_task: int | None = None, mem: str | None = None, requeue: bool | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``sbatch --parsable ...`` with either ``wrap`` (a command line, which sbatch itself runs
+    with /bin/sh in the job) or ``script`` (a path).  ``extra`` is appended as given."""
+    if (wrap is None) == (script is None):
+        raise ValueError("sbatch needs exactly one of wrap= or script=")
+    argv = ["sbatch", "--parsable"]
+    options: list[tuple[str, object | None]] = [
+        ("job-name", job_name), ("gres", gres), ("constraint", constraint),
+        ("nodelist", nodelist), ("partition", partition), ("comment", comment),
+        ("output", output), ("error", error), ("chdir", chdir), ("time", time_limit),
+        ("nodes", nodes), ("ntasks", ntasks), ("cpus-per-task", cpus_per_task), ("mem", mem),
+    ]
+    for name, value in options:
+        if value is not None:
+            argv.append(f"--{name}={_value(name, value)}")
+    if hold:
+        argv.append("--hold")
+    if requeue is not None:
+        argv.append("--requeue" if requeue else "--no-requeue")
+    for item in extra:
+        argv.append(_value("extra", item))
+    if wrap is not None:
+        argv.append(f"--wrap={_value('wrap', wrap)}")
+    else:
+        assert script is not None
+        argv.append(_value("script", script))
+    return argv
+
+
+def scancel(job_ids: int | Iterable[int], *, signal: str | None = None) -> list[str]:
+    ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
+    if not ids:
+        raise ValueError("scancel needs at least one job id")
+    argv = ["scancel"]
+    if signal is not None:
+        argv.append(f"--signal={_value('signal', signal)}")
+    argv.extend(_job_id(j) for j in ids)
+    return argv
+
+
+def scontrol_hold(job_id: int) -> list[str]:
+    return ["scontrol", "hold", _job_id(job_id)]
+
+
+def scontrol_release(job_id: int) -> list[str]:
+    return ["scontrol", "release", _job_id(job_id)]
+
+
+def scontrol_requeue(job_id: int, *, hold: bool = False) -> list[str]:
+    """``requeue`` (back to pending), or ``requeuehold`` (pending and held)."""
+    return ["scontrol", "requeuehold" if hold else "requeue", _job_id(job_id)]
+
+
+def scontrol_update_job(job_id: int, fields: Mapping[str, object]) -> list[str]:
+    """``scontrol update JobId=ID Key=Value ...``, e.g. ``{"NodeList": "node2",
+    "Features": "p100", "AdminComment": "hadar:epoch=3"}``; one argv element per field."""
+    if not fields:
+        raise ValueError("scontrol update needs at least one field")
+    argv = ["scontrol", "update", f"JobId={_job_id(job_id)}"]
+    for key, value in fields.items():
+        if not _UPDATE_KEY.match(key) or key.lower() == "jobid":
+            raise ValueError(f"bad scontrol update field name {key!r}")
+        argv.append(f"{key}={_value(key, value)}")
+    return argv
+
+
+def scontrol_show_job(job_id: int) -> list[str]:
+    """``scontrol --oneliner show job ID``: one line of ``Key=Value`` (no ``--json`` in
+    22.05); read it with :func:`hadar_slurm.slurm.parse.parse_scontrol_show`."""
+    return ["scontrol", "--oneliner", "show", "job", _job_id(job_id)]

@@ -1,0 +1,518 @@
+"""Pure parsers of Slurm's JSON (``squeue --json``, ``sinfo --json``) and text output.
+
+They read the shapes of Slurm 22.05 (data_parser openapi/v0.0.38) and of the newer data parsers
+(v0.0.39 .. v0.0.4x, Slurm 23.02 .. 25.x) alike:
+
+- ``job_state`` / node ``state``: a string (``"RUNNING"``, ``"idle"``) or a list of a base state
+  and flags (``["PENDING", "REQUEUED"]``, ``["IDLE", "DRAIN"]``);
+- numbers: plain, ``null``, or ``{"set": bool, "infinite": bool, "number": n}``;
+- node features: a comma-separated string or a list;
+- ``sinfo --json``: a ``nodes`` list (22.05) or a ``sinfo`` list of node groups (23.x+);
+- GPU requests: ``gres:gpu:v100:2`` (22.05 ``tres_per_node``), ``gres/gpu:v100=2`` (TRES form of
+  newer releases), ``gpu:2``, and node gres such as ``gpu:v100:4(S:0-1)``.
+
+Missing keys get neutral defaults (empty string, ``None``, empty tuple); a value of the wrong
+kind raises :class:`SlurmParseError` naming the source, the job or node and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hadar_slurm.slurm.errors import SlurmParseError
+
+__all__ = [
+    "Gres",
+    "SlurmJob",
+    "SlurmNode",
+    "expand_hostlist",
+    "parse_gres",
+    "parse_sbatch_parsable",
+    "parse_scontrol_show",
+    "parse_sinfo_json",
+    "parse_squeue_json",
+]
+
+
+@dataclass(frozen=True)
+class Gres:
+    """One generic resource: ``name`` (``"gpu"``), ``type`` (``"v100"`` or ``None`` when
+    untyped) and ``count``."""
+
+    name: str
+    type: str | None
+    count: int
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: int
+    name: str
+    user: str
+    state: str  # base state, upper case: PENDING, RUNNING, COMPLETED, ...
+    state_flags: tuple[str, ...]  # the rest of a list-form job_state, e.g. ("REQUEUED",)
+    state_reason: str  # "None", "Resources", "JobHeldUser", ...
+    partition: str
+    nodes: str  # Slurm hostlist as given ("node[1-2]"); "" while pending
+    node_names: tuple[str, ...]  # the hostlist expanded
+    gres: tuple[Gres, ...]  # per-node request (tres_per_node)
+    features: str  # --constraint expression, "" when none
+    comment: str
+    admin_comment: str
+    priority: int | None
+    submit_time: int | None  # Unix seconds; None when unset / 0
+    start_time: int | None  # actual start (running/finished) or expected start (pending)
+    time_limit_min: int | None  # None: unlimited or unset
+
+    @property
+    def gpus_per_node(self) -> int:
+        return sum(g.count for g in self.gres if g.name == "gpu")
+
+    @property
+    def gpu_type(self) -> str | None:
+        """The requested GPU type, ``None`` when the request is untyped (or has no GPU)."""
+        types = {g.type for g in self.gres if g.name == "gpu" and g.type}
+        return types.pop() if len(types) == 1 else None
+
+    @property
+    def held(self) -> bool:
+        return self.state == "PENDING" and self.state_reason in ("JobHeldUser", "JobHeldAdmin")
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str  # base state, upper case: IDLE, MIXED, ALLOCATED, DOWN, ...
+    state_flags: tuple[str, ...]  # DRAIN, NOT_RESPONDING, ...
+    gres: tuple[Gres, ...]  # configured
+    gres_used: tuple[Gres, ...]
+    features: tuple[str, ...]  # configured (available) features
+    active_features: tuple[str, ...]
+    cpus: int | None
+    alloc_cpus: int | None
+    real_memory_mb: int | None
+    partitions: tuple[str, ...]
+
+    @property
+    def gpus(self) -> int:
+        return sum(g.count for g in self.gres if g.name == "gpu")
+
+    @property
+    def gpus_used(self) -> int:
+        return sum(g.count for g in self.gres_used if g.name == "gpu")
+
+    @property
+    def gpu_type(self) -> str | None:
+        types = {g.type for g in self.gres if g.name == "gpu" and g.type}
+        return types.pop() if len(types) == 1 else None
+
+
+# ------------------------------------------------------------------------------ field readers
+
+
+class _Fields:
+    """Typed access to one JSON object, with errors naming the source, item and field."""
+
+    def __init__(self, obj: object, source: str, what: str) -> None:
+        if not isinstance(obj, Mapping):
+            raise SlurmParseError(source, what, f"expected an object, got {_kind(obj)}")
+        self.obj: Mapping[str, Any] = obj
+        self.source = source
+        self.what = what
+
+    def error(self, key: str, problem: str) -> SlurmParseError:
+        return SlurmParseError(f"{self.source}: {self.what}", key, problem)
+
+    def text(self, key: str, default: str = "") -> str:
+        value = self.obj.get(key)
+        if value is None:
+            return default
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return ",".join(value)  # newer parsers turn some csv strings into lists
+        raise self.error(key, f"expected a string, got {_kind(value)} {_short(value)}")
+
+    def number(self, key: str) -> int | None:
+        return _number(self.obj.get(key), lambda p: self.error(key, p))
+
+    def required_int(self, key: str) -> int:
+        if key not in self.obj:
+            raise self.error(key, "missing")
+        value = self.number(key)
+        if value is None:
+            raise self.error(key, f"expected a number, got {_short(self.obj[key])}")
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        """A list of strings, or a comma-separated string, as a tuple (no empty items)."""
+        value = self.obj.get(key)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return tuple(v for v in (s.strip() for s in value.split(",")) if v)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(v for v in value if v)
+        raise self.error(key, f"expected a string or a list of strings, got {_short(value)}")
+
+    def state(self, key: str) -> tuple[str, tuple[str, ...]]:
+        """A state as a string (``"idle"``, ``"IDLE+DRAIN"``) or list, upper-cased:
+        ``(base, flags)``."""
+        value = self.obj.get(key)
+        if value is None:
+            raise self.error(key, "missing")
+        if isinstance(value, str):
+            parts = [p for p in re.split(r"[+,]", value) if p]
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            parts = list(value)
+        else:
+            raise self.error(key, f"expected a string or a list of strings, got {_short(value)}")
+        if not parts:
+            raise self.error(key, "empty state")
+        parts = [p.strip().upper() for p in parts]
+        return parts[0], tuple(parts[1:])
+
+    def sub(self, key: str) -> _Fields:
+        value = self.obj.get(key)
+        return _Fields({} if value is None else value, self.source, f"{self.what}.{key}")
+
+
+def _number(value: object, error: Callable[[str], SlurmParseError]) -> int | None:
+    """Plain number, null, or ``{"set", "infinite", "number"}`` -> int or None (unset or
+    infinite)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise error(f"expected a number, got a boolean {value}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if value != int(value):
+            raise error(f"expected a whole number, got {value}")
+        return int(value)
+    if isinstance(value, Mapping):
+        if value.get("infinite") is True or value.get("set") is False:
+            return None
+        if "number" not in value:
+            raise error(f"number object without 'number': {_short(value)}")
+        return _number(value["number"], error)
+    raise error(f"expected a number, got {_kind(value)} {_short(value)}")
+
+
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _load(data: str | bytes | Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    if isinstance(data, str | bytes):
+        try:
+            obj = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise SlurmParseError(source, "(document)", f"not valid JSON: {exc}") from exc
+    else:
+        obj = data
+    if not isinstance(obj, Mapping):
+        raise SlurmParseError(source, "(document)", f"expected an object, got {_kind(obj)}")
+    errors = obj.get("errors") or []
+    if errors:
+        texts = []
+        for e in errors if isinstance(errors, list) else [errors]:
+            if isinstance(e, Mapping):
+                texts.append(str(e.get("description") or e.get("error") or e))
+            else:
+                texts.append(str(e))
+        raise SlurmParseError(source, "errors", "; ".join(texts))
+    return obj
+
+
+# ------------------------------------------------------------------------------ gres strings
+
+_GRES_ITEM = re.compile(
+    r"^(?:gres[:/])?(?P<name>[A-Za-z_][\w.-]*)"
+    r"(?::(?P<type>[^:=()]+?))?"
+    r"(?:[:=](?P<count>\d+[KMGT]?))?"
+    r"(?:\((?P<detail>[^)]*)\))?$"
+)
+_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside parentheses: ``gpu:v100:2(IDX:0,2),mps:100``."""
+    items: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    return [i.strip() for i in items if i.strip()]
+
+
+def parse_gres(text: str, *, source: str = "gres", field: str = "gres") -> tuple[Gres, ...]:
+    """``gres:gpu:v100:2``, ``gres/gpu:v100=2``, ``gpu:2``, ``gpu``, ``gpu:v100:4(S:0-1)``,
+    comma-separated; ``(null)``/``N/A``/empty give ``()``.  TRES items that are not gres
+    (``cpu=4``, ``mem=1G``, ``node=1``) are skipped."""
+    text = text.strip()
+    if text in ("", "(null)", "N/A", "none"):
+        return ()
+    out: list[Gres] = []
+    for item in _split_top(text):
+        if "=" in item and not item.startswith("gres"):
+            continue  # a plain TRES such as cpu=4 or mem=1G
+        m = _GRES_ITEM.match(item)
+        if m is None:
+            raise SlurmParseError(source, field, f"cannot read gres item {item!r} of {text!r}")
+        type_ = m.group("type")
+        count = m.group("count")
+        if type_ is not None and count is None and type_.isdigit():
+            type_, count = None, type_  # "gpu:2": the number is the count
+        if count is None:
+            n = 1
+        else:
+            n = int(count[:-1] if count[-1] in "KMGT" else count) * _SUFFIX.get(
+                count[-1] if count[-1] in "KMGT" else "", 1)
+        out.append(Gres(m.group("name"), type_ or None, n))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------ hostlists
+
+_HOSTLIST_GROUP = re.compile(r"\[([^\]]*)\]")
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist: ``node[1-3,5],gpu[01-02]`` -> ``node1 node2 node3 node5 gpu01
+    gpu02`` (zero padding kept; several bracket groups in one name are expanded in turn)."""
+    text = text.strip()
+    if not text or text == "(null)":
+        return ()
+    out: list[str] = []
+    for item in _split_hostlist(text):
+        out.extend(_expand_one(item, text))
+    return tuple(out)
+
+
+def _split_hostlist(text: str) -> list[str]:
+    items: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise SlurmParseError("hostlist", "nodes", f"unbalanced ']' in {text!r}")
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth != 0:
+        raise SlurmParseError("hostlist", "nodes", f"unbalanced '[' in {text!r}")
+    items.append("".join(cur))
+    return [i for i in items if i]
+
+
+def _expand_one(item: str, whole: str) -> list[str]:
+    m = _HOSTLIST_GROUP.search(item)
+    if m is None:
+        return [item]
+    head, tail = item[: m.start()], item[m.end():]
+    names: list[str] = []
+    for part in m.group(1).split(","):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise SlurmParseError("hostlist", "nodes", f"bad range {part!r} in {whole!r}")
+        width = len(lo)
+        start, stop = int(lo), int(hi) if sep else int(lo)
+        if stop < start or stop - start > 100_000:
+            raise SlurmParseError("hostlist", "nodes", f"bad range {part!r} in {whole!r}")
+        for k in range(start, stop + 1):
+            names.extend(_expand_one(f"{head}{k:0{width}d}{tail}", whole))
+    return names
+
+
+# ------------------------------------------------------------------------------ squeue --json
+
+
+def parse_squeue_json(
+    data: str | bytes | Mapping[str, Any], source: str = "squeue --json",
+) -> tuple[SlurmJob, ...]:
+    """Jobs of ``squeue --json`` (any data parser version)."""
+    doc = _load(data, source)
+    jobs = doc.get("jobs")
+    if jobs is None:
+        return ()
+    if not isinstance(jobs, list):
+        raise SlurmParseError(source, "jobs", f"expected a list, got {_kind(jobs)}")
+    return tuple(_job(raw, source, k) for k, raw in enumerate(jobs))
+
+
+def _job(raw: object, source: str, index: int) -> SlurmJob:
+    f = _Fields(raw, source, f"jobs[{index}]")
+    job_id = f.required_int("job_id")
+    f.what = f"job {job_id}"
+    state, flags = f.state("job_state")
+    nodes = f.text("nodes")
+    user = f.text("user_name")
+    if not user:
+        uid = f.number("user_id")
+        user = "" if uid is None else str(uid)
+    gres_text = f.text("tres_per_node")
+    gres = parse_gres(gres_text, source=f"{source}: job {job_id}", field="tres_per_node")
+    return SlurmJob(
+        job_id=job_id,
+        name=f.text("name"),
+        user=user,
+        state=state,
+        state_flags=flags,
+        state_reason=f.text("state_reason"),
+        partition=f.text("partition"),
+        nodes=nodes,
+        node_names=expand_hostlist(nodes),
+        gres=gres,
+        features=f.text("features"),
+        comment=f.text("comment"),
+        admin_comment=f.text("admin_comment"),
+        priority=f.number("priority"),
+        submit_time=f.number("submit_time") or None,
+        start_time=f.number("start_time") or None,
+        time_limit_min=f.number("time_limit"),
+    )
+
+
+# ------------------------------------------------------------------------------ sinfo --json
+
+
+def parse_sinfo_json(
+    data: str | bytes | Mapping[str, Any], source: str = "sinfo --json",
+) -> tuple[SlurmNode, ...]:
+    """Nodes of ``sinfo --json``: the 22.05 ``nodes`` list, or the ``sinfo`` list of node
+    groups of 23.x+ (a node listed in several partitions is returned once)."""
+    doc = _load(data, source)
+    if "nodes" in doc and doc["nodes"] is not None:
+        raw = doc["nodes"]
+        if not isinstance(raw, list):
+            raise SlurmParseError(source, "nodes", f"expected a list, got {_kind(raw)}")
+        return tuple(_node(n, source, k) for k, n in enumerate(raw))
+    groups = doc.get("sinfo")
+    if groups is None:
+        return ()
+    if not isinstance(groups, list):
+        raise SlurmParseError(source, "sinfo", f"expected a list, got {_kind(groups)}")
+    by_name: dict[str, SlurmNode] = {}
+    for k, group in enumerate(groups):
+        for node in _sinfo_group(group, source, k):
+            old = by_name.get(node.name)
+            if old is not None:
+                parts = old.partitions + tuple(
+                    p for p in node.partitions if p not in old.partitions)
+                node = replace(node, partitions=parts)
+            by_name[node.name] = node
+    return tuple(by_name.values())
+
+
+def _node(raw: object, source: str, index: int) -> SlurmNode:
+    f = _Fields(raw, source, f"nodes[{index}]")
+    name = f.text("name")
+    if not name:
+        raise f.error("name", "missing or empty")
+    f.what = f"node {name}"
+    state, flags = f.state("state")
+    extra = tuple(s.upper() for s in f.strings("state_flags"))
+    where = f"{source}: node {name}"
+    return SlurmNode(
+        name=name,
+        state=state,
+        state_flags=flags + tuple(s for s in extra if s not in flags),
+        gres=parse_gres(f.text("gres"), source=where, field="gres"),
+        gres_used=parse_gres(f.text("gres_used"), source=where, field="gres_used"),
+        features=f.strings("features"),
+        active_features=f.strings("active_features"),
+        cpus=f.number("cpus"),
+        alloc_cpus=f.number("alloc_cpus"),
+        real_memory_mb=f.number("real_memory"),
+        partitions=f.strings("partitions"),
+    )
+
+
+def _sinfo_group(raw: object, source: str, index: int) -> list[SlurmNode]:
+    f = _Fields(raw, source, f"sinfo[{index}]")
+    names = f.sub("nodes").strings("nodes")
+    if not names:
+        return []
+    state, flags = f.sub("node").state("state")
+    where = f"{source}: sinfo[{index}]"
+    cpus = f.sub("cpus")
+    memory = f.sub("memory")
+    partition = f.sub("partition").text("name")
+    alloc = cpus.number("allocated") if len(names) == 1 else None
+    return [
+        SlurmNode(
+            name=name,
+            state=state,
+            state_flags=flags,
+            gres=parse_gres(f.sub("gres").text("total"), source=where, field="gres.total"),
+            gres_used=parse_gres(f.sub("gres").text("used"), source=where, field="gres.used"),
+            features=f.sub("features").strings("total"),
+            active_features=f.sub("features").strings("active"),
+            cpus=cpus.number("maximum"),
+            alloc_cpus=alloc,
+            real_memory_mb=memory.number("maximum"),
+            partitions=(partition,) if partition else (),
+        )
+        for name in names
+    ]
+
+
+# ------------------------------------------------------------------------------ text outputs
+
+
+def parse_sbatch_parsable(stdout: str) -> int:
+    """The job id from ``sbatch --parsable`` output (``123`` or ``123;cluster``)."""
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    head = line.split(";", 1)[0].strip()
+    if not head.isdigit():
+        raise SlurmParseError("sbatch --parsable", "job id", f"expected a job id, got {stdout!r}")
+    return int(head)
+
+
+_KEY = re.compile(r"^([A-Za-z][A-Za-z0-9_:/]*)=(.*)$")
+
+
+def parse_scontrol_show(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one record of ``scontrol show`` (one-line or multi-line form).
+    A word without ``=`` continues the previous value (``Reason=Not responding``); for keys
+    that repeat, the first wins."""
+    out: dict[str, str] = {}
+    last: str | None = None
+    for word in text.split():
+        m = _KEY.match(word)
+        if m is not None:
+            key = m.group(1)
+            if key in out:
+                last = None  # a repeated key: ignore it and its continuation words
+                continue
+            last = key
+            out[key] = m.group(2)
+        elif last is not None:
+            out[last] = f"{out[last]} {word}"
+    return out

@@ -1,0 +1,98 @@
+"""The one place that runs Slurm commands.
+
+Every command is an argv list run without a shell, with ``SLURM_CONF`` set (Slurm 22.05 clients
+without it, and without /etc/slurm/slurm.conf, try a "configless" DNS lookup through the system
+resolver), with a timeout, and with stdout/stderr captured.  A failure raises
+:class:`SlurmCommandError`, which names the command and carries its stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from hadar_slurm.slurm.errors import SlurmCommandError, SlurmConfigError, SlurmTimeoutError
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class SlurmRunner:
+    """Runs Slurm client commands against the cluster of one ``slurm.conf``.
+
+    ``slurm_conf`` defaults to ``$SLURM_CONF``; one of the two is required.  ``env`` is the base
+    environment of the commands (default: this process's), ``SLURM_CONF`` is set on top of it.
+    """
+
+    def __init__(
+        self, slurm_conf: str | os.PathLike[str] | None = None, *,
+        timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None,
+    ) -> None:
+        conf = os.fspath(slurm_conf) if slurm_conf is not None else os.environ.get("SLURM_CONF")
+        if not conf:
+            raise SlurmConfigError(
+                "SLURM_CONF is not set: set it to the cluster's slurm.conf (for the dev cluster: "
+                'eval "$(slurm_conf/dev-cluster.sh env)") or pass slurm_conf=...; without it '
+                "Slurm 22.05 falls back to a configless DNS lookup"
+            )
+        if not os.path.isfile(conf):
+            raise SlurmConfigError(f"SLURM_CONF={conf}: no such file")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.slurm_conf = conf
+        self.timeout = timeout
+        base = dict(os.environ if env is None else env)
+        base["SLURM_CONF"] = conf
+        self._env = base
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
+        stdin: str | None = None,
+    ) -> CommandResult:
+        """Run ``argv`` (a list, never a shell string); raise on failure when ``check``."""
+        if isinstance(argv, str | bytes):
+            raise TypeError("argv must be a sequence of strings, not one string (no shell here)")
+        args = tuple(argv)
+        if not args or not all(isinstance(a, str) for a in args):
+            raise TypeError(f"argv must be a non-empty sequence of str, got {args!r}")
+        for a in args:
+            if "\0" in a:
+                raise ValueError(f"argument {a!r} of {args[0]} contains a NUL byte")
+        limit = self.timeout if timeout is None else timeout
+        try:
+            proc = subprocess.run(
+                args, capture_output=True, text=True, timeout=limit, env=self._env,
+                input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                check=False,
+            )
+        except FileNotFoundError as exc:
+            raise SlurmCommandError(
+                args, f"failed: '{args[0]}' not found (install the Slurm client, e.g. "
+                "Debian's slurm-client)") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmTimeoutError(
+                args, f"timed out after {limit:g} s", stdout=_text(exc.stdout),
+                stderr=_text(exc.stderr)) from exc
+        result = CommandResult(args, proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise SlurmCommandError(
+                args, f"failed with exit status {proc.returncode}", returncode=proc.returncode,
+                stdout=proc.stdout, stderr=proc.stderr)
+        return result
+
+
+def _text(data: str | bytes | None) -> str:
+    if data is None:
+        return ""
+    if isinstance(data, bytes):
+        return data.decode(errors="replace")
+    return data

@@ -1,0 +1,288 @@
+"""Unit tests of the Slurm boundary: parsers on captured (22.05) and hand-written (v0.0.40)
+outputs, argv builders, and the runner's guards.  No Slurm needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hadar_slurm.slurm import (
+    Gres,
+    SlurmCommandError,
+    SlurmConfigError,
+    SlurmParseError,
+    SlurmRunner,
+    SlurmTimeoutError,
+    commands,
+    expand_hostlist,
+    parse_gres,
+    parse_sbatch_parsable,
+    parse_scontrol_show,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
+
+DATA = Path(__file__).resolve().parent / "data" / "slurm"
+
+
+def load(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+# ------------------------------------------------------------------ squeue, captured on 22.05
+
+
+def test_squeue_2205_captured() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json(load("squeue-22.05.json"))}
+    assert sorted(jobs) == [1, 2, 3, 4, 5, 6]
+
+    typed = jobs[1]
+    assert (typed.name, typed.user, typed.state, typed.partition) == (
+        "train-v100", "root", "RUNNING", "gpu")
+    assert typed.nodes == "node1" and typed.node_names == ("node1",)
+    assert typed.gres == (Gres("gpu", "v100", 2),)
+    assert typed.gpu_type == "v100" and typed.gpus_per_node == 2
+    assert typed.comment == "hadar:job=7"
+    assert typed.submit_time is not None and typed.start_time is not None
+    assert typed.time_limit_min is None  # unlimited
+
+    untyped = jobs[2]
+    assert untyped.gres == (Gres("gpu", None, 2),) and untyped.gpu_type is None
+    assert untyped.features == "p100" and untyped.node_names == ("node2",)
+
+    held = jobs[3]
+    assert held.state == "PENDING" and held.held and held.state_reason == "JobHeldUser"
+    assert held.nodes == "" and held.node_names == ()
+    assert held.admin_comment == "hadar:placed=node3" and held.features == "k80"
+    assert held.start_time is None and held.priority == 0
+
+    assert jobs[5].state == "PENDING" and jobs[5].state_reason == "Resources"
+    assert not jobs[5].held
+    assert jobs[6].state == "COMPLETED" and jobs[6].gres == ()
+    assert all(j.state_flags == () for j in jobs.values())
+
+
+def test_sinfo_2205_captured() -> None:
+    nodes = {n.name: n for n in parse_sinfo_json(load("sinfo-22.05.json"))}
+    assert sorted(nodes) == ["node1", "node2", "node3", "node4"]
+    expect = {"node1": ("v100", 4, 4), "node2": ("p100", 4, 4), "node3": ("k80", 2, 2),
+              "node4": ("a100", 8, 8)}
+    for name, (gpu_type, gpus, cpus) in expect.items():
+        n = nodes[name]
+        assert (n.gpu_type, n.gpus, n.cpus) == (gpu_type, gpus, cpus)
+        assert n.features == (gpu_type,) and n.active_features == (gpu_type,)
+        assert n.partitions == ("gpu",)
+    assert nodes["node1"].state == "MIXED" and nodes["node1"].gpus_used == 2
+    assert nodes["node3"].state == "IDLE" and nodes["node3"].gpus_used == 0
+    assert nodes["node4"].gpus_used == 8 and nodes["node4"].alloc_cpus == 1
+    assert nodes["node1"].real_memory_mb == 4000
+
+
+def test_scontrol_show_job_text() -> None:
+    rec = parse_scontrol_show(load("scontrol-show-job-22.05.txt"))
+    assert rec["JobId"] == "3" and rec["JobState"] == "PENDING"
+    assert rec["Reason"] == "JobHeldUser" and rec["AdminComment"] == "hadar:placed=node3"
+    assert rec["TresPerNode"] == "gres:gpu:1" and rec["Features"] == "k80"
+    assert rec["AllocNode:Sid"].startswith("localhost:")
+
+
+# ------------------------------------------------------------------ newer shapes (hand-written)
+
+
+def test_squeue_v0040_shapes() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json(load("squeue-v0.0.40-handwritten.json"))}
+    run = jobs[101]
+    assert run.state == "RUNNING" and run.state_flags == ()
+    assert run.gres == (Gres("gpu", "v100", 2),) and run.user == "alice"
+    assert run.priority == 4294901759 and run.start_time == 1700000005
+    assert run.time_limit_min is None  # infinite
+    req = jobs[102]
+    assert req.state == "PENDING" and req.state_flags == ("REQUEUED",)
+    assert req.gres == (Gres("gpu", None, 4),) and req.features == "p100"
+    assert req.start_time is None and req.time_limit_min == 60  # unset start
+    wide = jobs[103]
+    assert wide.node_names == ("node1", "node2") and wide.state == "COMPLETED"
+    assert wide.comment == "" and wide.admin_comment == ""  # missing keys
+
+
+def test_sinfo_v0040_groups() -> None:
+    nodes = {n.name: n for n in parse_sinfo_json(load("sinfo-v0.0.40-handwritten.json"))}
+    assert sorted(nodes) == ["node1", "node2"]
+    n1, n2 = nodes["node1"], nodes["node2"]
+    assert n1.state == "IDLE" and n1.gres == (Gres("gpu", "v100", 4),) and n1.gpus_used == 0
+    assert n1.cpus == 4 and n1.real_memory_mb == 4000
+    assert n2.state == "MIXED" and n2.state_flags == ("DRAIN",)
+    assert n2.features == ("p100", "nvlink") and n2.active_features == ("p100",)
+    assert n2.partitions == ("gpu", "debug")  # listed once per partition, merged
+    assert n2.gpus_used == 2 and n2.alloc_cpus == 2
+
+
+def test_node_objects_v0040() -> None:
+    nodes = {n.name: n for n in parse_sinfo_json(load("nodes-v0.0.40-handwritten.json"))}
+    assert nodes["node4"].state == "ALLOCATED" and nodes["node4"].features == ("a100",)
+    assert nodes["node4"].gpus == 8 and nodes["node4"].gpus_used == 8
+    assert nodes["node3"].state == "DOWN" and nodes["node3"].state_flags == ("NOT_RESPONDING",)
+    assert nodes["node3"].gres_used == ()
+
+
+# ------------------------------------------------------------------ tolerance and errors
+
+
+def test_minimal_job_and_string_states() -> None:
+    doc = {"jobs": [{"job_id": 7, "job_state": "running"}]}
+    (job,) = parse_squeue_json(doc)
+    assert job.state == "RUNNING" and job.name == "" and job.gres == () and job.priority is None
+    assert parse_squeue_json("{}") == ()
+    node_doc = {"nodes": [{"name": "n1", "state": "idle+drain", "state_flags": ["DRAIN"]}]}
+    (node,) = parse_sinfo_json(node_doc)
+    assert node.state == "IDLE" and node.state_flags == ("DRAIN",) and node.gpus == 0
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"jobs": [{"job_id": 1}]}, "job_state"),
+        ({"jobs": [{"job_state": "RUNNING"}]}, "job_id"),
+        ({"jobs": [{"job_id": "x", "job_state": "RUNNING"}]}, "job_id"),
+        ({"jobs": [{"job_id": 1, "job_state": 3}]}, "job_state"),
+        ({"jobs": [{"job_id": 1, "job_state": "RUNNING", "priority": "high"}]}, "priority"),
+        ({"jobs": [{"job_id": 1, "job_state": "RUNNING", "start_time": {"set": True}}]},
+         "start_time"),
+        ({"jobs": [{"job_id": 1, "job_state": "RUNNING", "name": 5}]}, "name"),
+        ({"jobs": [{"job_id": 1, "job_state": "RUNNING", "tres_per_node": "gpu::"}]},
+         "tres_per_node"),
+        ({"jobs": {"job_id": 1}}, "jobs"),
+    ],
+)
+def test_bad_job_fields_name_the_field(doc: dict[str, object], field: str) -> None:
+    with pytest.raises(SlurmParseError) as exc:
+        parse_squeue_json(doc)
+    assert exc.value.field == field
+    assert f"field '{field}'" in str(exc.value)
+
+
+def test_bad_documents() -> None:
+    with pytest.raises(SlurmParseError, match="not valid JSON"):
+        parse_squeue_json("squeue: error: oops")
+    with pytest.raises(SlurmParseError, match="Unable to contact"):
+        parse_sinfo_json(json.dumps({"errors": [{"error": "Unable to contact slurm controller"}]}))
+    with pytest.raises(SlurmParseError, match="field 'state'"):
+        parse_sinfo_json({"nodes": [{"name": "n1"}]})
+    with pytest.raises(SlurmParseError, match="field 'name'"):
+        parse_sinfo_json({"nodes": [{"state": "idle"}]})
+    with pytest.raises(SlurmParseError, match="expected an object"):
+        parse_sinfo_json("[]")
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("gres:gpu:v100:2", [("gpu", "v100", 2)]),
+        ("gres/gpu:v100=2", [("gpu", "v100", 2)]),
+        ("gres/gpu=2", [("gpu", None, 2)]),
+        ("gres:gpu:2", [("gpu", None, 2)]),
+        ("gpu:2", [("gpu", None, 2)]),
+        ("gpu", [("gpu", None, 1)]),
+        ("gpu:v100:4(S:0)", [("gpu", "v100", 4)]),
+        ("gpu:v100:2(IDX:0,2),mps:100", [("gpu", "v100", 2), ("mps", None, 100)]),
+        ("gpu:k80:0(IDX:N/A)", [("gpu", "k80", 0)]),
+        ("cpu=4,mem=1G,gres/gpu:a100=8", [("gpu", "a100", 8)]),
+        ("gpu:tesla_v100-sxm2:1", [("gpu", "tesla_v100-sxm2", 1)]),
+        ("(null)", []),
+        ("", []),
+    ],
+)
+def test_parse_gres(text: str, expect: list[tuple[str, str | None, int]]) -> None:
+    assert parse_gres(text) == tuple(Gres(*e) for e in expect)
+
+
+def test_expand_hostlist() -> None:
+    assert expand_hostlist("node[1-3,5],gpu[01-02],x") == (
+        "node1", "node2", "node3", "node5", "gpu01", "gpu02", "x")
+    assert expand_hostlist("r[1-2]n[1-2]") == ("r1n1", "r1n2", "r2n1", "r2n2")
+    assert expand_hostlist("") == ()
+    with pytest.raises(SlurmParseError):
+        expand_hostlist("node[1-")
+    with pytest.raises(SlurmParseError):
+        expand_hostlist("node[3-1]")
+
+
+def test_sbatch_parsable() -> None:
+    assert parse_sbatch_parsable("42\n") == 42
+    assert parse_sbatch_parsable("43;hadardev\n") == 43
+    with pytest.raises(SlurmParseError, match="job id"):
+        parse_sbatch_parsable("sbatch: error: Batch job submission failed")
+
+
+# ------------------------------------------------------------------ argv builders
+
+
+def test_argv_builders() -> None:
+    assert commands.squeue_json() == ["squeue", "--json"]
+    assert commands.sinfo_json() == ["sinfo", "--json"]
+    assert commands.sbatch(wrap="sleep 1", gres="gpu:1", constraint="p100", hold=True,
+                           job_name="-x", comment="a b") == [
+        "sbatch", "--parsable", "--job-name=-x", "--gres=gpu:1", "--constraint=p100",
+        "--comment=a b", "--hold", "--wrap=sleep 1"]
+    assert commands.sbatch(script="/tmp/job.sh", requeue=False)[-2:] == [
+        "--no-requeue", "/tmp/job.sh"]
+    assert commands.scancel([3, 4]) == ["scancel", "3", "4"]
+    assert commands.scancel(5, signal="TERM") == ["scancel", "--signal=TERM", "5"]
+    assert commands.scontrol_hold(3) == ["scontrol", "hold", "3"]
+    assert commands.scontrol_release(3) == ["scontrol", "release", "3"]
+    assert commands.scontrol_requeue(3) == ["scontrol", "requeue", "3"]
+    assert commands.scontrol_requeue(3, hold=True) == ["scontrol", "requeuehold", "3"]
+    assert commands.scontrol_update_job(3, {"NodeList": "node2", "Features": "p100"}) == [
+        "scontrol", "update", "JobId=3", "NodeList=node2", "Features=p100"]
+    assert commands.scontrol_show_job(9) == ["scontrol", "--oneliner", "show", "job", "9"]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: commands.sbatch(),
+        lambda: commands.sbatch(wrap="x", script="y"),
+        lambda: commands.sbatch(wrap="echo a\necho b"),
+        lambda: commands.scancel([]),
+        lambda: commands.scontrol_hold(0),
+        lambda: commands.scontrol_hold("3"),  # type: ignore[arg-type]
+        lambda: commands.scontrol_update_job(3, {}),
+        lambda: commands.scontrol_update_job(3, {"JobId": "4"}),
+        lambda: commands.scontrol_update_job(3, {"Node List": "x"}),
+    ],
+)
+def test_argv_builders_refuse_bad_input(build: object) -> None:
+    with pytest.raises(ValueError):
+        build()  # type: ignore[operator]
+
+
+# ------------------------------------------------------------------ runner guards
+
+
+def test_runner_needs_slurm_conf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    with pytest.raises(SlurmConfigError, match="SLURM_CONF is not set"):
+        SlurmRunner()
+    with pytest.raises(SlurmConfigError, match="no such file"):
+        SlurmRunner(tmp_path / "missing.conf")
+
+
+def test_runner_runs_argv_without_shell(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# empty\n")
+    runner = SlurmRunner(conf, timeout=5)
+    out = runner.run(["sh", "-c", 'printf "%s" "$SLURM_CONF"; echo "$1"', "sh", "$(id)"])
+    assert out.stdout == f"{conf}$(id)\n" and out.returncode == 0
+    with pytest.raises(TypeError, match="not one string"):
+        runner.run("squeue --json")  # type: ignore[arg-type]
+    with pytest.raises(SlurmCommandError, match="exit status 3") as exc:
+        runner.run(["sh", "-c", "echo boom >&2; exit 3"])
+    assert exc.value.stderr.strip() == "boom" and exc.value.returncode == 3
+    assert "boom" in str(exc.value) and "`sh -c" in str(exc.value)
+    with pytest.raises(SlurmCommandError, match="not found"):
+        runner.run(["hadar-no-such-command-xyz"])
+    with pytest.raises(SlurmTimeoutError, match=r"timed out after 0\.2 s"):
+        runner.run(["sleep", "5"], timeout=0.2)
+    assert runner.run(["sh", "-c", "exit 1"], check=False).returncode == 1
