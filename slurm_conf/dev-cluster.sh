@@ -324,11 +324,10 @@ do_down() {
     done
   done
   [ $n -gt 0 ] && log "killed $n leftover job processes"
-  # 3. slurmctld (saves its state on SIGTERM), then the munged instances
+  # 3. slurmctld (saves its state on SIGTERM, needs no munge for that) and the munged
+  #    instances, in parallel: each takes about 2 s to exit
   # shellcheck disable=SC2046
-  stop_pids $(pids_of "$DIR"/run/slurmctld.bgpid)
-  # shellcheck disable=SC2046
-  stop_pids $(pids_of "$DIR"/run/munged-*.bgpid)
+  stop_pids $(pids_of "$DIR"/run/slurmctld.bgpid "$DIR"/run/munged-*.bgpid)
   rm -f "$DIR"/run/*.bgpid "$DIR"/run/*.mntns "$DIR"/run/*.pid
   log "down ($DIR)"
 }
