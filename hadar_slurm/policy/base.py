@@ -146,6 +146,27 @@ class Snapshot:
         return np.bincount(self.node_type, weights=self.node_gpus,
                            minlength=len(self.gpu_types)).astype(np.int64)
 
+    def current_index(self) -> IntArray:
+        """For each row of ``current``, the index of its job in ``job_ids`` (-1: gone)."""
+        cur = self.current.job
+        out = np.full(cur.shape[0], -1, dtype=np.int64)
+        ids = self.job_ids
+        if cur.shape[0] and ids.shape[0]:
+            by_id = np.argsort(ids, kind="stable")
+            pos = np.minimum(np.searchsorted(ids, cur, sorter=by_id), ids.shape[0] - 1)
+            hit = ids[by_id[pos]] == cur
+            out[hit] = by_id[pos[hit]]
+        return out
+
+    def held(self) -> IntArray:
+        """``held[i, h]``: GPUs of type ``h`` job ``i`` held in the epoch that just ended."""
+        out = np.zeros((self.num_jobs, len(self.gpu_types)), dtype=np.int64)
+        idx = self.current_index()
+        keep = idx >= 0
+        np.add.at(out, (idx[keep], self.node_type[self.current.node[keep]]),
+                  self.current.count[keep])
+        return out
+
 
 @dataclass(frozen=True)
 class Decision:

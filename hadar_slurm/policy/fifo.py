@@ -18,19 +18,9 @@ class FifoPolicy:
     name = "fifo"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
-        num_types = len(snapshot.gpu_types)
-        counts = np.zeros((snapshot.num_jobs, num_types), dtype=np.int64)
-        free = snapshot.capacity().copy()
-        index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
-        running = np.zeros(snapshot.num_jobs, dtype=np.bool_)
-        cur = snapshot.current
-        for j, n, c in zip(cur.job.tolist(), cur.node.tolist(), cur.count.tolist(), strict=True):
-            i = index_of.get(j)
-            if i is not None:
-                h = int(snapshot.node_type[n])
-                counts[i, h] += c
-                free[h] -= c
-                running[i] = True
+        counts = snapshot.held()
+        running = counts.sum(axis=1) > 0
+        free = snapshot.capacity() - counts.sum(axis=0)
         # Types in the order their first node appears: "first fit" over the node list.
         type_order = list(dict.fromkeys(snapshot.node_type.tolist()))
         reason = np.full(snapshot.num_jobs, Reason.QUEUE_ORDER, dtype=np.int8)

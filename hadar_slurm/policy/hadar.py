@@ -220,14 +220,7 @@ class HadarPolicy:
 
         floor = pi / max(float(pi.max()), 1e-300) * (0.5 * lo)
         floor = np.maximum(floor, 0.5 * lo * self.min_floor)
-        current = np.zeros((n, len(snapshot.gpu_types)), dtype=np.int64)
-        index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
-        cur = snapshot.current
-        for j, node, c in zip(cur.job.tolist(), cur.node.tolist(), cur.count.tolist(),
-                              strict=True):
-            i = index_of.get(j)
-            if i is not None:
-                current[i, snapshot.node_type[node]] += c
+        current = snapshot.held()
         # The dual pass uses a job's main types only: a sliver of a split (a job levelled over
         # two types) is for back-fill, not a reason to take a GPU another job needs more.
         main = (phi > 0.0) & (phi >= self.split_share * phi.max(axis=1, keepdims=True))

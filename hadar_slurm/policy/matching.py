@@ -33,21 +33,13 @@ def match_nodes(
     no counts at all are False).  Pure; O(jobs x nodes of a type) in the worst case.
     """
     cur = snapshot.current
-    # Last epoch's rows by job index (-1: a job no longer in the snapshot).
     ids = snapshot.job_ids.astype(np.int64)
-    cur_job = np.full(cur.job.shape[0], -1, dtype=np.int64)
-    if cur.job.shape[0] and ids.shape[0]:
-        by_id = np.argsort(ids, kind="stable")
-        pos = np.searchsorted(ids, cur.job, sorter=by_id)
-        pos = np.minimum(pos, ids.shape[0] - 1)
-        hit = ids[by_id[pos]] == cur.job
-        cur_job[hit] = by_id[pos[hit]]
     rows_job, rows_node, rows_count, placed = core.match(
         np.ascontiguousarray(snapshot.node_type, dtype=np.int64),
         np.ascontiguousarray(snapshot.node_gpus, dtype=np.int64),
         np.ascontiguousarray(counts, dtype=np.int64),
         np.ascontiguousarray(order, dtype=np.int64),
-        cur_job,
+        snapshot.current_index(),
         np.ascontiguousarray(cur.node, dtype=np.int64),
         np.ascontiguousarray(cur.count, dtype=np.int64),
     )
