@@ -58,14 +58,6 @@ def load_throughputs(path: str | None) -> ThroughputTable:
     return table if path is None else table.merged(load_table(path))
 
 
-def load_cluster_arg(spec: str) -> ClusterSpec:
-    """``--cluster``: a TOML cluster file, or counts such as ``4:4:4`` or ``v100=2:a100=8``."""
-    if not Path(spec).is_file() and (spec.endswith(".toml") or "/" in spec):
-        raise InputError("no such cluster file", source=spec, field="cluster",
-                         fix="give a TOML cluster file or counts such as 4:4:4")
-    return load_cluster(spec)
-
-
 def load_jobs(trace: str, table: ThroughputTable, cluster: ClusterSpec) -> tuple[list[Job], str]:
     """Parse ``--trace`` (a file or a bundled trace name) and check the cluster can run it."""
     if not Path(trace).exists() and trace not in BUNDLED_TRACES:
@@ -200,7 +192,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
     round_s = parse_round(args.round_seconds)
     table = load_throughputs(args.throughputs)
-    cluster = load_cluster_arg(args.cluster)
+    cluster = load_cluster(args.cluster)
     jobs, source = load_jobs(args.trace, table, cluster)
     plots_dir = Path(args.plots) if args.plots else None
     if plots_dir is not None and plots_dir.exists() and not plots_dir.is_dir():

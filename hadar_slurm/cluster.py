@@ -118,4 +118,7 @@ def load_cluster(spec: str) -> ClusterSpec:
     """A cluster from ``--cluster``: a file path if one exists, else ``N:N:N`` counts."""
     if Path(spec).is_file():
         return load_cluster_file(spec)
+    if spec.endswith(".toml") or "/" in spec:
+        raise InputError("no such cluster file", source=spec, field="cluster",
+                         fix="give a TOML cluster file or counts such as 4:4:4")
     return parse_counts(spec)
