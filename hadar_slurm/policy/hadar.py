@@ -195,10 +195,11 @@ class HadarPolicy:
         drain, pi = drain_estimate(snapshot.remaining, scale, rate, capacity)
         need = np.where(runs, scale[:, None] * snapshot.remaining[:, None]
                         / np.where(runs, rate, 1.0), np.inf)
+        need0 = np.where(runs, need, 0.0)
         limit = drain
         for _ in range(3):
             phi = balance_split(need, capacity, pi, scale, float(limit), self.max_moves)
-            load = (phi * np.where(runs, need, 0.0)).sum(axis=0)
+            load = (phi * need0).sum(axis=0)
             achieved = float((load / np.maximum(capacity, 1)).max())
             # A split that cannot drain by the limit anyway relaxes the job-length limit to
             # what it achieves, so that no job is kept off an idle type for nothing.
@@ -206,7 +207,7 @@ class HadarPolicy:
                 break
             limit = achieved
         own = np.argmax(phi, axis=1)
-        rem_own = (phi * np.where(runs, need, 0.0)).sum(axis=1) / scale
+        rem_own = (phi * need0).sum(axis=1) / scale
         prev = snapshot.policy_state
         target = snapshot.now + drain
         if isinstance(prev, HadarState) and prev.target > snapshot.now:
