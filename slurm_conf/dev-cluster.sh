@@ -7,6 +7,9 @@
 #   dev-cluster.sh down     stop everything this script started (by PID), job processes too
 #   dev-cluster.sh status   daemons and `sinfo`; exit status 0 when up, 1 otherwise
 #   dev-cluster.sh env      print the `export SLURM_CONF=...` line for clients
+#   dev-cluster.sh restart-ctld
+#                           stop slurmctld (SIGTERM: it saves its state) and start it again with
+#                           that state; jobs keep running (a fault drill for the sidecar)
 #
 # Typical use:   eval "$(slurm_conf/dev-cluster.sh up)"; sinfo; ...; slurm_conf/dev-cluster.sh down
 #
@@ -260,13 +263,7 @@ cmd_up() {
   wait_for 15 "munged (controller)" munge_ok "$DIR/run/munge"
   for n in "${NODE_NAMES[@]}"; do wait_for 15 "munged ($n)" munge_ok "$DIR/run/munge-$n"; done
 
-  # slurmctld: own mount namespace with the private hosts/resolv.conf.  (The unused last
-  # argument, $CONF, puts "$DIR/" in the command line before the exec, for ours().)
-  start_bg slurmctld unshare --mount --propagation private -- /bin/sh -ec '
-    mount --bind "$1/etc/hosts" /etc/hosts
-    mount --bind "$1/etc/resolv.conf" /etc/resolv.conf
-    exec slurmctld -D -i -f "$1/etc/slurm.conf"' sh "$DIR" "$CONF"
-  wait_for 30 "slurmctld to answer 'scontrol ping'" ctld_up
+  start_ctld -i   # -i: ignore state files from an earlier cluster
 
   # one slurmd per node, each in its own mount+UTS namespace with its own munged
   for n in "${NODE_NAMES[@]}"; do
@@ -334,6 +331,27 @@ do_down() {
 
 cmd_down() { lock; do_down; }
 
+start_ctld() {
+  # slurmctld: own mount namespace with the private hosts/resolv.conf.  (The unused last
+  # argument, $CONF, puts "$DIR/" in the command line before the exec, for ours().)
+  start_bg slurmctld unshare --mount --propagation private -- /bin/sh -ec '
+    mount --bind "$1/etc/hosts" /etc/hosts
+    mount --bind "$1/etc/resolv.conf" /etc/resolv.conf
+    exec slurmctld -D "$2" -f "$1/etc/slurm.conf"' sh "$DIR" "$1" "$CONF"
+  wait_for 30 "slurmctld to answer 'scontrol ping'" ctld_up
+}
+
+cmd_restart_ctld() {
+  lock
+  is_up || die "the cluster in $DIR is not (fully) up"
+  local t0=$SECONDS
+  # shellcheck disable=SC2046
+  stop_pids $(pids_of "$DIR/run/slurmctld.bgpid")
+  rm -f "$DIR/run/slurmctld.bgpid" "$DIR/run/slurmctld.pid"
+  start_ctld -R   # -R: recover the saved job and node state
+  log "slurmctld restarted in $((SECONDS - t0))s"
+}
+
 cmd_status() {
   local f pid any=0
   for f in $(bgpid_files); do
@@ -354,5 +372,6 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+  restart-ctld) cmd_restart_ctld ;;
+  *) echo "usage: $0 up|down|status|env|restart-ctld" >&2; exit 2 ;;
 esac

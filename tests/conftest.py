@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from hadar_slurm.model import Job
 from hadar_slurm.throughputs import ThroughputTable, parse_csv
+from tests.slurm_cluster import DevCluster, start_dev_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,3 +81,9 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
         [sys.executable, "-m", "hadar_slurm", *args], capture_output=True, text=True,
         cwd=cwd, env=env, timeout=300, check=False,
     )
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> Iterator[DevCluster]:
+    """A real Slurm cluster (slurm_conf/dev-cluster.sh), one per test session, always stopped."""
+    yield from start_dev_cluster()

@@ -1,0 +1,165 @@
+"""The real Slurm dev cluster of ``slurm_conf/dev-cluster.sh`` for integration tests.
+
+The session fixture starts a private cluster (its own state dir and free ports, so concurrent
+test sessions on one machine do not meet) and always stops it at the end, also when a test
+fails.  With ``HADAR_DEVCLUSTER_DIR`` set, it uses that cluster instead, starting it if needed
+(and then stopping it again).  Needs root and Debian's Slurm (``make deps``); skipped otherwise,
+except on CI (``CI`` set), where a missing Slurm is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hadar_slurm.slurm import (
+    SlurmJob,
+    SlurmRunner,
+    commands,
+    parse_sbatch_parsable,
+    parse_squeue_json,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "slurm_conf" / "dev-cluster.sh"
+PRIVATE_PREFIX = "/tmp/hadar-devcluster-pytest."
+TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "unshare")
+
+
+@dataclass(frozen=True)
+class DevCluster:
+    dir: Path
+    env: dict[str, str]  # what dev-cluster.sh needs (dir, port)
+    runner: SlurmRunner
+
+
+def dev_script(
+    action: str, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(SCRIPT), action], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def nodes_conf() -> dict[str, tuple[str, int]]:
+    """name -> (gpu type, gpus) from slurm_conf/nodes.conf, the one list of the nodes."""
+    out = {}
+    for line in (REPO / "slurm_conf" / "nodes.conf").read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields:
+            out[fields[0]] = (fields[1], int(fields[2]))
+    return out
+
+
+def _ports_free(base: int, n: int) -> bool:
+    for port in range(base, base + n):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def _free_port_base(n: int) -> int:
+    """A base port with ``n`` free ports after it (away from the default 17810 of a
+    developer's own cluster); starts at a pid-dependent place."""
+    for k in range(200):
+        base = 18000 + ((os.getpid() + k) % 200) * 16
+        if _ports_free(base, n):
+            return base
+    raise RuntimeError("no 16 free TCP ports found in 18000..21200 for the dev cluster")
+
+
+def _reap_stale(env: dict[str, str]) -> None:
+    """Stop clusters of earlier test sessions whose pytest process is gone (killed)."""
+    for path in Path("/tmp").glob("hadar-devcluster-pytest.*"):
+        pid = path.name.rsplit(".", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that session is still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        dev_script("down", {**env, "HADAR_DEVCLUSTER_DIR": str(path)}, timeout=90)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def start_dev_cluster() -> Iterator[DevCluster]:
+    """Generator behind the session fixture ``dev_cluster`` (tests/conftest.py)."""
+    on_ci = bool(os.environ.get("CI"))
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if os.geteuid() != 0:
+        pytest.skip("Slurm integration tests need root (slurmd runs in private namespaces)")
+    if missing:
+        msg = f"Slurm integration tests need {', '.join(missing)} (`make deps` installs them)"
+        if on_ci:
+            pytest.fail(msg + "; on CI they must run")
+        pytest.skip(msg)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HADAR_DEVCLUSTER_")}
+    env["HADAR_DEVCLUSTER_LUA"] = "1"  # hints are validated at sbatch time by job_submit.lua
+    explicit = os.environ.get("HADAR_DEVCLUSTER_DIR")
+    if explicit:
+        for key in ("HADAR_DEVCLUSTER_DIR", "HADAR_DEVCLUSTER_PORT"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        own = dev_script("status", env, timeout=30).returncode != 0
+    else:
+        _reap_stale(env)
+        env["HADAR_DEVCLUSTER_DIR"] = f"{PRIVATE_PREFIX}{os.getpid()}"
+        env["HADAR_DEVCLUSTER_PORT"] = str(_free_port_base(2 + len(nodes_conf())))
+        own = True
+    cluster_dir = Path(env["HADAR_DEVCLUSTER_DIR"])
+    try:
+        if own:
+            up = dev_script("up", env, timeout=180)
+            if up.returncode != 0:
+                pytest.fail(f"dev-cluster.sh up failed ({up.returncode}):\n{up.stderr[-3000:]}")
+        conf = cluster_dir / "etc" / "slurm.conf"
+        yield DevCluster(cluster_dir, env, SlurmRunner(conf, timeout=30))
+    finally:
+        if own:
+            down = dev_script("down", env, timeout=120)
+            if not explicit:
+                if down.returncode == 0:
+                    shutil.rmtree(cluster_dir, ignore_errors=True)
+                else:  # leave it for the next session's _reap_stale, and say so
+                    print(f"dev-cluster.sh down failed:\n{down.stderr}")
+
+
+def jobs(cluster: DevCluster) -> dict[int, SlurmJob]:
+    out = cluster.runner.run(commands.squeue_json())
+    return {j.job_id: j for j in parse_squeue_json(out.stdout)}
+
+
+def wait_job(cluster: DevCluster, job_id: int, states: set[str], timeout: float) -> SlurmJob:
+    """Poll ``squeue --json`` until the job is in one of ``states`` (MinJobAge=300 keeps
+    finished jobs visible)."""
+    end = time.monotonic() + timeout
+    job = None
+    while time.monotonic() < end:
+        job = jobs(cluster).get(job_id)
+        if job is not None and job.state in states:
+            return job
+        time.sleep(0.5)
+    detail = cluster.runner.run(commands.scontrol_show_job(job_id), check=False)
+    raise AssertionError(
+        f"job {job_id} not in {sorted(states)} after {timeout:g} s: {job}\n{detail.stdout}")
+
+
+def submit(cluster: DevCluster, **options: object) -> int:
+    out = cluster.runner.run(commands.sbatch(**options))  # type: ignore[arg-type]
+    return parse_sbatch_parsable(out.stdout)
+
+
