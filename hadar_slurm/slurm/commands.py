@@ -77,13 +77,19 @@ def sbatch(
     return argv
 
 
-def scancel(job_ids: int | Iterable[int], *, signal: str | None = None) -> list[str]:
+def scancel(
+    job_ids: int | Iterable[int], *, signal: str | None = None, full: bool = False,
+) -> list[str]:
+    """``scancel`` (or, with ``signal``, send a signal).  ``full``: to the batch script and
+    every step too (without it, a signal reaches only the steps, not a batch script)."""
     ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
     if not ids:
         raise ValueError("scancel needs at least one job id")
     argv = ["scancel"]
     if signal is not None:
         argv.append(f"--signal={_value('signal', signal)}")
+    if full:
+        argv.append("--full")
     argv.extend(_job_id(j) for j in ids)
     return argv
 

@@ -1,0 +1,96 @@
+"""What the sidecar needs from Slurm, as one small interface with two implementations.
+
+:class:`SlurmApi` is the whole surface: one batched read of all jobs, one of all nodes, and a
+handful of per-job actions.  :class:`CliApi` speaks the Slurm CLI (``squeue --json``,
+``sinfo --json``, ``scontrol``, ``scancel``) through :class:`~hadar_slurm.slurm.SlurmRunner`;
+:mod:`hadar_slurm.sidecar.pyslurm_api` maps the same calls onto pyslurm.  Everything else
+(parsing hints, the snapshot, the diff, the decisions) is shared code above this interface.
+
+Every implementation counts the Slurm calls it issued in :attr:`SlurmApi.commands`, so the
+epoch overhead benchmark can show that reads per epoch are constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from hadar_slurm.slurm import SlurmJob, SlurmNode, SlurmRunner, commands
+from hadar_slurm.slurm.parse import parse_sinfo_json, parse_squeue_json
+
+#: Fields the sidecar sets with :meth:`SlurmApi.update_job` (``scontrol update`` names).
+UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "Gres")
+
+
+class SlurmApi(Protocol):
+    """The Slurm calls of the sidecar.  Errors raise :class:`hadar_slurm.slurm.SlurmError`."""
+
+    name: str
+    commands: int  # Slurm calls issued so far (reads and actions)
+
+    def read_jobs(self) -> list[SlurmJob]:
+        """All jobs Slurm knows (pending, running, recently finished), in one call."""
+        ...
+
+    def read_nodes(self) -> list[SlurmNode]:
+        """All nodes, in one call."""
+        ...
+
+    def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
+        """Set fields of a job (keys from :data:`UPDATE_FIELDS`)."""
+        ...
+
+    def hold(self, job_id: int) -> None: ...
+
+    def release(self, job_id: int) -> None: ...
+
+    def requeue_hold(self, job_id: int) -> None:
+        """Stop a running job and put it back in the queue, held (``scontrol requeuehold``)."""
+        ...
+
+    def signal(self, job_id: int, signal: str) -> None:
+        """Send ``signal`` (e.g. ``USR1``) to the job's batch script and all its steps."""
+        ...
+
+    def cancel(self, job_id: int) -> None: ...
+
+
+class CliApi:
+    """:class:`SlurmApi` over the Slurm command line tools (Slurm 22.05 .. 25.x)."""
+
+    name = "cli"
+
+    def __init__(self, runner: SlurmRunner) -> None:
+        self.runner = runner
+        self.commands = 0
+
+    def _run(self, argv: list[str]) -> str:
+        self.commands += 1
+        return self.runner.run(argv).stdout
+
+    def read_jobs(self) -> list[SlurmJob]:
+        return list(parse_squeue_json(self._run(commands.squeue_json()), source="squeue --json"))
+
+    def read_nodes(self) -> list[SlurmNode]:
+        return list(parse_sinfo_json(self._run(commands.sinfo_json()), source="sinfo --json"))
+
+    def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
+        unknown = set(fields) - set(UPDATE_FIELDS)
+        if unknown:
+            raise ValueError(f"update_job: unsupported fields {sorted(unknown)}")
+        self._run(commands.scontrol_update_job(job_id, fields))
+
+    def hold(self, job_id: int) -> None:
+        self._run(commands.scontrol_hold(job_id))
+
+    def release(self, job_id: int) -> None:
+        self._run(commands.scontrol_release(job_id))
+
+    def requeue_hold(self, job_id: int) -> None:
+        self._run(commands.scontrol_requeue(job_id, hold=True))
+
+    def signal(self, job_id: int, signal: str) -> None:
+        self._run(commands.scancel(job_id, signal=signal, full=True))
+
+    def cancel(self, job_id: int) -> None:
+        self._run(commands.scancel(job_id))
