@@ -1,0 +1,544 @@
+"""The sidecar's configuration: one TOML file, every key validated.
+
+The file has three sections::
+
+    [slurm]       how to reach Slurm (slurm.conf, backend, partition, command timeout)
+    [scheduler]   what to decide (policy, epoch length, preemption, throughput tables)
+    [sidecar]     how to run (dry run, state directory, logs)
+
+:data:`CONFIG_SCHEMA` is the one description of the keys: :func:`parse_config` validates against
+it, :func:`default_config` takes its defaults from it, ``slurm_conf/hadar-slurm.toml`` lists it
+(a test checks that) and :func:`render_config_reference` turns it into the admin docs' table.
+
+Every problem is an :class:`~hadar_slurm.errors.InputError` naming the file, the line where it
+can be found, the key as ``[section] key``, what is wrong and how to fix it.  Relative paths in
+the file are resolved against the file's directory (the sidecar usually runs with ``/`` as its
+working directory), relative paths given to :meth:`SidecarConfig.with_overrides` (command line
+flags) against the current directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+import signal
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from pathlib import Path
+
+from hadar_slurm.errors import InputError
+from hadar_slurm.policy import REGISTRY
+from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
+
+SECTIONS = ("slurm", "scheduler", "sidecar")
+DEFAULTS_SOURCE = "<defaults>"
+OVERRIDES_SOURCE = "<overrides>"
+
+BACKENDS = ("auto", "cli", "pyslurm")
+LOG_FORMATS = ("json", "text")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: Signals that cannot be caught, so no job could checkpoint on them.
+UNCATCHABLE_SIGNALS = ("KILL", "STOP")
+
+
+class _InvalidValueError(Exception):
+    """A value failed its check: ``problem`` and an optional ``fix`` (turned into InputError)."""
+
+    def __init__(self, problem: str, fix: str | None = None) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+
+Check = Callable[[object, Path], object]
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One key of the config file: where it lives, what it takes, its default and what it does.
+
+    ``default_text`` is the default written as a TOML value (the default config is parsed from
+    it); ``attr`` is the :class:`SidecarConfig` field (``key`` unless given); ``check`` turns a
+    parsed value into the field's value or raises.
+    """
+
+    section: str
+    key: str
+    type_name: str
+    default_text: str
+    help: str
+    attr: str = ""
+    check: Check = dataclasses.field(default=lambda v, _base: v, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        """``[section] key``, as error messages and the docs name it."""
+        return f"[{self.section}] {self.key}"
+
+    @property
+    def field_name(self) -> str:
+        return self.attr or self.key
+
+
+# -- value checks ----------------------------------------------------------------------------
+
+
+def _show(value: object) -> str:
+    """A value as it would be written in TOML (for "got ..." in messages)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, (datetime, date, time)):
+        return f"the date/time {value.isoformat()}"
+    if isinstance(value, os.PathLike):
+        return json.dumps(os.fspath(value))
+    if value is None:
+        return "nothing"
+    return repr(value)
+
+
+def _seconds(*, allow_zero: bool) -> Check:
+    bound = ">= 0" if allow_zero else "> 0"
+
+    def check(value: object, _base: Path) -> float:
+        problem = f"must be a number of seconds {bound}, got {_show(value)}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _InvalidValueError(problem)
+        seconds = float(value)
+        if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+            raise _InvalidValueError(problem)
+        return seconds
+
+    return check
+
+
+def _bool(value: object, _base: Path) -> bool:
+    if not isinstance(value, bool):
+        raise _InvalidValueError(f"must be true or false, got {_show(value)}",
+                                 "write a TOML boolean, unquoted: true or false")
+    return value
+
+
+def _choice(choices: tuple[str, ...]) -> Check:
+    def check(value: object, _base: Path) -> str:
+        problem = "must be one of " + ", ".join(json.dumps(c) for c in choices)
+        if not isinstance(value, str) or value.strip().lower() not in choices:
+            raise _InvalidValueError(f"{problem}, got {_show(value)}")
+        return value.strip().lower()
+
+    return check
+
+
+def _resolve(path: str, base: Path) -> str:
+    p = Path(path)
+    return os.path.normpath(p if p.is_absolute() else base / p)
+
+
+def _path_text(value: object, what: str) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise _InvalidValueError(f"must be {what} (a string), got {_show(value)}")
+    return value
+
+
+def _optional_path(value: object, base: Path) -> str | None:
+    """A path, or unset: ``""`` in the file (TOML has no null), ``None`` as an override."""
+    if value is None:
+        return None
+    text = _path_text(value, "a path")
+    return _resolve(text, base) if text.strip() else None
+
+
+def _dir_path(value: object, base: Path) -> str:
+    text = _path_text(value, "a directory path")
+    if not text.strip():
+        raise _InvalidValueError("must not be empty",
+                                 'give a directory, e.g. "/var/lib/hadar-slurm"')
+    return _resolve(text, base)
+
+
+def _partition(value: object, _base: Path) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _InvalidValueError(f"must be a partition name (a string), got {_show(value)}")
+    name = value.strip()
+    if not name:
+        return None
+    if re.search(r"[\s,]", name):
+        raise _InvalidValueError(
+            f"must be one partition name, got {_show(value)}",
+            'give a single name without spaces or commas, or "" for all partitions',
+        )
+    return name
+
+
+def _policy(value: object, _base: Path) -> str:
+    known = ", ".join(sorted(REGISTRY))
+    if not isinstance(value, str):
+        raise _InvalidValueError(f"must be a policy name (a string), got {_show(value)}",
+                                 f"known: {known}")
+    name = value.strip().lower()
+    if name not in REGISTRY:
+        raise _InvalidValueError(f"unknown policy {_show(value)}", f"known: {known}")
+    return name
+
+
+def _signal(value: object, _base: Path) -> str:
+    problem = f"must be a signal name such as USR1, USR2, TERM, INT, HUP, got {_show(value)}"
+    if not isinstance(value, str):
+        raise _InvalidValueError(problem)
+    name = value.strip().upper()
+    if name.startswith("SIG"):
+        name = name[3:]
+    if not name or f"SIG{name}" not in signal.Signals.__members__:
+        raise _InvalidValueError(problem)
+    if name in UNCATCHABLE_SIGNALS:
+        raise _InvalidValueError(f"SIG{name} cannot be caught, so no job could checkpoint on it",
+                                 "use a catchable signal such as USR1")
+    return name
+
+
+def _throughput_files(value: object, base: Path) -> tuple[str, ...]:
+    if isinstance(value, (str, os.PathLike)):
+        raise _InvalidValueError(f"must be a list of file paths, got {_show(value)}",
+                                 f"write it as a list: [{_show(value)}]")
+    if not isinstance(value, (list, tuple)):
+        raise _InvalidValueError(f"must be a list of file paths, got {_show(value)}")
+    paths: list[str] = []
+    for item in value:
+        text = _path_text(item, "a list of file paths")
+        if not text.strip():
+            raise _InvalidValueError("contains an empty path")
+        path = _resolve(text, base)
+        if not Path(path).is_file():
+            what = "is not a file" if Path(path).exists() else "not found"
+            raise _InvalidValueError(
+                f"throughput file {path} {what}",
+                "give an existing Gavel .json or a CSV with header "
+                "job_type,scale_factor,gpu_type,steps_per_second",
+            )
+        paths.append(path)
+    return tuple(paths)
+
+
+# -- the schema ------------------------------------------------------------------------------
+
+CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "slurm", "conf", "path", '""',
+        "Path of slurm.conf, passed as SLURM_CONF to every Slurm command. "
+        '"" (the default) uses $SLURM_CONF of the sidecar\'s environment.',
+        attr="slurm_conf", check=_optional_path,
+    ),
+    ConfigKey(
+        "slurm", "backend", "string", '"auto"',
+        'How to talk to Slurm: "cli" (squeue/sinfo/scontrol/scancel), "pyslurm", or "auto" '
+        "(pyslurm when it can be imported, else the CLI).",
+        check=_choice(BACKENDS),
+    ),
+    ConfigKey(
+        "slurm", "partition", "string", '""',
+        'Steer only the hadar jobs of this partition. "" (the default) steers them in all '
+        "partitions.",
+        check=_partition,
+    ),
+    ConfigKey(
+        "slurm", "command_timeout_s", "seconds", "30",
+        "Time limit of one Slurm command, in seconds (> 0).",
+        check=_seconds(allow_zero=False),
+    ),
+    ConfigKey(
+        "scheduler", "policy", "string", '"hadar"',
+        "Scheduling policy: " + ", ".join(sorted(REGISTRY)) + ".",
+        check=_policy,
+    ),
+    ConfigKey(
+        "scheduler", "epoch_seconds", "seconds", "360",
+        "Length of one scheduling epoch (round), in seconds (> 0).",
+        check=_seconds(allow_zero=False),
+    ),
+    ConfigKey(
+        "scheduler", "preempt_grace_s", "seconds", "30",
+        "Seconds between the checkpoint signal and the requeue of a preempted job (>= 0).",
+        check=_seconds(allow_zero=True),
+    ),
+    ConfigKey(
+        "scheduler", "preempt_signal", "signal", '"USR1"',
+        "Signal sent to a job before it is preempted, so that it can checkpoint: a name such "
+        "as USR1, USR2, TERM, INT or HUP (the SIG prefix is optional).",
+        check=_signal,
+    ),
+    ConfigKey(
+        "scheduler", "throughputs", "list of paths", "[]",
+        "Throughput tables (Gavel .json or CSV) merged, in order, over the bundled Gavel table; "
+        "each must exist. Relative paths are resolved against this file's directory.",
+        check=_throughput_files,
+    ),
+    ConfigKey(
+        "sidecar", "dry_run", "bool", "false",
+        "Shadow mode: compute and log every decision but change nothing in Slurm.",
+        check=_bool,
+    ),
+    ConfigKey(
+        "sidecar", "state_dir", "path", '"/var/lib/hadar-slurm"',
+        "Directory where the last epoch's decisions are written (read by `hadar-slurm status` "
+        "and `explain`). Relative paths are resolved against this file's directory.",
+        check=_dir_path,
+    ),
+    ConfigKey(
+        "sidecar", "log_format", "string", '"json"',
+        'Log line format: "json" (one JSON object per line) or "text".',
+        check=_choice(LOG_FORMATS),
+    ),
+    ConfigKey(
+        "sidecar", "log_file", "path", '""',
+        'File to append the log to. "" (the default) logs to stderr (the journal under '
+        "systemd).",
+        check=_optional_path,
+    ),
+    ConfigKey(
+        "sidecar", "log_level", "string", '"info"',
+        'Least severe level logged: "debug", "info", "warning" or "error".',
+        check=_choice(LOG_LEVELS),
+    ),
+)
+
+_BY_SECTION: dict[str, dict[str, ConfigKey]] = {s: {} for s in SECTIONS}
+for _k in CONFIG_SCHEMA:
+    _BY_SECTION[_k.section][_k.key] = _k
+_BY_FIELD: dict[str, ConfigKey] = {k.field_name: k for k in CONFIG_SCHEMA}
+
+
+# -- the config ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    """The validated configuration (see :data:`CONFIG_SCHEMA` for what each field means)."""
+
+    source: str
+    slurm_conf: str | None
+    backend: str
+    partition: str | None
+    command_timeout_s: float
+    policy: str
+    epoch_seconds: float
+    preempt_grace_s: float
+    preempt_signal: str
+    throughputs: tuple[str, ...]
+    dry_run: bool
+    state_dir: str
+    log_format: str
+    log_file: str | None
+    log_level: str
+
+    def with_overrides(self, **kw: object) -> SidecarConfig:
+        """A copy with some fields replaced (e.g. from command line flags), validated as in the
+        file; relative paths are resolved against the current directory.  ``None`` unsets the
+        optional fields (``slurm_conf``, ``partition``, ``log_file``)."""
+        unknown = sorted(set(kw) - set(_BY_FIELD) - {"source"})
+        if unknown:
+            raise TypeError(
+                f"unknown SidecarConfig field(s): {', '.join(unknown)} "
+                f"(known: {', '.join(_BY_FIELD)})"
+            )
+        values: dict[str, object] = {}
+        base = Path.cwd()
+        for name, value in kw.items():
+            if name == "source":
+                if not isinstance(value, str):
+                    raise TypeError(f"source must be a str, got {value!r}")
+                values[name] = value
+                continue
+            key = _BY_FIELD[name]
+            values[name] = _checked(key, value, base, source=OVERRIDES_SOURCE, line=None)
+        return dataclasses.replace(self, **values)  # type: ignore[arg-type]
+
+
+def _checked(
+    key: ConfigKey, value: object, base: Path, *, source: str, line: int | None
+) -> object:
+    try:
+        return key.check(value, base)
+    except _InvalidValueError as exc:
+        raise InputError(exc.problem, source=source, line=line, field=key.name,
+                         fix=exc.fix) from None
+
+
+def _build(values: Mapping[str, object], source: str) -> SidecarConfig:
+    return SidecarConfig(source=source, **values)  # type: ignore[arg-type]
+
+
+def _default_values() -> dict[str, object]:
+    values: dict[str, object] = {}
+    for key in CONFIG_SCHEMA:
+        parsed = tomllib.loads(f"v = {key.default_text}")["v"]
+        values[key.field_name] = _checked(key, parsed, Path("/"), source=DEFAULTS_SOURCE,
+                                          line=None)
+    return values
+
+
+def default_config() -> SidecarConfig:
+    """The configuration with every key at its default (``source`` is ``"<defaults>"``)."""
+    return _build(_default_values(), DEFAULTS_SOURCE)
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+_TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+_TOML_AT_END = re.compile(r"\s*\(at end of document\)\s*$")
+_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+_KEY = re.compile(r"""^\s*(?:"([^"]*)"|'([^']*)'|([A-Za-z0-9_-]+))\s*=""")
+
+
+def _locate(text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Best-effort line numbers: of each ``[section]`` header and of each ``[section] key``.
+
+    Only plain ``[section]`` headers and ``key = ...`` lines are found (enough for the messages;
+    an unusual spelling just gives a message without a line)."""
+    sections: dict[str, int] = {}
+    keys: dict[str, int] = {}
+    current = ""
+    for n, line in enumerate(text.splitlines(), start=1):
+        header = _HEADER.match(line)
+        if header and not line.lstrip().startswith("[["):
+            current = header.group(1).strip().strip('"').strip("'")
+            sections.setdefault(current, n)
+            continue
+        key = _KEY.match(line)
+        if key:
+            name = next(g for g in key.groups() if g is not None)
+            keys.setdefault(f"[{current}] {name}" if current else name, n)
+    return sections, keys
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+def parse_config(text: str, source: str, base_dir: Path) -> SidecarConfig:
+    """Parse and validate a config file's text; relative paths are resolved against
+    ``base_dir``.  Absent keys take their defaults."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        line: int | None = None
+        at = _TOML_AT.search(msg)
+        if at:
+            line = int(at.group(1))
+            msg = f"{msg[:at.start()]} (column {at.group(2)})"
+        elif _TOML_AT_END.search(msg):
+            line = max(1, len(text.splitlines()))
+            msg = _TOML_AT_END.sub(" (at end of file)", msg)
+        raise InputError(f"invalid TOML: {msg}", source=source, line=line,
+                         fix="see https://toml.io for the syntax") from None
+    section_lines, key_lines = _locate(text)
+    values = _default_values()
+    known_sections = [f"[{s}]" for s in SECTIONS]
+    for section, table in data.items():
+        if section not in _BY_SECTION:
+            if not isinstance(table, dict):
+                raise InputError(
+                    "key outside any section", source=source, line=key_lines.get(section),
+                    field=section,
+                    fix="put every key under one of " + ", ".join(known_sections),
+                )
+            raise InputError(
+                "unknown section", source=source, line=section_lines.get(section),
+                field=f"[{section}]",
+                fix=_suggest(f"[{section}]", known_sections) + "known: "
+                + ", ".join(known_sections),
+            )
+        if not isinstance(table, dict):
+            raise InputError(
+                f"must be a section, got {_show(table)}", source=source,
+                line=key_lines.get(section), field=section,
+                fix=f"write it as a [{section}] header followed by its keys",
+            )
+        schema = _BY_SECTION[section]
+        for key_name, value in table.items():
+            label = f"[{section}] {key_name}"
+            key = schema.get(key_name)
+            if key is None:
+                known = list(schema)
+                raise InputError(
+                    "unknown key", source=source, line=key_lines.get(label), field=label,
+                    fix=_suggest(key_name, known) + "known: " + ", ".join(known),
+                )
+            values[key.field_name] = _checked(key, value, base_dir, source=source,
+                                              line=key_lines.get(label))
+    return _build(values, source)
+
+
+def load_config(path: str | Path) -> SidecarConfig:
+    """Read and validate the TOML config file at ``path`` (see :func:`parse_config`)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(
+            f"cannot read config file: {exc.strerror or exc}", source=source,
+            fix="give the path of a TOML file such as slurm_conf/hadar-slurm.toml",
+        ) from None
+    except UnicodeDecodeError:
+        raise InputError("config file is not UTF-8 text", source=source,
+                         fix="save it as UTF-8") from None
+    return parse_config(text, source, Path(path).absolute().parent)
+
+
+def load_table_for(config: SidecarConfig) -> ThroughputTable:
+    """The bundled Gavel table with ``config.throughputs`` merged over it, in order."""
+    table = default_table()
+    for path in config.throughputs:
+        table = table.merged(load_table(path))
+    return table
+
+
+# -- docs ------------------------------------------------------------------------------------
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_config_reference() -> str:
+    """The reference of every config key, as a Markdown table (for the admin docs)."""
+    lines = [
+        "| Section | Key | Type | Default | Description |",
+        "|---|---|---|---|---|",
+    ]
+    for key in CONFIG_SCHEMA:
+        lines.append(
+            f"| `[{key.section}]` | `{key.key}` | {_md_cell(key.type_name)} | "
+            f"`{_md_cell(key.default_text)}` | {_md_cell(key.help)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "CONFIG_SCHEMA",
+    "ConfigKey",
+    "SidecarConfig",
+    "default_config",
+    "load_config",
+    "load_table_for",
+    "parse_config",
+    "render_config_reference",
+]

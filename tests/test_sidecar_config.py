@@ -1,0 +1,528 @@
+"""The sidecar's TOML config (every key validated), its example files, and structured logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import gen_dev_throughputs
+from hadar_slurm.errors import InputError
+from hadar_slurm.logs import JsonLinesReader, log_event, read_events, setup_logging
+from hadar_slurm.policy import REGISTRY
+from hadar_slurm.sidecar.config import (
+    CONFIG_SCHEMA,
+    SidecarConfig,
+    default_config,
+    load_config,
+    load_table_for,
+    parse_config,
+    render_config_reference,
+)
+from hadar_slurm.throughputs import default_table, load_table
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "slurm_conf" / "hadar-slurm.toml"
+DEV = REPO / "slurm_conf" / "dev-sidecar.toml"
+DEV_CSV = REPO / "slurm_conf" / "dev-throughputs.csv"
+UNIT = REPO / "slurm_conf" / "hadar-slurm.service"
+
+
+def parse(text: str, base: Path = Path("/etc/hadar-slurm")) -> SidecarConfig:
+    return parse_config(text, "test.toml", base)
+
+
+def error_of(text: str, base: Path = Path("/etc/hadar-slurm")) -> str:
+    with pytest.raises(InputError) as info:
+        parse(text, base)
+    return str(info.value)
+
+
+# -- defaults and the example files ----------------------------------------------------------
+
+
+def test_defaults() -> None:
+    c = default_config()
+    assert c.source == "<defaults>"
+    assert c.slurm_conf is None and c.partition is None and c.log_file is None
+    assert c.backend == "auto"
+    assert c.command_timeout_s == 30.0
+    assert c.policy == "hadar"
+    assert c.epoch_seconds == 360.0
+    assert c.preempt_grace_s == 30.0
+    assert c.preempt_signal == "USR1"
+    assert c.throughputs == ()
+    assert c.dry_run is False
+    assert c.state_dir == "/var/lib/hadar-slurm"
+    assert (c.log_format, c.log_level) == ("json", "info")
+    assert isinstance(c.epoch_seconds, float)
+
+
+def test_empty_file_is_the_defaults() -> None:
+    c = parse("")
+    assert c.source == "test.toml"
+    assert c.with_overrides(source="<defaults>") == default_config()
+
+
+def test_example_loads_and_lists_every_key_at_its_default() -> None:
+    config = load_config(EXAMPLE)
+    assert config.with_overrides(source="<defaults>") == default_config()
+    data = tomllib.loads(EXAMPLE.read_text())
+    listed = {(s, k) for s, table in data.items() for k in table}
+    assert listed == {(k.section, k.key) for k in CONFIG_SCHEMA}
+    for key in CONFIG_SCHEMA:
+        default = tomllib.loads(f"v = {key.default_text}")["v"]
+        assert data[key.section][key.key] == default, key.name
+
+
+def test_dev_config() -> None:
+    c = load_config(DEV)
+    assert c.slurm_conf is None
+    assert (c.epoch_seconds, c.preempt_grace_s) == (5.0, 2.0)
+    assert c.throughputs == (str(DEV_CSV),)
+    assert c.state_dir == "/tmp/hadar-sidecar-state"
+    assert c.log_format == "json"
+
+
+def test_schema_keys_are_unique_and_name_config_fields() -> None:
+    names = [(k.section, k.key) for k in CONFIG_SCHEMA]
+    assert len(names) == len(set(names))
+    fields = set(SidecarConfig.__dataclass_fields__) - {"source"}
+    assert {k.field_name for k in CONFIG_SCHEMA} == fields
+
+
+def test_render_config_reference_lists_every_key() -> None:
+    ref = render_config_reference()
+    lines = ref.strip().splitlines()
+    assert lines[0].startswith("| Section | Key |")
+    assert len(lines) == 2 + len(CONFIG_SCHEMA)
+    for key in CONFIG_SCHEMA:
+        assert f"| `[{key.section}]` | `{key.key}` |" in ref
+    assert all(line.count(" | ") == 4 for line in lines if not line.startswith("|---"))
+
+
+# -- values ----------------------------------------------------------------------------------
+
+
+def test_all_keys_set() -> None:
+    c = parse(
+        """
+        [slurm]
+        conf = "slurm.conf"
+        backend = "CLI"
+        partition = "gpu"
+        command_timeout_s = 5
+        [scheduler]
+        policy = "FIFO"
+        epoch_seconds = 60.5
+        preempt_grace_s = 0
+        preempt_signal = "SIGUSR2"
+        [sidecar]
+        dry_run = true
+        state_dir = "state"
+        log_format = "text"
+        log_file = "/var/log/hadar-slurm/sidecar.log"
+        log_level = "DEBUG"
+        """
+    )
+    assert c.slurm_conf == "/etc/hadar-slurm/slurm.conf"
+    assert (c.backend, c.partition, c.command_timeout_s) == ("cli", "gpu", 5.0)
+    assert (c.policy, c.epoch_seconds, c.preempt_grace_s) == ("fifo", 60.5, 0.0)
+    assert c.preempt_signal == "USR2"
+    assert c.dry_run is True
+    assert c.state_dir == "/etc/hadar-slurm/state"
+    assert (c.log_format, c.log_file, c.log_level) == (
+        "text", "/var/log/hadar-slurm/sidecar.log", "debug")
+    assert isinstance(c.command_timeout_s, float)
+
+
+@pytest.mark.parametrize("name", ["USR1", "usr2", "SIGTERM", " int ", "HUP"])
+def test_signal_names_normalized(name: str) -> None:
+    c = parse(f'[scheduler]\npreempt_signal = "{name}"')
+    assert c.preempt_signal == name.strip().upper().removeprefix("SIG")
+
+
+def test_relative_paths_resolve_against_the_config_dir(tmp_path: Path) -> None:
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "a.csv").write_text(DEV_CSV.read_text())
+    cfg = tmp_path / "etc" / "hadar.toml"
+    cfg.parent.mkdir()
+    cfg.write_text(
+        '[scheduler]\nthroughputs = ["../tables/a.csv"]\n'
+        '[sidecar]\nstate_dir = "state"\nlog_file = "../log/x.log"\n'
+    )
+    c = load_config(cfg)
+    assert c.throughputs == (str(tmp_path / "tables" / "a.csv"),)
+    assert c.state_dir == str(tmp_path / "etc" / "state")
+    assert c.log_file == str(tmp_path / "log" / "x.log")
+
+
+def test_absolute_paths_kept(tmp_path: Path) -> None:
+    c = parse(f'[scheduler]\nthroughputs = ["{DEV_CSV}"]\n[sidecar]\nstate_dir = "/srv/h"',
+              base=tmp_path)
+    assert c.throughputs == (str(DEV_CSV),)
+    assert c.state_dir == "/srv/h"
+
+
+def test_empty_string_unsets_optional_paths() -> None:
+    c = parse('[slurm]\nconf = ""\npartition = ""\n[sidecar]\nlog_file = ""')
+    assert (c.slurm_conf, c.partition, c.log_file) == (None, None, None)
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def test_toml_syntax_error_names_the_line() -> None:
+    msg = error_of('[scheduler]\npolicy = "hadar"\nepoch_seconds = = 3\n')
+    assert msg.startswith("test.toml:3: invalid TOML:"), msg
+
+
+def test_unknown_section() -> None:
+    msg = error_of("[slurm]\n[schedular]\npolicy = 'hadar'\n")
+    assert msg.startswith("test.toml:2: field '[schedular]': unknown section"), msg
+    assert "did you mean '[scheduler]'" in msg
+    assert "[slurm], [scheduler], [sidecar]" in msg
+
+
+def test_key_outside_a_section() -> None:
+    msg = error_of('policy = "hadar"\n')
+    assert "test.toml:1: field 'policy': key outside any section" in msg
+
+
+def test_unknown_key_suggests_the_closest() -> None:
+    msg = error_of("[scheduler]\n\npolcy = 'hadar'\n")
+    assert msg.startswith("test.toml:3: field '[scheduler] polcy': unknown key ("), msg
+    assert "did you mean 'policy'?" in msg
+    assert "known: policy, epoch_seconds, preempt_grace_s" in msg
+
+
+def test_unknown_key_without_close_match() -> None:
+    msg = error_of("[sidecar]\nzzz = 1\n")
+    assert "did you mean" not in msg
+    assert "unknown key (known: dry_run, state_dir," in msg
+
+
+def test_key_in_the_wrong_section_is_unknown() -> None:
+    msg = error_of("[slurm]\npolicy = 'hadar'\n")
+    assert "field '[slurm] policy': unknown key" in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[scheduler]\nepoch_seconds = "fast"',
+         """test.toml:2: field '[scheduler] epoch_seconds': must be a number of seconds > 0, """
+         """got "fast\""""),
+        ("[scheduler]\nepoch_seconds = 0",
+         "field '[scheduler] epoch_seconds': must be a number of seconds > 0, got 0"),
+        ("[scheduler]\nepoch_seconds = -5.5",
+         "must be a number of seconds > 0, got -5.5"),
+        ("[scheduler]\nepoch_seconds = inf", "must be a number of seconds > 0, got inf"),
+        ("[scheduler]\nepoch_seconds = nan", "must be a number of seconds > 0, got nan"),
+        ("[scheduler]\nepoch_seconds = true", "must be a number of seconds > 0, got true"),
+        ("[scheduler]\npreempt_grace_s = -1",
+         "field '[scheduler] preempt_grace_s': must be a number of seconds >= 0, got -1"),
+        ("[slurm]\ncommand_timeout_s = [1]", "must be a number of seconds > 0, got [1]"),
+        ('[sidecar]\ndry_run = "yes"',
+         """field '[sidecar] dry_run': must be true or false, got "yes" """.strip()),
+        ("[sidecar]\ndry_run = 1", "field '[sidecar] dry_run': must be true or false, got 1"),
+        ('[slurm]\nbackend = "slurmrestd"',
+         """field '[slurm] backend': must be one of "auto", "cli", "pyslurm", got "slurmrestd\""""),
+        ('[sidecar]\nlog_format = "xml"', "must be one of \"json\", \"text\""),
+        ('[sidecar]\nlog_level = "verbose"', "must be one of \"debug\", \"info\""),
+        ("[sidecar]\nlog_file = 3", "field '[sidecar] log_file': must be a path (a string)"),
+        ('[sidecar]\nstate_dir = ""', "field '[sidecar] state_dir': must not be empty"),
+        ('[slurm]\npartition = "gpu,cpu"', "must be one partition name"),
+        ('[scheduler]\nthroughputs = "a.csv"',
+         """must be a list of file paths, got "a.csv" (write it as a list: ["a.csv"])"""),
+        ("[scheduler]\npolicy = 3", "field '[scheduler] policy': must be a policy name"),
+        ("[slurm]\nconf = 1979-05-27", "got the date/time 1979-05-27"),
+        ("[sidecar]\nstate_dir = {a = 1}", "got a table"),
+        ("slurm = 3", "field 'slurm': must be a section, got 3"),
+    ],
+)
+def test_bad_values(text: str, expected: str) -> None:
+    assert expected in error_of(text)
+
+
+def test_wrong_type_message_is_one_line() -> None:
+    msg = error_of('[scheduler]\nepoch_seconds = "fast"')
+    assert msg == ("test.toml:2: field '[scheduler] epoch_seconds': must be a number of "
+                   'seconds > 0, got "fast"')
+
+
+def test_unknown_policy_lists_the_known() -> None:
+    msg = error_of('[scheduler]\npolicy = "gavel"')
+    assert "field '[scheduler] policy': unknown policy \"gavel\"" in msg
+    assert "known: " + ", ".join(sorted(REGISTRY)) in msg
+
+
+@pytest.mark.parametrize("name", ["USR3", "SIG", "", "KILLME", "1"])
+def test_bad_signal(name: str) -> None:
+    msg = error_of(f'[scheduler]\npreempt_signal = "{name}"')
+    assert "field '[scheduler] preempt_signal': must be a signal name such as USR1" in msg
+
+
+def test_signal_must_be_a_name() -> None:
+    assert "must be a signal name" in error_of("[scheduler]\npreempt_signal = 10")
+
+
+@pytest.mark.parametrize("name", ["KILL", "SIGSTOP"])
+def test_uncatchable_signal(name: str) -> None:
+    assert "cannot be caught" in error_of(f'[scheduler]\npreempt_signal = "{name}"')
+
+
+def test_missing_throughputs_file(tmp_path: Path) -> None:
+    msg = error_of('[scheduler]\nthroughputs = ["nope.csv"]', base=tmp_path)
+    assert f"field '[scheduler] throughputs': throughput file {tmp_path / 'nope.csv'} " \
+        "not found" in msg
+    assert msg.startswith("test.toml:2: ")
+
+
+def test_throughputs_entry_that_is_a_directory(tmp_path: Path) -> None:
+    msg = error_of('[scheduler]\nthroughputs = ["."]', base=tmp_path)
+    assert "is not a file" in msg
+
+
+def test_unreadable_config_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot read config file"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_load_config_error_names_the_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "h.toml"
+    cfg.write_text("[sidecar]\nlog_format = 'yaml'\n")
+    with pytest.raises(InputError) as info:
+        load_config(cfg)
+    assert str(info.value).startswith(f"{cfg}:2: field '[sidecar] log_format'")
+
+
+# -- overrides -------------------------------------------------------------------------------
+
+
+def test_with_overrides_validates_like_the_file(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    base = default_config()
+    c = base.with_overrides(policy="FIFO", epoch_seconds=60, dry_run=True, preempt_signal="SIGHUP")
+    assert (c.policy, c.epoch_seconds, c.dry_run, c.preempt_signal) == ("fifo", 60.0, True, "HUP")
+    assert base.policy == "hadar"
+    with pytest.raises(InputError, match=r"\[scheduler\] epoch_seconds': must be a number"):
+        base.with_overrides(epoch_seconds="fast")
+    with pytest.raises(InputError, match="unknown policy"):
+        base.with_overrides(policy="nope")
+    assert base.with_overrides(epoch_seconds=10).preempt_grace_s == 30.0
+    with pytest.raises(TypeError, match="polcy"):
+        base.with_overrides(polcy="hadar")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.csv").write_text(DEV_CSV.read_text())
+    c = base.with_overrides(throughputs=["t.csv"], log_file=None, state_dir=Path("s"))
+    assert c.throughputs == (str(tmp_path / "t.csv"),)
+    assert c.state_dir == str(tmp_path / "s")
+    assert c.log_file is None
+
+
+# -- throughput tables -----------------------------------------------------------------------
+
+
+def test_load_table_for_merges_the_dev_csv() -> None:
+    table = load_table_for(load_config(DEV))
+    bundled = default_table()
+    assert table.rate("ResNet-50 (batch size 64)", 1, "a100") > 0
+    assert table.rate("ResNet-50 (batch size 64)", 1, "v100") == bundled.rate(
+        "ResNet-50 (batch size 64)", 1, "v100")
+    assert "a100" in table.gpu_types()
+    assert load_table_for(default_config()).rates == bundled.rates
+
+
+def test_load_table_for_merges_in_order(tmp_path: Path) -> None:
+    header = "job_type,scale_factor,gpu_type,steps_per_second\n"
+    (tmp_path / "a.csv").write_text(header + "A3C,1,a100,1.0\nA3C,1,h100,5.0\n")
+    (tmp_path / "b.csv").write_text(header + "A3C,1,a100,2.0\n")
+    c = parse('[scheduler]\nthroughputs = ["a.csv", "b.csv"]', base=tmp_path)
+    table = load_table_for(c)
+    assert table.rate("A3C", 1, "a100") == 2.0
+    assert table.rate("A3C", 1, "h100") == 5.0
+
+
+def test_dev_throughputs_cover_the_bundled_table() -> None:
+    bundled = default_table()
+    dev = load_table(DEV_CSV)
+    assert set(dev.job_keys()) == set(bundled.job_keys())
+    assert dev.gpu_types() == ("a100",)
+    for job_type, sf in bundled.job_keys():
+        v100 = bundled.rate(job_type, sf, "v100")
+        a100 = dev.rate(job_type, sf, "a100")
+        assert (a100 == 0.0) == (v100 == 0.0)
+        assert v100 == 0.0 or 1.5 <= a100 / v100 <= 2.5
+
+
+def test_dev_throughputs_csv_is_generated() -> None:
+    assert DEV_CSV.read_text() == gen_dev_throughputs.render()
+    assert "NOT MEASURED" in DEV_CSV.read_text().split("job_type,")[0]
+
+
+def test_service_unit_essentials() -> None:
+    unit = UNIT.read_text()
+    for line in [
+        "ExecStart=/usr/local/bin/hadar-slurm run --config /etc/hadar-slurm/hadar-slurm.toml",
+        "Restart=on-failure", "RestartSec=10", "User=hadar",
+        "Environment=SLURM_CONF=/etc/slurm/slurm.conf", "StateDirectory=hadar-slurm",
+        "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only",
+        "PrivateTmp=yes", "KillSignal=SIGTERM",
+    ]:
+        assert re.search(rf"^{re.escape(line)}$", unit, re.M), line
+    assert re.search(r"^After=.*\bslurmctld\.service\b", unit, re.M)
+    assert re.search(r"^ReadWritePaths=.*/var/lib/hadar-slurm\b", unit, re.M)
+    assert re.search(r"^TimeoutStopSec=\d+", unit, re.M)
+
+
+# -- logs ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_logger() -> Iterator[None]:
+    yield
+    logger = logging.getLogger("hadar_slurm")
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+        h.close()
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)
+
+
+@pytest.mark.usefixtures("clean_logger")
+def test_json_log_line(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    log = setup_logging("json", str(path), "info")
+    log_event(log, "epoch", epoch=3, jobs=14, note="two words")
+    log_event(log, "skipped", level=logging.DEBUG, x=1)
+    log_event(log, "slow", level=logging.WARNING, seconds=1.5)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert list(first)[:3] == ["ts", "level", "event"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["ts"])
+    assert first | {"ts": None} == {"ts": None, "level": "info", "event": "epoch", "epoch": 3,
+                                    "jobs": 14, "note": "two words"}
+    assert json.loads(lines[1])["level"] == "warning"
+
+
+@pytest.mark.usefixtures("clean_logger")
+def test_json_log_odd_values(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    log = setup_logging("json", str(path))
+
+    class Odd:
+        def __str__(self) -> str:
+            return "odd!"
+
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+        def __repr__(self) -> str:
+            raise RuntimeError("no")
+
+    log_event(
+        log, "values", i=np.int64(7), f=np.float32(0.5), b=np.bool_(True), arr=np.arange(3),
+        t=(1, (2, 3)), s={3, 1}, p=Path("/x"), nan=float("nan"), odd=Odd(), broken=Broken(),
+        d={1: np.float64(2.0)}, ts="field named ts",
+    )
+    (event,) = read_events(path)
+    assert event["i"] == 7 and event["f"] == 0.5 and event["b"] is True
+    assert event["arr"] == [0, 1, 2] and event["t"] == [1, [2, 3]] and event["s"] == [1, 3]
+    assert event["p"] == "/x" and event["nan"] == "nan" and event["odd"] == "odd!"
+    assert event["broken"] == "<unprintable Broken>"
+    assert event["d"] == {"1": 2.0}
+    assert event["ts_"] == "field named ts" and event["ts"] != "field named ts"
+    assert "NaN" not in path.read_text()
+
+
+@pytest.mark.usefixtures("clean_logger")
+def test_text_log_line(tmp_path: Path) -> None:
+    path = tmp_path / "log.txt"
+    log = setup_logging("text", str(path), "debug")
+    log_event(log, "epoch", epoch=3, jobs=14, reason="no gpu free", gpus=("v100", "k80"),
+              ok=True, none=None, empty="")
+    log_event(log, "dbg", level=logging.DEBUG, x=np.float64(1.25))
+    first, second = path.read_text().splitlines()
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ INFO epoch epoch=3 jobs=14 reason=\"no gpu free\" "
+        r'gpus=\["v100","k80"\] ok=true none=null empty=""',
+        first,
+    ), first
+    assert second.endswith(" DEBUG dbg x=1.25")
+    assert read_events(path) == []
+
+
+@pytest.mark.usefixtures("clean_logger")
+def test_setup_logging_is_idempotent(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    setup_logging("json", str(path))
+    log = setup_logging("json", str(path))
+    assert log is logging.getLogger("hadar_slurm")
+    assert len(log.handlers) == 1
+    log_event(log, "once")
+    assert [e["event"] for e in read_events(path)] == ["once"]
+    setup_logging("text")
+    assert len(log.handlers) == 1
+    assert isinstance(log.handlers[0], logging.StreamHandler)
+
+
+@pytest.mark.usefixtures("clean_logger")
+def test_plain_logging_calls_and_exceptions(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    log = setup_logging("json", str(path))
+    logging.getLogger("hadar_slurm.sidecar").warning("squeue failed: %s", "timeout")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("oops")
+    warn, exc = read_events(path)
+    assert warn["event"] == "log" and warn["msg"] == "squeue failed: timeout"
+    assert warn["logger"] == "hadar_slurm.sidecar" and warn["level"] == "warning"
+    assert exc["level"] == "error" and "ValueError: boom" in str(exc["exc"])
+
+
+@pytest.mark.usefixtures("clean_logger")
+def test_stderr_default(capsys: pytest.CaptureFixture[str]) -> None:
+    log = setup_logging()
+    log_event(log, "hello", n=1)
+    err = capsys.readouterr().err.strip()
+    assert json.loads(err)["event"] == "hello"
+
+
+def test_setup_logging_rejects_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="log format"):
+        setup_logging("xml")
+    with pytest.raises(InputError, match="log level"):
+        setup_logging("json", level="loud")
+    with pytest.raises(InputError, match="cannot open log file"):
+        setup_logging("json", str(tmp_path / "no" / "such" / "dir" / "x.log"))
+
+
+def test_read_events_skips_non_json(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.log"
+    path.write_text('{"event": "a"}\nnot json\n[1, 2]\n\n{"event": "b"}\n{"event": "c"')
+    assert [e["event"] for e in read_events(path)] == ["a", "b"]
+
+
+def test_json_lines_reader_follows_a_growing_file(tmp_path: Path) -> None:
+    path = tmp_path / "grow.log"
+    reader = JsonLinesReader(path)
+    assert reader.read_new() == []
+    path.write_text('{"event": "a"}\n{"event": ')
+    assert reader.read_new() == [{"event": "a"}]
+    with path.open("a") as f:
+        f.write('"b"}\n')
+    assert reader.read_new() == [{"event": "b"}]
+    assert reader.read_new() == []
+    path.write_text('{"event": "c"}\n')
+    assert reader.read_new() == [{"event": "c"}]
+    assert [e["event"] for e in reader.read_all()] == ["c"]
