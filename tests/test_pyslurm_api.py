@@ -1,0 +1,454 @@
+"""Unit tests of :mod:`hadar_slurm.sidecar.pyslurm_api` against a FAKE pyslurm.
+
+pyslurm cannot be installed here (PyPI has only 25.11.x, which builds only against Slurm 25.11;
+this machine has Slurm 22.05), so these tests do not touch a real pyslurm.  The fake below is
+shaped after pyslurm's source (repository PySlurm/pyslurm), and only as far as the mapping reads:
+
+- ``pyslurm/core/job/job.pyx``: ``Jobs.load()`` (a multi-cluster map, see
+  ``pyslurm/xcollections.pyx``: iterating yields keys, ``values()`` the jobs of all clusters);
+  ``Job(job_id)`` with ``modify(changes)``, ``hold(mode=None)``, ``release()``,
+  ``requeue(hold=False)``, ``send_signal(signal, steps="children", hurry=False)``, ``cancel()``;
+  attributes ``id``, ``name``, ``user_name``, ``user_id``, ``state`` (``job_state_string``: a
+  flag such as ``REQUEUE_HOLD`` replaces the base state), ``state_reason``, ``partition``,
+  ``allocated_nodes``, ``required_nodes``, ``constraints`` (a list, ``cstr.to_list``),
+  ``comment``, ``admin_comment``, ``gres_per_node`` (``cstr.to_gres_dict``: ``{"gpu:v100": 2}``),
+  ``priority``, ``submit_time``, ``start_time``, ``time_limit`` (minutes; None when unset or
+  unlimited, ``ctime._raw_time``).
+- ``pyslurm/core/job/submission.pyx``: ``JobSubmitDescription(**kwargs)`` (a cdef class: unknown
+  attributes raise).
+- ``pyslurm/core/node.pyx``: ``Nodes.load()``; ``Node`` attributes ``name``, ``state``
+  (``node_state_string_complete``: ``"MIXED+DRAIN"``), ``configured_gres``, ``allocated_gres``
+  (``{"gpu:v100": {"count": 2, "indexes": "0-1"}}`` for ``gpu:v100:2(IDX:0-1)``),
+  ``available_features``, ``active_features``, ``total_cpus``, ``allocated_cpus``,
+  ``real_memory``, ``partitions``.
+- ``pyslurm/core/error.pyx``: ``RPCError(errno, msg)``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import cast
+
+import pytest
+
+from hadar_slurm.sidecar.api import CliApi, SlurmApi
+from hadar_slurm.sidecar.pyslurm_api import (
+    PyslurmApi,
+    PyslurmUnsupportedError,
+    make_api,
+    pyslurm_available,
+)
+from hadar_slurm.slurm import (
+    Gres,
+    SlurmCommandError,
+    SlurmConfigError,
+    SlurmError,
+    SlurmParseError,
+    SlurmRunner,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
+
+# ------------------------------------------------------------------------------ the fake
+
+
+class FakeRPCError(Exception):
+    """pyslurm.RPCError (error.pyx): ``errno`` and ``msg``."""
+
+    def __init__(self, errno: int = 2017, msg: str = "Invalid job id specified") -> None:
+        self.errno = errno
+        self.msg = msg
+        super().__init__(msg)
+
+
+class FakeCollection:
+    """pyslurm.xcollections.MultiClusterMap: ``{cluster: {key: item}}``."""
+
+    def __init__(self, items: dict[object, object], cluster: str = "linux") -> None:
+        self.data = {cluster: items}
+
+    def __iter__(self) -> Iterator[object]:  # keys, as MultiClusterMap does
+        for items in self.data.values():
+            yield from items
+
+    def values(self) -> Iterator[object]:
+        for items in self.data.values():
+            yield from items.values()
+
+
+class FakeJobSubmitDescription:
+    """The attributes of submission.pyx that matter here; others raise, as on a cdef class."""
+
+    ATTRS = frozenset({"required_nodes", "constraints", "admin_comment", "gres_per_node",
+                       "nodes", "priority", "time_limit", "comment"})
+
+    def __init__(self, **kwargs: object) -> None:
+        for key in kwargs:
+            if key not in self.ATTRS:
+                raise AttributeError(f"JobSubmitDescription has no attribute {key!r}")
+        self.kwargs = kwargs
+
+
+class FakePyslurm(ModuleType):
+    """A module object standing in for ``pyslurm``; records the calls made on ``Job``."""
+
+    def __init__(self, jobs: list[SimpleNamespace] | None = None,
+                 nodes: list[SimpleNamespace] | None = None) -> None:
+        super().__init__("pyslurm")
+        self.__version__ = "25.11.0"
+        self.calls: list[tuple[int, str, tuple[object, ...], dict[str, object]]] = []
+        self.fail: FakeRPCError | None = None
+        self.RPCError = FakeRPCError
+        self.JobSubmitDescription = FakeJobSubmitDescription
+        fake = self
+        job_list = jobs or []
+        node_list = nodes or []
+
+        def act(job_id: int, method: str, *args: object, **kwargs: object) -> None:
+            fake.calls.append((job_id, method, args, kwargs))
+            if fake.fail is not None:
+                raise fake.fail
+
+        class Job:
+            def __init__(self, job_id: int) -> None:
+                self.id = job_id
+
+            def modify(self, changes: FakeJobSubmitDescription) -> None:
+                act(self.id, "modify", changes)
+
+            def hold(self, mode: str | None = None) -> None:
+                act(self.id, "hold", **({} if mode is None else {"mode": mode}))
+
+            def release(self) -> None:
+                act(self.id, "release")
+
+            def requeue(self, hold: bool = False) -> None:
+                act(self.id, "requeue", hold=hold)
+
+            def send_signal(self, signal: str | int, steps: str = "children",
+                            hurry: bool = False) -> None:
+                act(self.id, "send_signal", signal, steps=steps)
+
+            def cancel(self) -> None:
+                act(self.id, "cancel")
+
+        class Jobs:
+            @staticmethod
+            def load() -> FakeCollection:
+                if fake.fail is not None:
+                    raise fake.fail
+                return FakeCollection({j.id: j for j in job_list})
+
+        class Nodes:
+            @staticmethod
+            def load() -> FakeCollection:
+                if fake.fail is not None:
+                    raise fake.fail
+                return FakeCollection({n.name: n for n in node_list})
+
+        self.Job = Job
+        self.Jobs = Jobs
+        self.Nodes = Nodes
+
+
+def held_job() -> SimpleNamespace:
+    """A pending job held by the sidecar (``scontrol hold``: priority 0)."""
+    return SimpleNamespace(
+        id=3, name="held", user_name="alice", user_id=1000, state="PENDING",
+        state_reason="JobHeldAdmin", partition="gpu", allocated_nodes=None,
+        required_nodes="node3", constraints=["k80"], comment=None,
+        admin_comment="hadar:placed=node3", gres_per_node={"gpu:k80": 1},
+        submit_time=1_700_000_000, start_time=None, time_limit=60, priority=0,
+        cluster="linux")
+
+
+def running_job() -> SimpleNamespace:
+    return SimpleNamespace(
+        id=7, name="train-v100", user_name="bob", user_id=1001, state="RUNNING",
+        state_reason="None", partition="gpu", allocated_nodes="node[1-2]",
+        required_nodes="node[1-2]", constraints=["v100|p100"], comment="hadar:job=7",
+        admin_comment=None, gres_per_node={"gpu:v100": 2}, submit_time=1_700_000_100,
+        start_time=1_700_000_200, time_limit=None, priority=4294901759, cluster="linux")
+
+
+def gpu_node() -> SimpleNamespace:
+    return SimpleNamespace(
+        name="node1", state="MIXED+DRAIN", configured_gres={"gpu:v100": 4},
+        allocated_gres={"gpu:v100": {"count": 2, "indexes": "0-1"}},
+        available_features=["v100", "nvlink"], active_features=["v100"], total_cpus=32,
+        allocated_cpus=8, real_memory=128000, partitions=["gpu", "debug"])
+
+
+@pytest.fixture
+def fake() -> FakePyslurm:
+    return FakePyslurm([held_job(), running_job()], [gpu_node()])
+
+
+@pytest.fixture
+def api(fake: FakePyslurm) -> PyslurmApi:
+    return PyslurmApi(module=fake)
+
+
+# ------------------------------------------------------------------------------ reads
+
+
+def test_read_jobs_maps_a_held_and_a_running_job(api: PyslurmApi) -> None:
+    jobs = {j.job_id: j for j in api.read_jobs()}
+    assert api.commands == 1 and sorted(jobs) == [3, 7]
+
+    held = jobs[3]
+    assert held.state == "PENDING" and held.state_flags == () and held.held
+    assert held.state_reason == "JobHeldAdmin" and held.priority == 0
+    assert held.nodes == "" and held.node_names == ()
+    assert held.gres == (Gres("gpu", "k80", 1),) and held.features == "k80"
+    assert held.admin_comment == "hadar:placed=node3" and held.comment == ""
+    assert held.submit_time == 1_700_000_000 and held.start_time is None
+    assert held.time_limit_min == 60 and held.user == "alice"
+
+    run = jobs[7]
+    assert run.state == "RUNNING" and not run.held
+    assert run.nodes == "node[1-2]" and run.node_names == ("node1", "node2")
+    assert run.gres == (Gres("gpu", "v100", 2),) and run.gpu_type == "v100"
+    assert run.gpus_per_node == 2 and run.features == "v100|p100"
+    assert run.time_limit_min is None and run.start_time == 1_700_000_200
+
+
+def test_job_mapping_equals_the_cli_parser_on_the_same_job(api: PyslurmApi) -> None:
+    """The same held job as ``squeue --json`` (22.05) prints it parses to the same SlurmJob."""
+    squeue = {"jobs": [{
+        "job_id": 3, "name": "held", "user_name": "alice", "job_state": "PENDING",
+        "state_reason": "JobHeldAdmin", "partition": "gpu", "nodes": "",
+        "tres_per_node": "gres:gpu:k80:1", "features": "k80", "comment": "",
+        "admin_comment": "hadar:placed=node3", "priority": 0, "submit_time": 1_700_000_000,
+        "start_time": 0, "time_limit": 60,
+    }]}
+    (cli,) = parse_squeue_json(squeue)
+    mine = next(j for j in api.read_jobs() if j.job_id == 3)
+    assert mine == cli
+
+
+def test_read_nodes_maps_gres_features_and_state(api: PyslurmApi) -> None:
+    (node,) = api.read_nodes()
+    assert api.commands == 1
+    assert node.name == "node1" and node.state == "MIXED" and node.state_flags == ("DRAIN",)
+    assert node.gres == (Gres("gpu", "v100", 4),) and node.gpus == 4
+    assert node.gres_used == (Gres("gpu", "v100", 2),) and node.gpus_used == 2
+    assert node.features == ("v100", "nvlink") and node.active_features == ("v100",)
+    assert (node.cpus, node.alloc_cpus, node.real_memory_mb) == (32, 8, 128000)
+    assert node.partitions == ("gpu", "debug")
+
+    sinfo = {"nodes": [{
+        "name": "node1", "state": "mixed", "state_flags": ["DRAIN"],
+        "gres": "gpu:v100:4(S:0-1)", "gres_used": "gpu:v100:2(IDX:0-1)",
+        "features": "v100,nvlink", "active_features": "v100", "cpus": 32, "alloc_cpus": 8,
+        "real_memory": 128000, "partitions": ["gpu", "debug"],
+    }]}
+    assert parse_sinfo_json(sinfo) == (node,)
+
+
+@pytest.mark.parametrize(("gres", "expected"), [
+    ({"gpu": 2}, (Gres("gpu", None, 2),)),
+    ({"gres/gpu:a100": 4}, (Gres("gpu", "a100", 4),)),  # key of Slurm 23.02+ "gres/gpu:a100:4"
+    ({"gpu:v100": {"count": "1", "indexes": "0"}}, (Gres("gpu", "v100", 1),)),
+    ({"gpu:v100": SimpleNamespace(count=3)}, (Gres("gpu", "v100", 3),)),
+    ({}, ()),
+    (None, ()),
+])
+def test_gres_shapes(fake: FakePyslurm, gres: object, expected: tuple[Gres, ...]) -> None:
+    job = running_job()
+    job.gres_per_node = gres
+    (mapped,) = PyslurmApi(module=FakePyslurm([job])).read_jobs()
+    assert mapped.gres == expected
+
+
+@pytest.mark.parametrize(("state", "base", "flags"), [
+    ("REQUEUE_HOLD", "PENDING", ("REQUEUE_HOLD",)),
+    ("REQUEUED", "PENDING", ("REQUEUED",)),
+    ("CONFIGURING", "RUNNING", ("CONFIGURING",)),
+    ("COMPLETING", "COMPLETING", ()),  # base state unknown: kept as Slurm 22.05's squeue does
+    ("completed", "COMPLETED", ()),
+])
+def test_job_state_flags(state: str, base: str, flags: tuple[str, ...]) -> None:
+    job = held_job()
+    job.state = state
+    job.state_reason = "JobHeldUser"
+    (mapped,) = PyslurmApi(module=FakePyslurm([job])).read_jobs()
+    assert (mapped.state, mapped.state_flags) == (base, flags)
+    assert mapped.held == (base == "PENDING")
+
+
+def test_user_falls_back_to_uid_and_unlimited_numbers() -> None:
+    job = running_job()
+    job.user_name = None
+    job.priority = "UNLIMITED"  # u32_parse's on_inf
+    (mapped,) = PyslurmApi(module=FakePyslurm([job])).read_jobs()
+    assert mapped.user == "1001" and mapped.priority is None
+
+
+def test_unreadable_attribute_names_the_job_and_field() -> None:
+    job = running_job()
+    job.gres_per_node = {"gpu:v100": "many"}
+    with pytest.raises(SlurmParseError, match=r"pyslurm: job 7: field 'gres_per_node'"):
+        PyslurmApi(module=FakePyslurm([job])).read_jobs()
+
+
+# ------------------------------------------------------------------------------ actions
+
+
+def test_update_job_maps_scontrol_fields(api: PyslurmApi, fake: FakePyslurm) -> None:
+    api.update_job(7, {"NodeList": "node2", "Features": "p100", "AdminComment": "hadar:x",
+                       "Gres": "gpu:v100:2"})
+    assert api.commands == 1
+    ((job_id, method, args, kwargs),) = fake.calls
+    assert (job_id, method, kwargs) == (7, "modify", {})
+    (desc,) = args
+    assert isinstance(desc, FakeJobSubmitDescription)
+    assert desc.kwargs == {"required_nodes": "node2", "constraints": "p100",
+                           "admin_comment": "hadar:x", "gres_per_node": {"gpu:v100": 2}}
+
+
+def test_update_job_untyped_gres(api: PyslurmApi, fake: FakePyslurm) -> None:
+    api.update_job(7, {"Gres": "gpu:2"})
+    desc = cast(FakeJobSubmitDescription, fake.calls[0][2][0])
+    assert desc.kwargs == {"gres_per_node": {"gpu": 2}}
+
+
+@pytest.mark.parametrize("fields", [
+    {"NumNodes": "2"},
+    {"NodeList": "node1", "NumNodes": "1"},
+    {"Features": ""},
+    {"Gres": "none"},
+])
+def test_update_job_what_pyslurm_cannot_set(
+    api: PyslurmApi, fake: FakePyslurm, fields: dict[str, str],
+) -> None:
+    with pytest.raises(PyslurmUnsupportedError, match="use the 'cli' backend"):
+        api.update_job(7, fields)
+    assert api.commands == 0 and fake.calls == []
+
+
+def test_update_job_rejects_unknown_fields_and_bad_ids(api: PyslurmApi) -> None:
+    with pytest.raises(ValueError, match="unsupported fields"):
+        api.update_job(7, {"TimeLimit": "10"})
+    with pytest.raises(ValueError, match="at least one field"):
+        api.update_job(7, {})
+    with pytest.raises(ValueError, match="positive int"):
+        api.hold(0)
+    assert api.commands == 0
+
+
+def test_job_actions_call_the_right_methods(api: PyslurmApi, fake: FakePyslurm) -> None:
+    api.hold(3)
+    api.release(3)
+    api.requeue_hold(7)
+    api.signal(7, "USR1")
+    api.signal(7, "SIGTERM")
+    api.signal(7, "10")
+    api.cancel(7)
+    assert fake.calls == [
+        (3, "hold", (), {}),  # admin hold, as `scontrol hold` by the operator
+        (3, "release", (), {}),
+        (7, "requeue", (), {"hold": True}),
+        (7, "send_signal", ("SIGUSR1",), {"steps": "all"}),  # all steps and the batch script
+        (7, "send_signal", ("SIGTERM",), {"steps": "all"}),
+        (7, "send_signal", ("10",), {"steps": "all"}),
+        (7, "cancel", (), {}),
+    ]
+    assert api.commands == 7
+
+
+def test_unknown_signal_is_refused_before_the_call(api: PyslurmApi) -> None:
+    with pytest.raises(ValueError, match="unknown signal"):
+        api.signal(7, "NOPE")
+    assert api.commands == 0
+
+
+def test_rpc_error_becomes_slurm_command_error(api: PyslurmApi, fake: FakePyslurm) -> None:
+    fake.fail = FakeRPCError(2017, "Invalid job id specified")
+    with pytest.raises(SlurmCommandError) as info:
+        api.hold(123)
+    assert info.value.argv == ("pyslurm", "Job.hold", "123")
+    assert "Invalid job id specified" in str(info.value) and "errno 2017" in str(info.value)
+    assert isinstance(info.value.__cause__, FakeRPCError)
+
+    with pytest.raises(SlurmCommandError) as info:
+        api.read_jobs()
+    assert info.value.argv == ("pyslurm", "Jobs.load")
+    with pytest.raises(SlurmCommandError) as info:
+        api.update_job(5, {"AdminComment": "x"})
+    assert info.value.argv == ("pyslurm", "Job.modify", "5", "AdminComment=x")
+    assert api.commands == 3  # failed calls were issued, so they count
+
+
+# ------------------------------------------------------------------------------ backend choice
+
+
+Runners = tuple[list[SlurmRunner], Callable[[], SlurmRunner]]
+
+
+@pytest.fixture
+def runner_factory(tmp_path: Path) -> Runners:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    made: list[SlurmRunner] = []
+
+    def factory() -> SlurmRunner:
+        made.append(SlurmRunner(conf))
+        return made[-1]
+
+    return made, factory
+
+
+def block_pyslurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # None in sys.modules makes `import pyslurm` raise ImportError, installed or not.
+    monkeypatch.setitem(sys.modules, "pyslurm", cast(ModuleType, None))
+
+
+def test_make_api_auto_with_pyslurm(
+    monkeypatch: pytest.MonkeyPatch, runner_factory: Runners,
+) -> None:
+    fake = FakePyslurm([held_job()])
+    monkeypatch.setitem(sys.modules, "pyslurm", fake)
+    made, factory = runner_factory
+    assert pyslurm_available()
+    api = make_api("auto", factory)
+    assert isinstance(api, PyslurmApi) and api.name == "pyslurm" and made == []
+    assert api.version == "25.11.0" and [j.job_id for j in api.read_jobs()] == [3]
+    assert isinstance(make_api("pyslurm", factory), PyslurmApi)
+
+
+def test_make_api_auto_without_pyslurm(
+    monkeypatch: pytest.MonkeyPatch, runner_factory: Runners,
+) -> None:
+    block_pyslurm(monkeypatch)
+    made, factory = runner_factory
+    assert not pyslurm_available()
+    api = make_api("auto", factory)
+    assert isinstance(api, CliApi) and api.runner is made[0]
+    with pytest.raises(SlurmConfigError, match=r"major\.minor matches this site's Slurm"):
+        make_api("pyslurm", factory)
+    with pytest.raises(SlurmError, match="cannot be imported"):
+        PyslurmApi()
+
+
+def test_make_api_cli_and_unknown(
+    monkeypatch: pytest.MonkeyPatch, runner_factory: Runners,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyslurm", FakePyslurm())
+    made, factory = runner_factory
+    api = make_api("cli", factory)
+    assert isinstance(api, CliApi) and len(made) == 1
+    with pytest.raises(ValueError, match="unknown Slurm backend 'slurmrestd'"):
+        make_api("slurmrestd", factory)
+
+
+def uses_api(api: SlurmApi) -> tuple[str, int]:
+    """Typed against the protocol: mypy checks that PyslurmApi satisfies SlurmApi."""
+    return api.name, api.commands
+
+
+def test_pyslurm_api_satisfies_the_protocol(api: PyslurmApi) -> None:
+    assert uses_api(api) == ("pyslurm", 0)
