@@ -1,10 +1,14 @@
 """The ``hadar-slurm`` command line.
 
-Subcommands (more come later: ``run``, ``status``, ``explain``)::
+Subcommands::
 
     hadar-slurm simulate --trace FILE --cluster 4:4:4 [--throughputs FILE]
                          [--policy NAME[,NAME...]] [--round-seconds 360]
                          [--json OUT] [--plots DIR]
+    hadar-slurm run --config FILE [--once] [--dry-run] [--epoch-seconds S] [--max-epochs N]
+    hadar-slurm status [--config FILE] [--all] [--json]
+    hadar-slurm explain JOBID [--config FILE]
+    hadar-slurm hints check "hadar: model=... steps=..." [--gpus N] | hints lua
 
 Any problem with the input is an :class:`~hadar_slurm.errors.InputError`: it is printed as one
 line, ``hadar-slurm: error: ...``, and the exit status is 2.
@@ -23,14 +27,20 @@ from typing import TextIO
 
 import numpy as np
 
-from hadar_slurm import __version__
+from hadar_slurm import __version__, cli_hints
 from hadar_slurm.cluster import load_cluster
 from hadar_slurm.errors import InputError
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import REGISTRY, Policy, make_policy
+from hadar_slurm.sidecar.api import SlurmApi
+from hadar_slurm.sidecar.config import SidecarConfig, default_config, load_config
+from hadar_slurm.sidecar.controller import Sidecar, read_state
+from hadar_slurm.sidecar.pyslurm_api import make_api
+from hadar_slurm.sidecar.report import explain, format_status, status_rows
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.run import SimResult, simulate
+from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmJob, SlurmRunner
 from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
 from hadar_slurm.trace import (
     BUNDLED_TRACES,
@@ -230,6 +240,74 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- the sidecar ------------------------------------------------------------------------------
+
+
+def _sidecar_config(args: argparse.Namespace) -> SidecarConfig:
+    config = load_config(args.config) if args.config else default_config()
+    overrides: dict[str, object] = {}
+    if getattr(args, "dry_run", False):
+        overrides["dry_run"] = True
+    if getattr(args, "epoch_seconds", None) is not None:
+        overrides["epoch_seconds"] = parse_round(args.epoch_seconds)
+    return config.with_overrides(**overrides) if overrides else config
+
+
+def _slurm_api(config: SidecarConfig) -> SlurmApi:
+    return make_api(config.backend, lambda: SlurmRunner(
+        config.slurm_conf, timeout=config.command_timeout_s))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _sidecar_config(args)
+    max_epochs = 1 if args.once else args.max_epochs
+    if max_epochs is not None and max_epochs < 1:
+        raise InputError(f"must be at least 1, got {max_epochs}", field="--max-epochs")
+    try:
+        sidecar = Sidecar(config)
+        sidecar.install_signal_handlers()
+        return sidecar.run(max_epochs=max_epochs)
+    except SlurmConfigError as exc:
+        raise InputError(str(exc), source=config.source, field="[slurm] conf") from None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _sidecar_config(args)
+    jobs = _read_jobs(config)
+    state = read_state(config)
+    if args.json:
+        print(json.dumps({"state_epoch": state.get("epoch") if state else None,
+                          "jobs": status_rows(jobs, state, args.all)}, indent=1))
+    else:
+        print(format_status(jobs, state, args.all))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    config = _sidecar_config(args)
+    try:
+        job_id = int(args.jobid)
+    except ValueError:
+        raise InputError(f"not a job id: {args.jobid!r}", field="JOBID") from None
+    print(explain(job_id, _read_jobs(config), read_state(config)))
+    return 0
+
+
+def _read_jobs(config: SidecarConfig) -> list[SlurmJob]:
+    try:
+        return _slurm_api(config).read_jobs()
+    except SlurmConfigError as exc:
+        raise InputError(str(exc), source=config.source, field="[slurm] conf") from None
+    except SlurmError as exc:
+        raise InputError(f"cannot read Slurm's queue: {exc}") from None
+
+
+def _add_config_arg(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--config", required=required, metavar="FILE",
+                   help="the sidecar's TOML config (example: slurm_conf/hadar-slurm.toml)"
+                   + ("" if required else "; default: built-in defaults and $SLURM_CONF"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -262,6 +340,42 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--plots", metavar="DIR",
                      help="write jct_cdf.png and gpus_busy.png to DIR")
     sim.set_defaults(func=cmd_simulate)
+
+    run = sub.add_parser(
+        "run", help="run the sidecar: steer a Slurm cluster's hadar jobs every epoch",
+        description="Every epoch: read Slurm's jobs and nodes, run the policy, and hold, "
+        "place, release or requeue hadar jobs (those with 'hadar:' hints in their comment). "
+        "Stops on SIGTERM/SIGINT after the current epoch.",
+    )
+    _add_config_arg(run, required=True)
+    run.add_argument("--once", action="store_true", help="run one epoch and exit")
+    run.add_argument("--max-epochs", type=int, metavar="N", help="stop after N epochs")
+    run.add_argument("--dry-run", action="store_true",
+                     help="shadow mode: log what it would do, change nothing in Slurm")
+    run.add_argument("--epoch-seconds", metavar="S",
+                     help="epoch length in seconds (overrides the config)")
+    run.set_defaults(func=cmd_run)
+
+    status = sub.add_parser(
+        "status", help="jobs, GPU types, where each runs and why",
+        description="A table of Slurm's jobs as the sidecar sees them: model, GPUs, GPU "
+        "type, nodes, and why each runs there or waits (from the sidecar's last epoch).",
+    )
+    _add_config_arg(status, required=False)
+    status.add_argument("--all", action="store_true", help="finished jobs too")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(func=cmd_status)
+
+    expl = sub.add_parser(
+        "explain", help="why a job waits, or runs where it does",
+        description="The hints, the sidecar's last decision on the job and its reason, the "
+        "job's throughput on each GPU type, and what is recorded in Slurm.",
+    )
+    expl.add_argument("jobid", metavar="JOBID", help="a Slurm job id")
+    _add_config_arg(expl, required=False)
+    expl.set_defaults(func=cmd_explain)
+
+    cli_hints.register(sub)
     return parser
 
 

@@ -128,6 +128,8 @@ class EpochLoop:
         self.epoch = 0
         self.policy_state: object = None
         self.records: list[EpochRecord] = []
+        self.last_snapshot: Snapshot | None = None  # of the last epoch, for reports
+        self.last_decision: Decision | None = None
 
     def run_epoch(self) -> bool:
         """One epoch; False when the backend says nothing is left."""
@@ -138,6 +140,7 @@ class EpochLoop:
         decision_s = time.perf_counter() - t0
         self.policy_state = decision.policy_state
         actions = diff(snapshot, decision)
+        self.last_snapshot, self.last_decision = snapshot, decision
         self.backend.apply(decision, actions, now)
         record = EpochRecord(
             self.epoch, now, snapshot.num_jobs,

@@ -36,11 +36,11 @@ def test_typed_constraint_job_runs_on_node2(dev_cluster: DevCluster, tmp_path: P
     job_id = submit(
         dev_cluster, wrap='echo "host=$(hostname) gpus=$CUDA_VISIBLE_DEVICES"',
         gres="gpu:1", constraint="p100", job_name="hadar-it-p100", chdir=str(tmp_path),
-        output=str(out), comment="hadar:test=p100")
+        output=str(out), comment="test=p100")
     job = wait_job(dev_cluster, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=30)
     assert job.state == "COMPLETED", job
     assert job.node_names == ("node2",) and job.features == "p100"
-    assert job.gres[0].count == 1 and job.comment == "hadar:test=p100"
+    assert job.gres[0].count == 1 and job.comment == "test=p100"
     assert out.read_text().split() == ["host=node2", "gpus=0"]
 
 

@@ -199,7 +199,7 @@ def test_unknown_key_suggests_the_closest() -> None:
     msg = error_of("[scheduler]\n\npolcy = 'hadar'\n")
     assert msg.startswith("test.toml:3: field '[scheduler] polcy': unknown key ("), msg
     assert "did you mean 'policy'?" in msg
-    assert "known: policy, epoch_seconds, preempt_grace_s" in msg
+    assert "known: policy, epoch_seconds, preempt_grace_s, migration_s" in msg
 
 
 def test_unknown_key_without_close_match() -> None:

@@ -25,8 +25,15 @@ UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "Gres")
 class SlurmApi(Protocol):
     """The Slurm calls of the sidecar.  Errors raise :class:`hadar_slurm.slurm.SlurmError`."""
 
-    name: str
-    commands: int  # Slurm calls issued so far (reads and actions)
+    @property
+    def name(self) -> str:
+        """Which implementation, for the logs (``cli``, ``pyslurm``, ``dry-run(cli)``)."""
+        ...
+
+    @property
+    def commands(self) -> int:
+        """Slurm calls issued so far (reads and actions)."""
+        ...
 
     def read_jobs(self) -> list[SlurmJob]:
         """All jobs Slurm knows (pending, running, recently finished), in one call."""
@@ -94,3 +101,41 @@ class CliApi:
 
     def cancel(self, job_id: int) -> None:
         self._run(commands.scancel(job_id))
+
+
+class DryRunApi:
+    """Shadow mode: reads go to Slurm, changes are only written down (and logged by the
+    caller); nothing in Slurm changes.  ``would`` lists ``(call, job_id, detail)``."""
+
+    def __init__(self, inner: SlurmApi) -> None:
+        self.inner = inner
+        self.name = f"dry-run({inner.name})"
+        self.would: list[tuple[str, int, str]] = []
+
+    @property
+    def commands(self) -> int:
+        return self.inner.commands
+
+    def read_jobs(self) -> list[SlurmJob]:
+        return self.inner.read_jobs()
+
+    def read_nodes(self) -> list[SlurmNode]:
+        return self.inner.read_nodes()
+
+    def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
+        self.would.append(("update", job_id, " ".join(f"{k}={v}" for k, v in fields.items())))
+
+    def hold(self, job_id: int) -> None:
+        self.would.append(("hold", job_id, ""))
+
+    def release(self, job_id: int) -> None:
+        self.would.append(("release", job_id, ""))
+
+    def requeue_hold(self, job_id: int) -> None:
+        self.would.append(("requeuehold", job_id, ""))
+
+    def signal(self, job_id: int, signal: str) -> None:
+        self.would.append(("signal", job_id, signal))
+
+    def cancel(self, job_id: int) -> None:
+        self.would.append(("cancel", job_id, ""))

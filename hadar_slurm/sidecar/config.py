@@ -278,6 +278,12 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_seconds(allow_zero=True),
     ),
     ConfigKey(
+        "scheduler", "migration_s", "seconds", "60",
+        "What moving a running job costs it, in seconds of lost progress (checkpoint, grace "
+        "period, requeue, restart); the hadar policy weighs it against a faster GPU type (>= 0).",
+        check=_seconds(allow_zero=True),
+    ),
+    ConfigKey(
         "scheduler", "preempt_signal", "signal", '"USR1"',
         "Signal sent to a job before it is preempted, so that it can checkpoint: a name such "
         "as USR1, USR2, TERM, INT or HUP (the SIG prefix is optional).",
@@ -339,6 +345,7 @@ class SidecarConfig:
     policy: str
     epoch_seconds: float
     preempt_grace_s: float
+    migration_s: float
     preempt_signal: str
     throughputs: tuple[str, ...]
     dry_run: bool

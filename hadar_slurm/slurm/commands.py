@@ -47,12 +47,15 @@ def sbatch(
     output: str | None = None, error: str | None = None, chdir: str | None = None,
     time_limit: str | None = None, nodes: int | None = None, ntasks: int | None = None,
     cpus_per_task: int | None = None, mem: str | None = None, requeue: bool | None = None,
-    extra: Sequence[str] = (),
+    extra: Sequence[str] = (), script_args: Sequence[str] = (),
 ) -> list[str]:
     """``sbatch --parsable ...`` with either ``wrap`` (a command line, which sbatch itself runs
-    with /bin/sh in the job) or ``script`` (a path).  ``extra`` is appended as given."""
+    with /bin/sh in the job) or ``script`` (a path, followed by ``script_args``).  ``extra``
+    (more options) is appended as given."""
     if (wrap is None) == (script is None):
         raise ValueError("sbatch needs exactly one of wrap= or script=")
+    if script_args and script is None:
+        raise ValueError("script_args= needs script=")
     argv = ["sbatch", "--parsable"]
     options: list[tuple[str, object | None]] = [
         ("job-name", job_name), ("gres", gres), ("constraint", constraint),
@@ -74,6 +77,7 @@ def sbatch(
     else:
         assert script is not None
         argv.append(_value("script", script))
+        argv.extend(_value("script_args", a) for a in script_args)
     return argv
 
 

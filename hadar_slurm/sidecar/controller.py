@@ -1,0 +1,206 @@
+"""``hadar-slurm run``: the sidecar's main loop.
+
+One :class:`~hadar_slurm.loop.EpochLoop` (the same loop the simulator runs) over a
+:class:`~hadar_slurm.sidecar.backend.SlurmBackend`.  Every epoch: one read of jobs and nodes, the
+policy, the diff, the actions; then one ``epoch`` log line and the epoch's decisions written to
+``state_dir/state.json`` for ``hadar-slurm status`` and ``explain``.
+
+Restarts: the epoch counter resumes after the latest epoch recorded on any job in Slurm (the
+records in admin comments), and every action is a reconciliation against what Slurm says, so
+a sidecar that was killed mid-epoch neither places a job twice nor forgets one.  When Slurm
+cannot be reached (slurmctld restarting), the epoch is logged as failed and retried after
+``epoch_seconds``; nothing is decided on stale data.  SIGTERM/SIGINT stop it after the
+current epoch (the wait between epochs is cut short).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from hadar_slurm.errors import InputError
+from hadar_slurm.logs import log_event, setup_logging
+from hadar_slurm.loop import EpochLoop, EpochRecord
+from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import Decision, Reason, Snapshot
+from hadar_slurm.policy.hadar import HadarPolicy
+from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
+from hadar_slurm.sidecar.backend import SlurmBackend
+from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
+from hadar_slurm.sidecar.pyslurm_api import make_api
+from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmRunner
+
+STATE_FILE = "state.json"
+
+
+class StopClock:
+    """Wall-clock time whose waits end early when ``stop`` is set."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep_until(self, t: float) -> None:
+        delay = t - time.time()
+        if delay > 0:
+            self.stop.wait(delay)
+
+
+class Sidecar:
+    """The controller: config in, epochs out, until stopped."""
+
+    def __init__(self, config: SidecarConfig, *, api: SlurmApi | None = None) -> None:
+        self.config = config
+        self.logger = setup_logging(config.log_format, config.log_file, config.log_level)
+        self.stop = threading.Event()
+        self.max_epochs: int | None = None
+        self._epochs_run = 0
+        if api is None:
+            conf = config.slurm_conf
+            api = make_api(config.backend, lambda: SlurmRunner(
+                conf, timeout=config.command_timeout_s))
+        self.api: SlurmApi = DryRunApi(api) if config.dry_run else api
+        self.policy = make_policy(config.policy)
+        if isinstance(self.policy, HadarPolicy):
+            self.policy = dataclasses.replace(self.policy, migration_s=config.migration_s)
+        self.backend = SlurmBackend(
+            self.api, load_table_for(config), partition=config.partition,
+            preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,
+            sleep=self.stop.wait, should_stop=self._should_stop,
+        )
+        self.loop = EpochLoop(self.backend, self.policy, StopClock(self.stop),
+                              round_s=config.epoch_seconds, on_epoch=self._on_epoch)
+
+    def _should_stop(self) -> bool:
+        return self.stop.is_set() or (
+            self.max_epochs is not None and self._epochs_run >= self.max_epochs)
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            log_event(self.logger, "stopping", signal=signal.Signals(signum).name)
+            self.stop.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def recover_epoch(self) -> int:
+        """Read Slurm once; the next epoch follows the latest one recorded on a job."""
+        self.backend.read()
+        return self.backend.last_epoch() + 1
+
+    def run(self, *, max_epochs: int | None = None) -> int:
+        """Run epochs until stopped (or ``max_epochs`` ran).  Returns the exit status."""
+        self.max_epochs = max_epochs
+        c = self.config
+        log_event(self.logger, "start", policy=c.policy, epoch_seconds=c.epoch_seconds,
+                  dry_run=c.dry_run, backend=self.api.name, config=c.source,
+                  pid=os.getpid())
+        while not self.stop.is_set():
+            try:
+                self.loop.epoch = self.recover_epoch()
+                break
+            except SlurmConfigError:
+                raise
+            except SlurmError as exc:
+                log_event(self.logger, "slurm_unreachable", logging.WARNING, error=str(exc))
+                self.stop.wait(min(c.epoch_seconds, 5.0))
+        log_event(self.logger, "resume", epoch=self.loop.epoch)
+        while not self._should_stop():
+            try:
+                if not self.loop.run_epoch():
+                    break
+            except SlurmConfigError:
+                raise
+            except SlurmError as exc:
+                log_event(self.logger, "epoch_failed", logging.WARNING, epoch=self.loop.epoch,
+                          error=str(exc))
+                self.stop.wait(c.epoch_seconds)
+        log_event(self.logger, "stop", epoch=self.loop.epoch)
+        return 0
+
+    def _on_epoch(self, record: EpochRecord) -> None:
+        self._epochs_run += 1
+        st = self.backend.stats
+        log_event(
+            self.logger, "epoch", epoch=record.epoch, jobs=record.num_jobs,
+            placed=record.num_placed, changes=len(st.applied), unsteered=len(
+                self.backend.unsteered), read_s=round(st.read_s, 4),
+            decide_s=round(record.decision_s, 4), apply_s=round(st.apply_s, 4),
+            slurm_commands=st.commands_read + st.commands_apply, dry_run=self.config.dry_run,
+        )
+        snapshot, decision = self.loop.last_snapshot, self.loop.last_decision
+        if snapshot is not None and decision is not None:
+            try:
+                write_state(self.config, self.backend, snapshot, decision)
+            except OSError as exc:
+                log_event(self.logger, "state_write_failed", logging.WARNING,
+                          path=self.config.state_dir, error=str(exc))
+
+
+def epoch_state(
+    config: SidecarConfig, backend: SlurmBackend, snapshot: Snapshot, decision: Decision,
+) -> dict[str, object]:
+    """What ``status``/``explain`` show about the last epoch, JSON-ready."""
+    placed = decision.placement.by_job_sorted()
+    jobs: dict[str, object] = {}
+    for i, job_id in enumerate(snapshot.job_ids.tolist()):
+        view = backend.views[job_id]
+        code = Reason(int(decision.reason[i]))
+        rows = placed.get(job_id, [])
+        jobs[str(job_id)] = {
+            "model": view.hints.model, "batch_size": view.hints.batch_size,
+            "job_type": view.hints.job_type, "gpus": view.gpus, "steps": view.hints.steps,
+            "done_est": round(view.done, 1),
+            "remaining_est": round(float(snapshot.remaining[i]), 1),
+            "rates": {t: round(float(snapshot.rate[i, h]), 4)
+                      for h, t in enumerate(snapshot.gpu_types)},
+            "reason": code.name, "reason_text": code.text, "component": code.component,
+            "detail": decision.detail.get(job_id, ""),
+            "placed": [[snapshot.node_names[k], c] for k, c in rows],
+            "gpu_type": "|".join(sorted({snapshot.gpu_types[snapshot.node_type[k]]
+                                         for k, _ in rows})),
+            "slurm_state": view.job.state, "running": view.running,
+        }
+    return {
+        "epoch": decision.epoch, "time": snapshot.now, "policy": config.policy,
+        "dry_run": config.dry_run, "epoch_seconds": config.epoch_seconds,
+        "gpu_types": list(snapshot.gpu_types),
+        "nodes": [{"name": n, "gpu_type": snapshot.gpu_types[int(snapshot.node_type[k])],
+                   "gpus_for_hadar": int(snapshot.node_gpus[k])}
+                  for k, n in enumerate(snapshot.node_names)],
+        "jobs": jobs,
+        "unsteered": {str(u.job.job_id): u.why for u in backend.unsteered},
+        "actions": backend.stats.applied,
+    }
+
+
+def write_state(config: SidecarConfig, backend: SlurmBackend, snapshot: Snapshot,
+                decision: Decision) -> Path:
+    state_dir = Path(config.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / STATE_FILE
+    tmp = path.with_suffix(f".tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(epoch_state(config, backend, snapshot, decision), indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def read_state(config: SidecarConfig) -> dict[str, object] | None:
+    """The last epoch's state file, or ``None`` when there is none (yet)."""
+    path = Path(config.state_dir) / STATE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the sidecar's state: {exc}", source=str(path)) from None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,152 @@
+"""``hadar-slurm status`` and ``hadar-slurm explain JOBID``: what the sidecar decided, and why.
+
+Both read Slurm live (one ``squeue --json``) and the sidecar's last epoch
+(``state_dir/state.json``, written by ``hadar-slurm run``), and print text for a person
+(``status --json`` for programs).  Neither changes anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hadar_slurm.errors import InputError
+from hadar_slurm.hints import is_hadar_comment
+from hadar_slurm.sidecar.record import decode
+from hadar_slurm.slurm import SlurmJob
+
+ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "REQUEUED")
+
+
+def _jobs_of(state: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if not state:
+        return {}
+    jobs = state.get("jobs")
+    return jobs if isinstance(jobs, dict) else {}
+
+
+def _model(info: Mapping[str, Any] | None, job: SlurmJob) -> str:
+    if info:
+        bs = info.get("batch_size")
+        return f"{info['model']}" + (f"/bs{bs}" if bs else "")
+    return "-" if not is_hadar_comment(job.comment) else "?"
+
+
+def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
+                show_all: bool = False) -> list[dict[str, str]]:
+    """One row per job (active ones unless ``show_all``): where it runs and why."""
+    info_of = _jobs_of(state)
+    unsteered = state.get("unsteered", {}) if state else {}
+    rows: list[dict[str, str]] = []
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        if not show_all and job.state not in ACTIVE:
+            continue
+        info = info_of.get(str(job.job_id))
+        rec = decode(job.admin_comment)
+        hadar = is_hadar_comment(job.comment)
+        gpu_type = job.gpu_type or ("|".join(sorted(set(job.features.split("|"))))
+                                    if job.features else "")
+        if not hadar:
+            why = "not a hadar job: Slurm schedules it"
+        elif rec.state == "unsteered" or str(job.job_id) in unsteered:
+            why = "unsteered: " + (rec.why or str(unsteered.get(str(job.job_id), "")))
+        elif job.state in ("RUNNING", "CONFIGURING"):
+            why = f"runs where epoch {rec.epoch} placed it" if rec.epoch >= 0 else "runs"
+        elif job.state == "PENDING" and rec.state == "placed":
+            why = f"placed by epoch {rec.epoch}; Slurm starts it when its GPUs are free"
+        elif info is not None:
+            why = str(info.get("reason_text", ""))
+            if info.get("detail"):
+                why += f" ({info['detail']})"
+        elif job.state == "PENDING":
+            why = "waits for the sidecar's next epoch"
+        else:
+            why = job.state.lower()
+        rows.append({
+            "job": str(job.job_id), "name": job.name, "user": job.user, "state": job.state,
+            "model": _model(info, job), "gpus": str(job.gpus_per_node * max(
+                1, len(job.node_names))) if job.gpus_per_node else "-",
+            "type": gpu_type or "-", "nodes": job.nodes or "-", "why": why,
+        })
+    return rows
+
+
+def format_status(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
+                  show_all: bool = False) -> str:
+    lines = []
+    if state:
+        age = time.time() - float(state.get("time", 0.0))
+        mode = " (dry run: nothing was changed)" if state.get("dry_run") else ""
+        lines.append(f"last epoch {state.get('epoch')} ({age:.0f} s ago), policy "
+                     f"{state.get('policy')}{mode}")
+    else:
+        lines.append("the sidecar has not run an epoch yet (no state file)")
+    rows = status_rows(jobs, state, show_all)
+    cols = ["job", "name", "user", "state", "model", "gpus", "type", "nodes", "why"]
+    if not rows:
+        lines.append("no jobs")
+        return "\n".join(lines)
+    width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols[:-1]}
+    lines.append("  ".join(c.upper().ljust(width[c]) for c in cols[:-1]) + "  WHY")
+    for r in rows:
+        lines.append("  ".join(r[c][:40].ljust(width[c]) for c in cols[:-1]) + "  " + r["why"])
+    return "\n".join(lines)
+
+
+def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None) -> str:
+    """Why ``job_id`` waits, or runs where it does, in a few lines."""
+    job = next((j for j in jobs if j.job_id == job_id), None)
+    if job is None:
+        raise InputError(f"Slurm does not know job {job_id} (finished jobs stay visible for "
+                         "MinJobAge seconds only)", field="JOBID")
+    head = f"job {job.job_id} ({job.name}, user {job.user}): {job.state}"
+    if job.node_names:
+        head += f" on {job.nodes}"
+    out = [head]
+    if not is_hadar_comment(job.comment):
+        out.append("not a hadar job (its comment has no 'hadar:' hints): the sidecar leaves it "
+                   "to Slurm and only counts the GPUs it holds")
+        return "\n".join(out)
+    out.append(f"hints: {job.comment.strip()}")
+    rec = decode(job.admin_comment)
+    if rec.state == "unsteered":
+        out.append(f"released to Slurm's own scheduler (unsteered): {rec.why}")
+        return "\n".join(out)
+    info = _jobs_of(state).get(str(job_id))
+    if state is None:
+        out.append("the sidecar has not run an epoch yet (no state file)")
+    elif info is None:
+        if job.state not in ACTIVE:
+            where = ", ".join(f"{n}:{c}" for n, c in rec.place) or job.nodes or "-"
+            out.append(f"finished ({job.state.lower()}); the sidecar last placed it in epoch "
+                       f"{rec.epoch} on {where}" if rec.decided else
+                       f"finished ({job.state.lower()})")
+        else:
+            out.append(f"not in the sidecar's last epoch ({state.get('epoch')}): it arrived "
+                       "after it")
+    else:
+        age = time.time() - float(state.get("time", 0.0))
+        where = ", ".join(f"{n}:{c}" for n, c in info.get("placed", []))
+        verdict = (f"placed on {where} ({info.get('gpu_type')})" if where
+                   else str(info.get("reason_text")))
+        out.append(f"epoch {state.get('epoch')} ({age:.0f} s ago, policy {state.get('policy')}):"
+                   f" {verdict} [decided by {info.get('component')}]")
+        if info.get("detail"):
+            out.append(f"  note: {info['detail']}")
+        rates: Mapping[str, float] = info.get("rates", {})
+        best = max(rates.values(), default=0.0)
+        if best > 0:
+            speed = ", ".join(
+                f"{t} {r:.3g} it/s ({r / best:.2f}x)"
+                for t, r in sorted(rates.items(), key=lambda kv: -kv[1]))
+            out.append(f"throughput of {info.get('job_type')} on {info.get('gpus')} GPU(s): "
+                       f"{speed}")
+        out.append(f"progress (estimated from the throughput table): {info.get('done_est')} of"
+                   f" {info.get('steps')} steps; about {info.get('remaining_est')} to go")
+    if rec.decided:
+        out.append(f"record in Slurm (AdminComment): {job.admin_comment}")
+    if job.state == "PENDING" and rec.state == "placed":
+        out.append(f"Slurm's pending reason: {job.state_reason} (it starts the job on "
+                   f"{', '.join(n for n, _ in rec.place)} when those GPUs are free)")
+    return "\n".join(out)
