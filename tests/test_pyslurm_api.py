@@ -300,7 +300,7 @@ def test_unreadable_attribute_names_the_job_and_field() -> None:
 
 def test_update_job_maps_scontrol_fields(api: PyslurmApi, fake: FakePyslurm) -> None:
     api.update_job(7, {"NodeList": "node2", "Features": "p100", "AdminComment": "hadar:x",
-                       "Gres": "gpu:v100:2"})
+                       "TresPerNode": "gres:gpu:v100:2"})
     assert api.commands == 1
     ((job_id, method, args, kwargs),) = fake.calls
     assert (job_id, method, kwargs) == (7, "modify", {})
@@ -311,7 +311,7 @@ def test_update_job_maps_scontrol_fields(api: PyslurmApi, fake: FakePyslurm) -> 
 
 
 def test_update_job_untyped_gres(api: PyslurmApi, fake: FakePyslurm) -> None:
-    api.update_job(7, {"Gres": "gpu:2"})
+    api.update_job(7, {"TresPerNode": "gres:gpu:2"})
     desc = cast(FakeJobSubmitDescription, fake.calls[0][2][0])
     assert desc.kwargs == {"gres_per_node": {"gpu": 2}}
 
@@ -320,7 +320,7 @@ def test_update_job_untyped_gres(api: PyslurmApi, fake: FakePyslurm) -> None:
     {"NumNodes": "2"},
     {"NodeList": "node1", "NumNodes": "1"},
     {"Features": ""},
-    {"Gres": "none"},
+    {"TresPerNode": "none"},
 ])
 def test_update_job_what_pyslurm_cannot_set(
     api: PyslurmApi, fake: FakePyslurm, fields: dict[str, str],

@@ -19,7 +19,7 @@ from hadar_slurm.slurm import SlurmJob, SlurmNode, SlurmRunner, commands
 from hadar_slurm.slurm.parse import parse_sinfo_json, parse_squeue_json
 
 #: Fields the sidecar sets with :meth:`SlurmApi.update_job` (``scontrol update`` names).
-UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "Gres")
+UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "TresPerNode")
 
 
 class SlurmApi(Protocol):

@@ -49,6 +49,9 @@ NODE_BAD_FLAGS = frozenset({
     "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED", "INVALID_REG",
 })
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+#: Pending reasons that say a placed job can never start as its request stands: the sidecar
+#: places it again from scratch (every field of the request rewritten).
+STUCK_REASONS = frozenset({"BadConstraints"})
 #: Fault drill: with ``HADAR_SIDECAR_CRASH_AFTER_WRITES=N`` in its environment the sidecar
 #: kills itself (SIGKILL, no cleanup) right after its N-th change to Slurm, i.e. in the middle
 #: of applying an epoch.  The restart tests use it; nothing else should set it.
@@ -69,6 +72,7 @@ class JobView:
     rows: tuple[tuple[int, int], ...]  # (node index, GPUs) it runs on, or was placed on
     done: float  # steps done, estimated
     attained: dict[str, float]  # seconds run per GPU type, estimated
+    repair: bool = False  # Slurm says its request cannot run: rewrite it whole
 
     @property
     def job_id(self) -> int:
@@ -276,6 +280,11 @@ class SlurmBackend:
                 done += r * run_s
                 for t in used:
                     attained[t] = attained.get(t, 0.0) + run_s
+        elif record.state == "placed" and job.state_reason in STUCK_REASONS:
+            log_event(logger, "stuck", logging.WARNING, job=job.job_id, reason=job.state_reason,
+                      record=job.admin_comment)
+            return JobView(job, hints, record.with_(state="held", place=()), gpus, False, (),
+                           done, attained, repair=True)
         elif record.state == "placed":
             rows = [(node_index[n], c) for n, c in record.place if n in node_index]
         return JobView(job, hints, record, gpus, running, tuple(sorted(rows)), done, attained)
@@ -365,15 +374,16 @@ class SlurmBackend:
         already = rec.state == "placed" and rec.place == place
         if not already:
             per_node = counts.pop()
-            fields = {
-                "NodeList": ",".join(n for n, _ in place),
-                "Features": "|".join(types),
-                "AdminComment": rec.with_(epoch=epoch, state="placed", place=place,
-                                          gpus=view.gpus, why="").encode(),
-            }
-            if len(place) > 1 or len(rec.place) > 1:
+            fields: dict[str, str] = {}
+            if (len(place) > 1 or len(rec.place) > 1 or view.repair
+                    or view.job.gpus_per_node != per_node):
+                # (22.05 ignores an update of Gres=; TresPerNode= works)
                 fields["NumNodes"] = str(len(place))
-                fields["Gres"] = f"gpu:{per_node}"
+                fields["TresPerNode"] = f"gres:gpu:{per_node}"
+            fields["NodeList"] = ",".join(n for n, _ in place)
+            fields["Features"] = "|".join(types)
+            fields["AdminComment"] = rec.with_(epoch=epoch, state="placed", place=place,
+                                               gpus=view.gpus, why="").encode()
             if not self._write("place", job_id, self.api.update_job, fields,
                                nodes=[n for n, _ in place], gpu_type="|".join(types),
                                gpus=view.gpus):

@@ -86,7 +86,7 @@ _UPDATE_ATTRS = {
     "NodeList": "required_nodes",
     "Features": "constraints",
     "AdminComment": "admin_comment",
-    "Gres": "gres_per_node",
+    "TresPerNode": "gres_per_node",
 }
 
 _VERSION_HINT = (
@@ -191,7 +191,7 @@ class PyslurmApi:
                 raise PyslurmUnsupportedError(
                     f"update_job {jid}: pyslurm cannot clear {key} (an empty value leaves it "
                     "unchanged); use the 'cli' backend")
-            if key == "Gres":
+            if key == "TresPerNode":
                 changes[_UPDATE_ATTRS[key]] = _gres_request(jid, value)
             else:
                 changes[_UPDATE_ATTRS[key]] = value
@@ -268,12 +268,13 @@ def _signal_name(signal: str) -> str:
 
 
 def _gres_request(job_id: str, value: str) -> dict[str, int]:
-    """``gpu:v100:2`` (any form :func:`parse_gres` reads) -> ``{"gpu:v100": 2}``, the dict
+    """``gres:gpu:v100:2`` (any form :func:`parse_gres` reads) -> ``{"gpu:v100": 2}``, the dict
     ``JobSubmitDescription.gres_per_node`` takes."""
-    items = parse_gres(value, source=f"update_job {job_id}", field="Gres")
+    items = parse_gres(value, source=f"update_job {job_id}", field="TresPerNode")
     if not items:
         raise PyslurmUnsupportedError(
-            f"update_job {job_id}: pyslurm cannot clear Gres ({value!r}); use the 'cli' backend")
+            f"update_job {job_id}: pyslurm cannot clear TresPerNode ({value!r}); "
+            "use the 'cli' backend")
     out: dict[str, int] = {}
     for g in items:
         key = f"{g.name}:{g.type}" if g.type else g.name

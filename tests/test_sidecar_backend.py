@@ -1,0 +1,272 @@
+"""Unit tests of the sidecar's Slurm backend and its records, over an in-memory SlurmApi.
+
+The fake below is a stand-in for Slurm in fast tests of the reconciliation logic (which
+command for which difference); tests/test_sidecar_cluster.py runs the same code against a
+real Slurm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hadar_slurm.loop import Action, ActionKind, diff
+from hadar_slurm.policy.base import Decision, Placement, Reason
+from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
+from hadar_slurm.sidecar.backend import SlurmBackend
+from hadar_slurm.sidecar.record import JobRecord, decode
+from hadar_slurm.slurm import SlurmCommandError, SlurmJob, SlurmNode
+from hadar_slurm.slurm.parse import Gres
+from hadar_slurm.throughputs import default_table
+
+HINT = "hadar: model=resnet50 bs=64 steps=40000"
+
+
+def job(job_id: int, *, state: str = "PENDING", reason: str = "JobHeldAdmin",
+        comment: str = HINT, admin: str = "hadar: held for the sidecar", gpus: int = 1,
+        nodes: tuple[str, ...] = (), start: int | None = None) -> SlurmJob:
+    return SlurmJob(
+        job_id=job_id, name=f"j{job_id}", user="alice", state=state, state_flags=(),
+        state_reason=reason, partition="gpu", nodes=",".join(nodes), node_names=nodes,
+        gres=(Gres("gpu", None, gpus),), features="", comment=comment, admin_comment=admin,
+        priority=0, submit_time=1000, start_time=start, time_limit_min=None)
+
+
+def node(name: str, gpu_type: str, gpus: int, used: int = 0, state: str = "IDLE",
+         flags: tuple[str, ...] = ()) -> SlurmNode:
+    return SlurmNode(name=name, state=state, state_flags=flags,
+                     gres=(Gres("gpu", gpu_type, gpus),),
+                     gres_used=(Gres("gpu", gpu_type, used),), features=(gpu_type,),
+                     active_features=(gpu_type,), cpus=4, alloc_cpus=0, real_memory_mb=4000,
+                     partitions=("gpu",))
+
+
+class FakeSlurm:
+    """Jobs and nodes in memory; writes change them as Slurm would (roughly)."""
+
+    name = "fake"
+
+    def __init__(self, jobs: list[SlurmJob], nodes: list[SlurmNode]) -> None:
+        self.jobs = {j.job_id: j for j in jobs}
+        self.nodes = nodes
+        self.commands = 0
+        self.log: list[tuple[str, int]] = []
+        self.fail: set[tuple[str, int]] = set()
+
+    def _do(self, what: str, job_id: int) -> None:
+        self.commands += 1
+        if (what, job_id) in self.fail:
+            raise SlurmCommandError(("scontrol", what, str(job_id)), "failed")
+        self.log.append((what, job_id))
+
+    def read_jobs(self) -> list[SlurmJob]:
+        self.commands += 1
+        return list(self.jobs.values())
+
+    def read_nodes(self) -> list[SlurmNode]:
+        self.commands += 1
+        return list(self.nodes)
+
+    def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
+        self._do("update", job_id)
+        j = self.jobs[job_id]
+        self.jobs[job_id] = replace(
+            j, admin_comment=fields.get("AdminComment", j.admin_comment),
+            features=fields.get("Features", j.features))
+
+    def hold(self, job_id: int) -> None:
+        self._do("hold", job_id)
+        self.jobs[job_id] = replace(self.jobs[job_id], state_reason="JobHeldAdmin")
+
+    def release(self, job_id: int) -> None:
+        self._do("release", job_id)
+        self.jobs[job_id] = replace(self.jobs[job_id], state_reason="None")
+
+    def requeue_hold(self, job_id: int) -> None:
+        self._do("requeuehold", job_id)
+        self.jobs[job_id] = replace(self.jobs[job_id], state="PENDING",
+                                    state_reason="JobHeldAdmin", nodes="", node_names=())
+
+    def signal(self, job_id: int, signal: str) -> None:
+        self._do("signal", job_id)
+
+    def cancel(self, job_id: int) -> None:
+        self._do("cancel", job_id)
+
+
+NODES = [node("node1", "v100", 4), node("node2", "p100", 4), node("node3", "k80", 2)]
+
+
+def backend(api: SlurmApi, **kw: object) -> SlurmBackend:
+    return SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=lambda s: None,
+                        **kw)  # type: ignore[arg-type]
+
+
+def decide(b: SlurmBackend, rows: dict[int, list[tuple[int, int]]], epoch: int = 0,
+           now: float = 2000.0) -> tuple[Decision, list[Action]]:
+    snap = b.snapshot(epoch, now, 60.0, None)
+    jobs_, nodes_, counts = [], [], []
+    for j, rr in rows.items():
+        for n, c in rr:
+            jobs_.append(j)
+            nodes_.append(n)
+            counts.append(c)
+    placement = Placement(np.array(jobs_, dtype=np.int64), np.array(nodes_, dtype=np.int64),
+                          np.array(counts, dtype=np.int64))
+    decision = Decision(epoch, placement, np.full(snap.num_jobs, Reason.PLACED, dtype=np.int8))
+    return decision, diff(snap, decision)
+
+
+def test_record_round_trip_and_foreign_comments() -> None:
+    rec = JobRecord(epoch=7, state="placed", place=(("node2", 2),), gpus=2, done=12.5,
+                    attained={"v100": 30.0, "p100": 0.0}, until=1700000000.0,
+                    why="two words")
+    text = rec.encode()
+    assert text.startswith("hadar epoch=7 state=placed place=node2:2 gpus=2 done=12.5 ")
+    back = decode(text)
+    assert back.place == rec.place and back.attained == {"v100": 30.0}
+    assert (back.epoch, back.done, back.until, back.why) == (7, 12.5, 1700000000.0, "two words")
+    for other in ("", "site note", "hadar: held for the sidecar", "hadar epoch=x"):
+        assert decode(other) == JobRecord()
+
+
+def test_snapshot_reads_once_and_counts_other_jobs_gpus() -> None:
+    api = FakeSlurm([
+        job(1), job(2, gpus=2),
+        job(3, state="RUNNING", reason="None", comment="", admin="", nodes=("node1",),
+            gpus=3, start=1500),  # not a hadar job: its GPUs are not ours to hand out
+        job(4, reason="JobHeldUser", admin=""),  # held by its user: left alone
+        job(5, state="COMPLETED", reason="None"),
+    ], [node("node1", "v100", 4, used=3, state="MIXED"), NODES[1],
+        node("node3", "k80", 2, flags=("DRAIN",))])
+    b = backend(api)
+    snap = b.snapshot(0, 2000.0, 60.0, None)
+    assert api.commands == 2
+    assert snap.job_ids.tolist() == [1, 2] and snap.scale.tolist() == [1, 2]
+    assert snap.node_names == ("node1", "node2", "node3")
+    assert snap.node_gpus.tolist() == [1, 4, 0]  # 3 GPUs foreign on node1; node3 drained
+    assert snap.gpu_types == ("v100", "p100", "k80")
+    assert snap.rate[0, 0] == pytest.approx(default_table().rate(
+        "ResNet-50 (batch size 64)", 1, "v100"))
+
+
+def test_place_is_one_update_and_a_release_and_idempotent() -> None:
+    api = FakeSlurm([job(1)], NODES)
+    b = backend(api)
+    decision, actions = decide(b, {1: [(1, 1)]})
+    assert [a.kind for a in actions] == [ActionKind.PLACE]
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [("update", 1), ("release", 1)]
+    rec = decode(api.jobs[1].admin_comment)
+    assert (rec.epoch, rec.state, rec.place, rec.gpus) == (0, "placed", (("node2", 1),), 1)
+    assert api.jobs[1].features == "p100"
+    # the same decision again (e.g. after a restart): the pending job counts as placed there
+    decision, actions = decide(b, {1: [(1, 1)]}, epoch=1)
+    assert [a.kind for a in actions] == [ActionKind.KEEP]
+    api.log.clear()
+    b.apply(decision, actions, 2001.0)
+    assert api.log == [] and b.stats.commands_apply == 0
+
+
+def test_crash_between_update_and_release_is_repaired() -> None:
+    api = FakeSlurm([job(1)], NODES)
+    api.fail.add(("release", 1))
+    b = backend(api)
+    decision, actions = decide(b, {1: [(1, 1)]})
+    b.apply(decision, actions, 2000.0)  # the release failed: the job is still held
+    api.fail.clear()
+    api.log.clear()
+    decision, actions = decide(b, {1: [(1, 1)]}, epoch=1)
+    b.apply(decision, actions, 2001.0)
+    assert api.log == [("release", 1)]
+
+
+def test_move_of_a_running_job_signals_then_requeues_held() -> None:
+    rec = JobRecord(epoch=0, state="placed", place=(("node3", 1),), gpus=1)
+    api = FakeSlurm([job(1, state="RUNNING", reason="None", admin=rec.encode(),
+                         nodes=("node3",), start=1900)], NODES)
+    slept: list[float] = []
+    b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=slept.append)
+    decision, actions = decide(b, {1: [(0, 1)]}, epoch=3, now=2000.0)
+    assert [a.kind for a in actions] == [ActionKind.MOVE]
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1)] and slept == [5.0]
+    rec2 = decode(api.jobs[1].admin_comment)
+    k80 = default_table().rate("ResNet-50 (batch size 64)", 1, "k80")
+    assert rec2.state == "preempted" and rec2.done == pytest.approx(100 * k80, rel=1e-5)
+    assert rec2.attained == {"k80": 100.0} and rec2.until == 2000.0
+    # next epoch it waits, held, and is placed like a new job
+    decision, actions = decide(b, {1: [(0, 1)]}, epoch=4, now=2010.0)
+    assert [a.kind for a in actions] == [ActionKind.PLACE]
+    snap = b.snapshot(4, 2010.0, 60.0, None)
+    assert snap.remaining[0] == pytest.approx(40000 - 100 * k80, rel=1e-5)
+
+
+def test_job_that_finished_during_grace_is_not_requeued() -> None:
+    api = FakeSlurm([job(1, state="RUNNING", reason="None", nodes=("node3",), start=1900)],
+                    NODES)
+
+    def finish(_s: float) -> None:
+        api.jobs[1] = replace(api.jobs[1], state="COMPLETED")
+
+    b = SlurmBackend(api, default_table(), preempt_grace_s=1.0, sleep=finish)
+    decision, actions = decide(b, {})
+    b.apply(decision, actions, 2000.0)
+    assert [w for w, _ in api.log] == ["update", "signal"]
+
+
+def test_unplaced_pending_jobs_are_held_and_bad_hints_released() -> None:
+    api = FakeSlurm([
+        job(1, reason="Priority", admin=""),  # no job_submit.lua: not held yet
+        job(2, comment="hadar: model=nosuch steps=5"),  # held by the plugin, bad hints
+        job(3, comment="hadar: model=resnet50 bs=128 steps=5", gpus=2),  # 2 GPUs of k80: 0
+    ], [NODES[2]])
+    b = backend(api)
+    decision, actions = decide(b, {})
+    b.apply(decision, actions, 2000.0)
+    assert ("hold", 1) in api.log
+    assert decode(api.jobs[1].admin_comment).state == "held"
+    for j in (2, 3):
+        assert ("release", j) in api.log, api.log
+        rec = decode(api.jobs[j].admin_comment)
+        assert rec.state == "unsteered" and rec.why, rec
+    assert "nosuch" in decode(api.jobs[2].admin_comment).why
+    # unsteered jobs stay unsteered: nothing more is done with them
+    api.log.clear()
+    decision, actions = decide(b, {}, epoch=1)
+    b.apply(decision, actions, 2001.0)
+    assert [x for x in api.log if x[1] in (2, 3)] == []
+
+
+def test_uneven_multi_node_placement_waits_with_a_reason() -> None:
+    api = FakeSlurm([job(1, gpus=4)], [node("node1", "v100", 4), node("node2", "v100", 4)])
+    b = backend(api)
+    decision, actions = decide(b, {1: [(0, 3), (1, 1)]})
+    b.apply(decision, actions, 2000.0)
+    assert "unequal GPU counts" in decision.detail[1]
+    assert api.log == [] and api.jobs[1].state_reason == "JobHeldAdmin"  # stays held
+
+
+def test_dry_run_changes_nothing_and_failed_writes_do_not_stop_the_epoch() -> None:
+    api = FakeSlurm([job(1), job(2)], NODES)
+    dry = DryRunApi(api)
+    b = backend(dry)
+    decision, actions = decide(b, {1: [(0, 1)], 2: [(1, 1)]})
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [] and [w[0] for w in dry.would] == ["update", "release"] * 2
+    api.fail.add(("update", 1))
+    b = backend(api)
+    decision, actions = decide(b, {1: [(0, 1)], 2: [(1, 1)]})
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [("update", 2), ("release", 2)]
+
+
+def test_last_epoch_is_recovered_from_the_records() -> None:
+    api = FakeSlurm([job(1, admin=JobRecord(epoch=41, state="held").encode()),
+                     job(2, admin=JobRecord(epoch=7, state="placed").encode())], NODES)
+    b = backend(api)
+    b.read()
+    assert b.last_epoch() == 41
