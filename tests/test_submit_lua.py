@@ -1,0 +1,175 @@
+"""slurm_conf/job_submit.lua on a real slurmctld (the session's dev cluster, started with the
+plugin): hadar jobs are checked, normalized to untyped GPUs and held; bad hints are refused at
+sbatch time with the same decision and message as hadar_slurm.hints.parse_hints; other jobs are
+left alone.  Every job a test submits is cancelled when the test ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hadar_slurm.hints import HintError, is_hadar_comment, parse_hints
+from hadar_slurm.slurm import Gres, commands, parse_sbatch_parsable, parse_scontrol_show
+from tests.slurm_cluster import DevCluster, jobs, wait_job
+
+ADMIN_COMMENT = "hadar: held for the sidecar"
+
+
+class Submitter:
+    """sbatch on the dev cluster; remembers the jobs to cancel them at the end of the test."""
+
+    def __init__(self, cluster: DevCluster, workdir: Path) -> None:
+        self.cluster = cluster
+        self.workdir = workdir
+        self.ids: list[int] = []
+
+    def sbatch(self, comment: str | None, *options: str, wrap: str = "sleep 1",
+               hold: bool = False, gres: str | None = None,
+               constraint: str | None = None) -> tuple[int | None, str]:
+        """(job id or None when refused, sbatch's stderr)."""
+        argv = commands.sbatch(
+            wrap=wrap, comment=comment, gres=gres, constraint=constraint, hold=hold,
+            job_name="hadar-it-lua", chdir=str(self.workdir), output="/dev/null",
+            extra=options)
+        out = self.cluster.runner.run(argv, check=False)
+        if out.returncode != 0:
+            return None, out.stderr
+        job_id = parse_sbatch_parsable(out.stdout)
+        self.ids.append(job_id)
+        return job_id, out.stderr
+
+    def show(self, job_id: int) -> dict[str, str]:
+        return parse_scontrol_show(
+            self.cluster.runner.run(commands.scontrol_show_job(job_id)).stdout)
+
+    def cancel_all(self) -> None:
+        if self.ids:
+            self.cluster.runner.run(commands.scancel(self.ids), check=False)
+
+
+@pytest.fixture
+def sub(dev_cluster: DevCluster, tmp_path: Path) -> Iterator[Submitter]:
+    tmp_path.chmod(0o755)
+    submitter = Submitter(dev_cluster, tmp_path)
+    try:
+        yield submitter
+    finally:
+        submitter.cancel_all()
+
+
+def test_hinted_job_is_normalized_and_held(sub: Submitter) -> None:
+    job_id, _ = sub.sbatch("hadar: model=resnet50 bs=64 steps=40000 sync=true", "--prefer=v100",
+                           gres="gpu:v100:2", constraint="v100")
+    assert job_id is not None
+    job = jobs(sub.cluster)[job_id]
+    assert job.state == "PENDING" and job.state_reason == "JobHeldUser" and job.held, job
+    assert job.priority == 0
+    assert job.gres == (Gres("gpu", None, 2),) and job.gpu_type is None  # untyped
+    assert job.features == ""  # the sidecar picks the GPU type
+    assert job.admin_comment == ADMIN_COMMENT
+    assert job.comment == "hadar: model=resnet50 bs=64 steps=40000 sync=true"
+    shown = sub.show(job_id)
+    assert shown["TresPerNode"] == "gres:gpu:2" and shown["Requeue"] == "1"
+    assert shown["Features"] == "(null)" and "Prefer" not in shown and "TresPerJob" not in shown
+
+
+def test_normalized_job_can_be_placed_and_released(sub: Submitter) -> None:
+    # --gpus=2 (tres_per_job) becomes --gres=gpu:2; the operator (as the sidecar will) sets
+    # NodeList and Features on the held job and releases it: it runs there.
+    job_id, _ = sub.sbatch("hadar: model=transformer bs=32 steps=100", "--gpus=v100:2")
+    assert job_id is not None
+    assert jobs(sub.cluster)[job_id].gres == (Gres("gpu", None, 2),)
+    sub.cluster.runner.run(commands.scontrol_update_job(
+        job_id, {"NodeList": "node2", "Features": "p100"}))
+    sub.cluster.runner.run(commands.scontrol_release(job_id))
+    job = wait_job(sub.cluster, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=30)
+    assert job.state == "COMPLETED" and job.node_names == ("node2",), job
+    assert job.gpus_per_node == 2
+
+
+def test_unhinted_job_is_left_as_submitted(sub: Submitter) -> None:
+    comment = "not for hadar: model=nonsense"
+    job_id, _ = sub.sbatch(comment, "--prefer=k80", "--no-requeue", wrap="sleep 30",
+                           gres="gpu:k80:1", constraint="k80")
+    assert job_id is not None
+    job = jobs(sub.cluster)[job_id]
+    assert not job.held and job.state in ("PENDING", "RUNNING") and job.priority != 0, job
+    assert job.gres == (Gres("gpu", "k80", 1),) and job.features == "k80"
+    assert job.comment == comment and job.admin_comment == ""
+    shown = sub.show(job_id)
+    assert shown["TresPerNode"] == "gres:gpu:k80:1" and shown["Prefer"] == "k80"
+    assert shown["Requeue"] == "0"
+
+    no_comment, _ = sub.sbatch(None, hold=True, gres="gpu:2")
+    assert no_comment is not None
+    job = jobs(sub.cluster)[no_comment]
+    assert job.comment == "" and job.admin_comment == "" and job.gres == (Gres("gpu", None, 2),)
+
+
+# (comment, extra sbatch options, the GPU count job_submit.lua reads from them)
+PARITY: list[tuple[str, tuple[str, ...], int]] = [
+    ("hadar: model=resnet50 bs=64 steps=40000 sync=true", ("--gres=gpu:v100:2",), 2),
+    ("  HADAR:model=ResNet-18\tbs=16 steps=4_000 weight=.5", (), 1),
+    ("hadar: steps=7 sync=No model=a3c weight=2e1", ("--gres=gpu:1",), 1),
+    ("hadar: model=recommendation bs=0512 steps=1", ("--gpus=1",), 1),
+    ("hadar: model=lm bs=80 steps=10 weight=3.", ("--gpus-per-node=8",), 8),
+    ("hadar: model=lm bs=40 steps=10", ("--gpus-per-task=1", "--ntasks=4"), 4),
+    ("hadar: model=lm bs=10 steps=10", ("--gpus-per-socket=1", "--sockets-per-node=2"), 2),
+    ("hadar model=nonsense (no colon: not a hadar job)", ("--gres=gpu:k80:1",), 1),
+    ("see hadar: later", (), 1),
+    ("hadar:", (), 1),
+    ("hadar: model=resnet51 bs=64 steps=1", (), 1),
+    ("hadar: model=resnet50 bs=65 steps=1", (), 1),
+    ("hadar: model=resnet50 bs=6_4x steps=1", (), 1),
+    ("hadar: model=resnet50 steps=10", (), 1),
+    ("hadar: model=a3c bs=32 steps=10", (), 1),
+    ("hadar: model=a3c", (), 1),
+    ("hadar: model=resnet50 bs=64 steps=-5", (), 1),
+    ("hadar: model=resnet50 bs=64 steps=1.5", (), 1),
+    ("hadar: model=lm bs=5 steps=1__0", (), 1),
+    ("hadar: model=a3c steps=10 sync=maybe", (), 1),
+    ("hadar: model=a3c steps=10 weight=inf", (), 1),
+    ("hadar: model=a3c steps=10 weight=0x10", (), 1),
+    ("hadar: model=a3c steps=10 weight=0", (), 1),
+    ("hadar: model=a3c steps=10 foo=1", (), 1),
+    ("hadar: Model=a3c steps=10", (), 1),
+    ("hadar: model=a3c steps=10 steps=11", (), 1),
+    ("hadar: model=a3c steps", (), 1),
+    ("hadar: =a3c", (), 1),
+    ("hadar: model=a3c steps=", (), 1),
+    ("hadar: model=a3c steps=10", ("--gres=gpu:2",), 2),
+    ("hadar: model=resnet50 bs=64 steps=10", ("--gpus-per-task=1", "--ntasks=3"), 3),
+    ("hadar: model=resnet50 bs=64 steps=10", ("--gpus=v100:16",), 16),
+]
+
+
+def python_decision(comment: str, gpus: int) -> str | None:
+    """None when accepted, else the message."""
+    if not is_hadar_comment(comment):
+        return None
+    try:
+        parse_hints(comment, gpus=gpus)
+    except HintError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("comment, options, gpus", PARITY,
+                         ids=[f"{i:02d}" for i in range(len(PARITY))])
+def test_lua_decides_as_python(sub: Submitter, comment: str, options: tuple[str, ...],
+                               gpus: int) -> None:
+    expect = python_decision(comment, gpus)
+    job_id, stderr = sub.sbatch(comment, *options, hold=True)
+    if expect is None:
+        assert job_id is not None, f"Lua refused what Python accepts: {stderr}"
+        job = jobs(sub.cluster)[job_id]
+        if is_hadar_comment(comment):
+            assert job.gres == (Gres("gpu", None, gpus),) and job.admin_comment == ADMIN_COMMENT
+        else:
+            assert job.admin_comment == ""
+    else:
+        assert job_id is None, f"Lua accepted what Python refuses: {expect}"
+        assert f"sbatch: error: hadar: {expect}\n" in stderr, stderr
+        assert "Batch job submission failed" in stderr
