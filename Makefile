@@ -11,7 +11,8 @@ DEMO_CLUSTER ?= 4:4:4
 LINT_PATHS := hadar_slurm tests $(wildcard bench)
 SLURM_PACKAGES := munge slurmctld slurmd slurm-client slurmrestd libslurm-dev
 
-.PHONY: venv deps demo test lint typecheck pytest clean distclean cluster-up cluster-down cluster-status
+.PHONY: venv deps demo test lint typecheck pytest clean distclean cluster-up cluster-down \
+	cluster-status cluster-demo
 
 venv: $(STAMP)
 
@@ -74,6 +75,10 @@ cluster-down:
 
 cluster-status:
 	bash slurm_conf/dev-cluster.sh status
+
+# Local cluster + a small hinted workload + the sidecar over it; prints its decisions; stops.
+cluster-demo: venv
+	bash slurm_conf/cluster-demo.sh
 
 clean:
 	rm -rf build dist *.egg-info out .mypy_cache .ruff_cache .pytest_cache

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from bench.ports import free_port_base
 from bench.report import write_rows
 from hadar_slurm.sidecar.config import load_config
 from hadar_slurm.sidecar.controller import Sidecar
@@ -108,24 +108,10 @@ def _answers(conf: Path) -> bool:
     return "is UP" in out.stdout
 
 
-def _ports_free(base: int, n: int) -> bool:
-    for port in range(base, base + n):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
 def _free_port_base() -> int:
     """16 free ports, away from the developer default (17810), the demo (17900) and the tests
     (18000..21200)."""
-    for k in range(100):
-        base = 21600 + ((os.getpid() + k) % 100) * 16
-        if _ports_free(base, 16):
-            return base
-    raise RuntimeError("no 16 free TCP ports found in 21600..23200 for the bench's cluster")
+    return free_port_base(21600, 100, what="the bench's cluster")
 
 
 def _dev_script(action: str, env: dict[str, str], timeout: float) -> None:

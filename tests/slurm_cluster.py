@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port_base
 from hadar_slurm.slurm import (
     SlurmJob,
     SlurmRunner,
@@ -58,24 +58,10 @@ def nodes_conf() -> dict[str, tuple[str, int]]:
     return out
 
 
-def _ports_free(base: int, n: int) -> bool:
-    for port in range(base, base + n):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
 def _free_port_base(n: int) -> int:
     """A base port with ``n`` free ports after it (away from the default 17810 of a
-    developer's own cluster); starts at a pid-dependent place."""
-    for k in range(200):
-        base = 18000 + ((os.getpid() + k) % 200) * 16
-        if _ports_free(base, n):
-            return base
-    raise RuntimeError("no 16 free TCP ports found in 18000..21200 for the dev cluster")
+    developer's own cluster)."""
+    return free_port_base(18000, 200, n)
 
 
 def _reap_stale(env: dict[str, str]) -> None:

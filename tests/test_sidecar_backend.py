@@ -270,3 +270,22 @@ def test_last_epoch_is_recovered_from_the_records() -> None:
     b = backend(api)
     b.read()
     assert b.last_epoch() == 41
+
+
+def test_job_started_between_the_reads_is_not_held_and_stays_tracked() -> None:
+    # placed and released last epoch; Slurm starts it right after the nodes read: the jobs read
+    # shows it running, the nodes read not yet its GPUs
+    rec = JobRecord(epoch=0, state="placed", place=(("node2", 2),), gpus=2)
+    api = FakeSlurm([job(1, state="RUNNING", reason="None", admin=rec.encode(), gpus=2,
+                         nodes=("node2",), start=1999)], NODES)
+    b = backend(api)
+    decision, actions = decide(b, {1: [(1, 2)]}, epoch=1)
+    assert b.snapshot(1, 2000.0, 60.0, None).node_gpus.tolist() == [4, 4, 2]
+    b.apply(decision, actions, 2000.0)
+    assert api.log == []
+    # a hold that reached it after it started (priority 0 while running): still tracked
+    api.jobs[1] = replace(api.jobs[1], state_reason="JobHeldAdmin", admin_comment=JobRecord(
+        epoch=1, state="held").encode())
+    snap = b.snapshot(2, 2001.0, 60.0, None)
+    assert snap.job_ids.tolist() == [1] and snap.current.rows_of(1) == [(1, 2)]
+    assert snap.node_gpus.tolist() == [4, 4, 2]

@@ -152,8 +152,12 @@ class SlurmBackend:
         """One read of all jobs and one of all nodes."""
         before = self.api.commands
         t0 = time.perf_counter()
-        self.jobs = self.api.read_jobs()
+        # Nodes first: a job that starts between the two reads then shows as running in the
+        # jobs read, while its GPUs are not yet used in the nodes read (free GPUs are
+        # over-counted for one epoch, which is harmless; the other order under-counts them
+        # and would hold jobs that were just released).
         self.nodes = self.api.read_nodes()
+        self.jobs = self.api.read_jobs()
         self.stats = EpochStats(read_s=time.perf_counter() - t0,
                                 commands_read=self.api.commands - before)
 
@@ -187,14 +191,19 @@ class SlurmBackend:
         views: dict[int, JobView] = {}
         self.unsteered = []
         hadar_on_node = np.zeros(len(nodes), dtype=np.int64)
+        other_on_node = np.zeros(len(nodes), dtype=np.int64)
         for job in sorted(self.jobs, key=lambda j: j.job_id):
-            if not is_hadar_comment(job.comment):
-                continue
-            if self.partition is not None and job.partition != self.partition:
+            if not is_hadar_comment(job.comment) or (
+                    self.partition is not None and job.partition != self.partition):
+                if job.state in RUNNING_STATES:
+                    for name in job.node_names:
+                        if name in node_index:
+                            other_on_node[node_index[name]] += job.gpus_per_node
                 continue
             if job.state not in RUNNING_STATES and job.state not in PENDING_STATES:
                 continue
-            if job.state_reason in HELD_REASONS and not held_by_hadar(job):
+            if (job.state in PENDING_STATES and job.state_reason in HELD_REASONS
+                    and not held_by_hadar(job)):
                 continue  # the user holds it: not ours to start
             view = self._view(job, now, node_index)
             if view is None:
@@ -205,11 +214,17 @@ class SlurmBackend:
             views[job.job_id] = view
         self.views = views
 
-        # GPUs the policy may hand out: a usable node's GPUs minus those other jobs hold.
+        # GPUs the policy may hand out: a usable node's GPUs minus those other jobs hold.  The
+        # node's count of used GPUs less the hadar jobs' is the other jobs' use; so is the sum
+        # over the running non-hadar jobs of the jobs read.  The two differ only for a job that
+        # started or ended between the reads (or asked for GPUs per job, not per node): the
+        # smaller one wins, since over-counting free GPUs for an epoch is harmless (a released
+        # job waits in Slurm) and under-counting them holds jobs for nothing.
         gpus = np.zeros(len(nodes), dtype=np.int64)
         for k, n in enumerate(nodes):
             if node_usable(n):
-                foreign = max(0, n.gpus_used - int(hadar_on_node[k]))
+                foreign = min(max(0, n.gpus_used - int(hadar_on_node[k])),
+                              int(other_on_node[k]))
                 gpus[k] = max(0, n.gpus - foreign)
         node_type = np.array([types.index(n.gpu_type or "") for n in nodes], dtype=np.int64)
 

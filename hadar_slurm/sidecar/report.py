@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.hints import is_hadar_comment
+from hadar_slurm.hints import is_hadar_comment, parse_hints
 from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import SlurmJob
 
@@ -27,10 +27,17 @@ def _jobs_of(state: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def _model(info: Mapping[str, Any] | None, job: SlurmJob) -> str:
+    if not is_hadar_comment(job.comment):
+        return "-"
     if info:
-        bs = info.get("batch_size")
-        return f"{info['model']}" + (f"/bs{bs}" if bs else "")
-    return "-" if not is_hadar_comment(job.comment) else "?"
+        model, bs = info["model"], info.get("batch_size")
+    else:  # not in the last epoch (finished, or new): read the hints themselves
+        try:
+            hints = parse_hints(job.comment)
+        except InputError:
+            return "(bad hints)"
+        model, bs = hints.model, hints.batch_size
+    return f"{model}" + (f"/bs{bs}" if bs else "")
 
 
 def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
