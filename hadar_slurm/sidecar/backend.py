@@ -33,7 +33,7 @@ from hadar_slurm.hints import Hints, ModelCatalog, is_hadar_comment, parse_hints
 from hadar_slurm.logs import log_event
 from hadar_slurm.loop import Action, ActionKind
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
-from hadar_slurm.sidecar.api import SlurmApi
+from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode
 from hadar_slurm.throughputs import ThroughputTable
@@ -427,8 +427,8 @@ class SlurmBackend:
             if self._write("signal", job_id, self.api.signal, self.preempt_signal,
                            signal=self.preempt_signal):
                 signaled.append(view)
-        if signaled and self.preempt_grace_s > 0:
-            self._sleep(self.preempt_grace_s)
+        if signaled and self.preempt_grace_s > 0 and not isinstance(self.api, DryRunApi):
+            self._sleep(self.preempt_grace_s)  # (a dry run signaled nobody)
         # Slurm requeues finished jobs too: one more read, so that a job that finished during
         # the grace period is not started again.
         try:

@@ -75,7 +75,7 @@ class Sidecar:
         self.backend = SlurmBackend(
             self.api, load_table_for(config), partition=config.partition,
             preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,
-            sleep=self.stop.wait, should_stop=self._should_stop,
+            should_stop=self._should_stop,  # (the grace period is not cut short by a stop)
         )
         self.loop = EpochLoop(self.backend, self.policy, StopClock(self.stop),
                               round_s=config.epoch_seconds, on_epoch=self._on_epoch)
