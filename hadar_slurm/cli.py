@@ -33,14 +33,12 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import REGISTRY, Policy, make_policy
-from hadar_slurm.sidecar.api import SlurmApi
 from hadar_slurm.sidecar.config import SidecarConfig, default_config, load_config
-from hadar_slurm.sidecar.controller import Sidecar, read_state
-from hadar_slurm.sidecar.pyslurm_api import make_api
+from hadar_slurm.sidecar.controller import Sidecar, read_state, slurm_api
 from hadar_slurm.sidecar.report import explain, format_status, status_rows
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.run import SimResult, simulate
-from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmJob, SlurmRunner
+from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmJob
 from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
 from hadar_slurm.trace import (
     BUNDLED_TRACES,
@@ -253,11 +251,6 @@ def _sidecar_config(args: argparse.Namespace) -> SidecarConfig:
     return config.with_overrides(**overrides) if overrides else config
 
 
-def _slurm_api(config: SidecarConfig) -> SlurmApi:
-    return make_api(config.backend, lambda: SlurmRunner(
-        config.slurm_conf, timeout=config.command_timeout_s))
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     config = _sidecar_config(args)
     max_epochs = 1 if args.once else args.max_epochs
@@ -295,7 +288,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _read_jobs(config: SidecarConfig) -> list[SlurmJob]:
     try:
-        return _slurm_api(config).read_jobs()
+        return slurm_api(config).read_jobs()
     except SlurmConfigError as exc:
         raise InputError(str(exc), source=config.source, field="[slurm] conf") from None
     except SlurmError as exc:

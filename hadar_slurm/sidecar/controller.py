@@ -40,6 +40,12 @@ from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmRunner
 STATE_FILE = "state.json"
 
 
+def slurm_api(config: SidecarConfig) -> SlurmApi:
+    """The Slurm interface the config asks for (``[slurm] backend``, ``conf``, timeout)."""
+    return make_api(config.backend, lambda: SlurmRunner(
+        config.slurm_conf, timeout=config.command_timeout_s))
+
+
 class StopClock:
     """Wall-clock time whose waits end early when ``stop`` is set."""
 
@@ -65,9 +71,7 @@ class Sidecar:
         self.max_epochs: int | None = None
         self._epochs_run = 0
         if api is None:
-            conf = config.slurm_conf
-            api = make_api(config.backend, lambda: SlurmRunner(
-                conf, timeout=config.command_timeout_s))
+            api = slurm_api(config)
         self.api: SlurmApi = DryRunApi(api) if config.dry_run else api
         self.policy = make_policy(config.policy)
         if isinstance(self.policy, HadarPolicy):
