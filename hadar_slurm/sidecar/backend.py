@@ -72,6 +72,7 @@ class JobView:
     rows: tuple[tuple[int, int], ...]  # (node index, GPUs) it runs on, or was placed on
     done: float  # steps done, estimated
     attained: dict[str, float]  # seconds run per GPU type, estimated
+    rates: tuple[float, ...]  # whole-job steps/s on its GPUs of each of the snapshot's types
     repair: bool = False  # Slurm says its request cannot run: rewrite it whole
 
     @property
@@ -230,7 +231,7 @@ class SlurmBackend:
 
         ordered = list(views.values())
         rate = np.array(
-            [[self.table.rate(v.hints.job_type, v.gpus, t) for t in types] for v in ordered],
+            [v.rates for v in ordered],
             dtype=np.float64).reshape(len(ordered), len(types))
         attained = np.array(
             [[v.attained.get(t, 0.0) for t in types] for v in ordered],
@@ -274,7 +275,8 @@ class SlurmBackend:
         except InputError as exc:
             self._unsteer(job, record, f"bad hints: {exc.one_line()}")
             return None
-        if not any(self.table.rate(hints.job_type, gpus, t) > 0 for t in self.gpu_types):
+        rates = tuple(self.table.rate(hints.job_type, gpus, t) for t in self.gpu_types)
+        if not any(r > 0 for r in rates):
             self._unsteer(job, record, f"no GPU type of this cluster ({', '.join(self.gpu_types)})"
                           f" has a throughput for {hints.job_type} on {gpus} GPU(s)")
             return None
@@ -291,7 +293,7 @@ class SlurmBackend:
             run_s = max(0.0, now - since)
             used = sorted({self.node_type_names[k] for k, _ in rows})
             if used and run_s > 0:
-                r = min(self.table.rate(hints.job_type, gpus, t) for t in used)
+                r = min(rates[self.gpu_types.index(t)] for t in used)
                 done += r * run_s
                 for t in used:
                     attained[t] = attained.get(t, 0.0) + run_s
@@ -299,10 +301,11 @@ class SlurmBackend:
             log_event(logger, "stuck", logging.WARNING, job=job.job_id, reason=job.state_reason,
                       record=job.admin_comment)
             return JobView(job, hints, record.with_(state="held", place=()), gpus, False, (),
-                           done, attained, repair=True)
+                           done, attained, rates, repair=True)
         elif record.state == "placed":
             rows = [(node_index[n], c) for n, c in record.place if n in node_index]
-        return JobView(job, hints, record, gpus, running, tuple(sorted(rows)), done, attained)
+        return JobView(job, hints, record, gpus, running, tuple(sorted(rows)), done, attained,
+                       rates)
 
     def _unsteer(self, job: SlurmJob, record: JobRecord, why: str) -> None:
         if job.state in PENDING_STATES:
