@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -72,14 +72,19 @@ def make_job(job_id: int, steps: float, arrival: float, job_type: str = "toy",
                arrival_s=arrival)
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m hadar_slurm ARGS`` in a subprocess, as a user would run it."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["MPLBACKEND"] = "Agg"
+def run_cli(
+    *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m hadar_slurm ARGS`` in a subprocess, as a user would run it (``env``: more
+    environment variables)."""
+    full = dict(os.environ)
+    full["PYTHONPATH"] = str(REPO) + os.pathsep + full.get("PYTHONPATH", "")
+    full["MPLBACKEND"] = "Agg"
+    full.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "hadar_slurm", *args], capture_output=True, text=True,
-        cwd=cwd, env=env, timeout=300, check=False,
+        cwd=cwd, env=full, timeout=timeout, check=False,
     )
 
 

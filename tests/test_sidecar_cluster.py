@@ -8,18 +8,19 @@ count), so a test can tell where and how often it ran.  Each test cancels its jo
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
+from hadar_slurm.logs import JsonLinesReader
 from hadar_slurm.slurm import SlurmJob, commands
 from tests.slurm_cluster import REPO, DevCluster, dev_script, jobs, nodes_conf, submit
 
@@ -45,16 +46,14 @@ echo "done $(hostname) ${SLURM_RESTART_COUNT:-0}" >> "$log"
 class Sidecar:
     proc: subprocess.Popen[str]
     log: Path
+    reader: JsonLinesReader
+    seen: list[dict[str, object]] = field(default_factory=list)
 
     def events(self) -> list[dict[str, object]]:
-        out = []
-        if self.log.exists():
-            for line in self.log.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        """Every event the sidecar has logged so far (the log is read on from where the last
+        call stopped)."""
+        self.seen.extend(self.reader.read_new())
+        return list(self.seen)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -94,13 +93,13 @@ class Workdir:
         proc = subprocess.Popen(
             [sys.executable, "-m", "hadar_slurm", "run", "--config", str(path), *args],
             env=self.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        sidecar = Sidecar(proc, log)
+        sidecar = Sidecar(proc, log, JsonLinesReader(log))
         self.sidecars.append(sidecar)
         return sidecar
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hadar_slurm", *args], env=self.env(),
-                              capture_output=True, text=True, timeout=120, check=False)
+        return run_cli(*args, env={"SLURM_CONF": str(self.cluster.dir / "etc" / "slurm.conf")},
+                       timeout=120)
 
     def submit(self, name: str, secs: int, *, hints: str | None, gres: str = "gpu:1",
                constraint: str | None = None) -> int:
