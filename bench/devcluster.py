@@ -1,9 +1,22 @@
-"""Free loopback TCP ports for a private dev cluster (used by the benches and the tests)."""
+"""Helpers for a private dev cluster (slurm_conf/dev-cluster.sh), used by the benches and the
+tests: free loopback ports, and running the script."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "slurm_conf" / "dev-cluster.sh"
+
+
+def dev_script(
+    action: str, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``dev-cluster.sh ACTION`` with ``env`` (its HADAR_DEVCLUSTER_* settings), output kept."""
+    return subprocess.run(["bash", str(SCRIPT), action], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
 
 
 def ports_free(base: int, n: int) -> bool:

@@ -41,7 +41,6 @@ import argparse
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,7 +52,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench.ports import free_port_base
+from bench.devcluster import dev_script, free_port_base
 from bench.report import write_rows
 from hadar_slurm.sidecar.config import load_config
 from hadar_slurm.sidecar.controller import Sidecar
@@ -61,7 +60,6 @@ from hadar_slurm.slurm import SlurmJob, SlurmRunner, commands
 from hadar_slurm.slurm.parse import parse_sbatch_parsable, parse_sinfo_json, parse_squeue_json
 
 REPO = Path(__file__).resolve().parent.parent
-DEV_SCRIPT = REPO / "slurm_conf" / "dev-cluster.sh"
 DEV_CONFIG = REPO / "slurm_conf" / "dev-sidecar.toml"
 BENCH_DIR = "/tmp/hadar-bench-cluster"
 JOB_NAME = "hadar-bench-epoch"
@@ -115,8 +113,7 @@ def _free_port_base() -> int:
 
 
 def _dev_script(action: str, env: dict[str, str], timeout: float) -> None:
-    out = subprocess.run(["bash", str(DEV_SCRIPT), action], env=env, capture_output=True,
-                         text=True, timeout=timeout, check=False)
+    out = dev_script(action, env, timeout)
     if out.returncode != 0:
         raise RuntimeError(f"dev-cluster.sh {action} failed ({out.returncode}):\n"
                            f"{out.stderr[-3000:]}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.ports import free_port_base
+from bench.devcluster import dev_script, free_port_base
 from hadar_slurm.slurm import (
     SlurmJob,
     SlurmRunner,
@@ -29,7 +28,6 @@ from hadar_slurm.slurm import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "slurm_conf" / "dev-cluster.sh"
 PRIVATE_PREFIX = "/tmp/hadar-devcluster-pytest."
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "unshare")
 
@@ -39,13 +37,6 @@ class DevCluster:
     dir: Path
     env: dict[str, str]  # what dev-cluster.sh needs (dir, port)
     runner: SlurmRunner
-
-
-def dev_script(
-    action: str, env: dict[str, str], timeout: float
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT), action], env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
 
 
 def nodes_conf() -> dict[str, tuple[str, int]]:
