@@ -70,11 +70,14 @@ def diff(snapshot: Snapshot, decision: Decision) -> list[Action]:
     """Actions that take the cluster from ``snapshot.current`` to ``decision.placement``."""
     before = snapshot.current.by_job_sorted()
     after = decision.placement.by_job_sorted()
+    copies_before = snapshot.current.num_copies()
+    copies_after = decision.placement.num_copies()
     actions: list[Action] = []
     for job_id, rows in after.items():
         old = before.get(job_id)
+        same = old == rows and copies_before.get(job_id) == copies_after.get(job_id)
         kind = ActionKind.PLACE if old is None else (
-            ActionKind.KEEP if old == rows else ActionKind.MOVE)
+            ActionKind.KEEP if same else ActionKind.MOVE)
         actions.append(Action(decision.epoch, kind, job_id, tuple(rows)))
     for job_id in before.keys() - after.keys():
         actions.append(Action(decision.epoch, ActionKind.PREEMPT, job_id, ()))

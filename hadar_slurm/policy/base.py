@@ -74,11 +74,17 @@ class Placement:
 
     ``job`` holds job ids (not indices), so a placement stays meaningful across epochs.
     A node has GPUs of one type, so the type is ``Snapshot.node_type[node]``.
+
+    ``copy`` (HadarE) numbers the copies of a forked job: the rows of one job with the same copy
+    index form one trainer (a gang, as an unforked job's rows do); rows with different indices are
+    separate copies that train at once and are consolidated by the job tracker.  ``None`` means
+    every row is copy 0, i.e. no job is forked (every policy but ``hadare``).
     """
 
     job: IntArray
     node: IntArray
     count: IntArray
+    copy: IntArray | None = None
 
     @staticmethod
     def empty() -> Placement:
@@ -87,6 +93,37 @@ class Placement:
 
     def __len__(self) -> int:
         return int(self.job.shape[0])
+
+    def copy_index(self) -> IntArray:
+        """The copy index of every row (zeros when nothing is forked)."""
+        if self.copy is None:
+            return np.zeros(self.job.shape[0], dtype=np.int64)
+        return self.copy
+
+    def select(self, keep: npt.NDArray[np.bool_]) -> Placement:
+        """The rows where ``keep`` is True."""
+        return Placement(self.job[keep], self.node[keep], self.count[keep],
+                         None if self.copy is None else self.copy[keep])
+
+    def copies_of(self, job_id: int) -> dict[int, list[tuple[int, int]]]:
+        """``{copy index: [(node, count), ...]}`` of one job (``{0: rows}`` when not forked)."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        cp = self.copy_index()
+        for k in np.nonzero(self.job == job_id)[0].tolist():
+            out.setdefault(int(cp[k]), []).append((int(self.node[k]), int(self.count[k])))
+        return out
+
+    def by_job_copies(self) -> dict[int, dict[int, list[tuple[int, int]]]]:
+        """``{job id: {copy index: [(node, count), ...]}}``."""
+        out: dict[int, dict[int, list[tuple[int, int]]]] = {}
+        for j, n, c, k in zip(self.job.tolist(), self.node.tolist(), self.count.tolist(),
+                              self.copy_index().tolist(), strict=True):
+            out.setdefault(j, {}).setdefault(k, []).append((n, c))
+        return out
+
+    def num_copies(self) -> dict[int, int]:
+        """``{job id: number of copies}`` (1 for an unforked job)."""
+        return {j: len(cp) for j, cp in self.by_job_copies().items()}
 
     def rows_of(self, job_id: int) -> list[tuple[int, int]]:
         """``[(node, count), ...]`` of one job."""
@@ -100,7 +137,8 @@ class Placement:
         return out
 
     def same_as(self, other: Placement) -> bool:
-        return self.by_job_sorted() == other.by_job_sorted()
+        return (self.by_job_sorted() == other.by_job_sorted()
+                and self.num_copies() == other.num_copies())
 
     def by_job_sorted(self) -> dict[int, list[tuple[int, int]]]:
         return {j: sorted(rows) for j, rows in self.by_job().items()}

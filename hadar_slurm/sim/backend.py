@@ -15,15 +15,21 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
 Progress of a job in a round: per-worker rate ``r[h] = rate[h] / scale``; a synchronous job
 runs at ``workers * min r over the types it uses`` (the slowest worker sets the pace) times
 ``spread_factor`` when its workers span several nodes; an asynchronous one at ``sum r``.
+
+HadarE: a job forked into copies (rows with different ``Placement.copy`` indices) progresses at
+the sum of its copies' rates, each copy computed as above; the job tracker adds up their
+iterations.  Every round a job runs forked it first spends ``consolidation.seconds(job type)``
+consolidating the copies' models, making no progress (the GPUs count as busy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.loop import Action, ActionKind
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy.base import Decision, FloatArray, Placement, Snapshot
@@ -49,6 +55,8 @@ class SimState:
     finish: FloatArray
     first_start: FloatArray
     usage: list[EpochUsage] = field(default_factory=list)
+    #: (round start, {job id: copies}) for every round where some job ran forked.
+    copies: list[tuple[float, dict[int, int]]] = field(default_factory=list)
 
 
 class SimulatedCluster:
@@ -63,6 +71,7 @@ class SimulatedCluster:
         spread_factor: float = 1.0,
         migration_cost_s: float = 0.0,
         idle_epochs_limit: int = 3,
+        consolidation: ConsolidationCost | None = None,
     ) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
         self.cluster = cluster
@@ -70,6 +79,7 @@ class SimulatedCluster:
         self.spread_factor = spread_factor
         self.migration_cost_s = migration_cost_s
         self.idle_epochs_limit = idle_epochs_limit
+        self.consolidation = consolidation if consolidation is not None else ConsolidationCost()
         n = len(self.jobs)
         h = len(self.gpu_types)
         self.job_ids = np.array([j.job_id for j in self.jobs], dtype=np.int64)
@@ -88,6 +98,8 @@ class SimulatedCluster:
             [self.gpu_types.index(nd.gpu_type) for nd in cluster.nodes], dtype=np.int64)
         self.node_gpus = np.array([nd.gpus for nd in cluster.nodes], dtype=np.int64)
         self.node_names = tuple(nd.name for nd in cluster.nodes)
+        self.consolidation_s = np.array(
+            [self.consolidation.seconds(j.job_type) for j in self.jobs], dtype=np.float64)
         self.state = SimState(
             remaining=self.total.copy(),
             attained=np.zeros((n, h)),
@@ -123,13 +135,17 @@ class SimulatedCluster:
         self._moved = {a.job_id for a in actions if a.kind in (ActionKind.MOVE, ActionKind.PLACE)}
         self.current = decision.placement
         self._round_start = now
+        forked = {j: k for j, k in self.current.num_copies().items() if k > 1}
+        if forked:
+            self.state.copies.append((now, forked))
         for job_id in set(decision.placement.job.tolist()):
             i = self.index_of[job_id]
             if np.isnan(self.state.first_start[i]):
                 self.state.first_start[i] = now
 
     def next_epoch_start(self, now: float, round_s: float) -> float | None:
-        ttf = [self._time_to_finish(j, rows) for j, rows in self.current.by_job().items()]
+        ttf = [self._time_to_finish(j, copies)
+               for j, copies in self.current.by_job_copies().items()]
         if ttf:
             self._idle_epochs = 0
             return now + min(round_s, max(ttf))
@@ -165,14 +181,23 @@ class SimulatedCluster:
             return r
         return float((workers * per_worker).sum())
 
-    def _delay(self, job_id: int) -> float:
-        return self.migration_cost_s if job_id in self._moved else 0.0
+    def forked_rate(self, job_id: int, copies: Mapping[int, Sequence[tuple[int, int]]]) -> float:
+        """Steps/s of ``job_id`` over its copies: the sum of each copy's :meth:`job_rate`."""
+        return sum(self.job_rate(job_id, rows) for rows in copies.values())
 
-    def _time_to_finish(self, job_id: int, rows: Sequence[tuple[int, int]]) -> float:
-        r = self.job_rate(job_id, rows)
+    def _delay(self, job_id: int, copies: int) -> float:
+        """Seconds without progress at the start of the round: restart, then consolidation."""
+        moved = self.migration_cost_s if job_id in self._moved else 0.0
+        consolidate = float(self.consolidation_s[self.index_of[job_id]]) if copies > 1 else 0.0
+        return moved + consolidate
+
+    def _time_to_finish(self, job_id: int,
+                        copies: Mapping[int, Sequence[tuple[int, int]]]) -> float:
+        r = self.forked_rate(job_id, copies)
         if r <= 0:
             return 0.0
-        return self._delay(job_id) + float(self.state.remaining[self.index_of[job_id]]) / r
+        return (self._delay(job_id, len(copies))
+                + float(self.state.remaining[self.index_of[job_id]]) / r)
 
     def _advance(self, now: float) -> None:
         """Run the current placement from the round's start to ``now``."""
@@ -181,12 +206,13 @@ class SimulatedCluster:
             return
         busy = np.zeros(len(self.gpu_types))
         st = self.state
-        for job_id, rows in self.current.by_job().items():
+        for job_id, copies in self.current.by_job_copies().items():
             i = self.index_of[job_id]
-            r = self.job_rate(job_id, rows)
+            r = self.forked_rate(job_id, copies)
             if r <= 0:
                 continue
-            delay = min(self._delay(job_id), span)
+            rows = [row for cp in copies.values() for row in cp]
+            delay = min(self._delay(job_id, len(copies)), span)
             ttf = float(st.remaining[i]) / r
             run = min(span - delay, ttf)
             st.remaining[i] -= r * run
@@ -200,7 +226,5 @@ class SimulatedCluster:
                 st.finish[i] = self._round_start + delay + ttf
         st.usage.append(EpochUsage(self._round_start, now, busy, len(self.current.by_job())))
         self._round_start = now
-        self.current = Placement(
-            *(a[np.isin(self.current.job, self.job_ids[~np.isnan(st.finish)], invert=True)]
-              for a in (self.current.job, self.current.node, self.current.count))
-        )
+        self.current = self.current.select(
+            np.isin(self.current.job, self.job_ids[~np.isnan(st.finish)], invert=True))

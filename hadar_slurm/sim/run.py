@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.loop import EpochLoop, EpochRecord, SimClock
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy.base import FloatArray, Policy
@@ -37,6 +38,18 @@ class SimResult:
     capacity: tuple[int, ...]
     usage: list[EpochUsage]
     records: list[EpochRecord]
+    #: HadarE: (round start, {job id: copies}) for each round where some job ran forked.
+    copies: list[tuple[float, dict[int, int]]] = field(default_factory=list)
+
+    @property
+    def max_copies(self) -> int:
+        """The most copies any job ran as at once (1: nothing was forked)."""
+        return max((k for _t, forked in self.copies for k in forked.values()), default=1)
+
+    @property
+    def forked_jobs(self) -> int:
+        """How many jobs ran forked in at least one round."""
+        return len({j for _t, forked in self.copies for j in forked})
 
     @property
     def jct(self) -> FloatArray:
@@ -59,6 +72,8 @@ class SimResult:
             "epochs": self.epochs,
             "num_jobs": self.num_jobs,
             "num_completed": self.num_completed,
+            "forked_jobs": self.forked_jobs,
+            "max_copies": self.max_copies,
         }
 
 
@@ -101,10 +116,16 @@ def simulate(
     *,
     round_s: float = 360.0,
     migration_cost_s: float = 0.0,
+    consolidation: ConsolidationCost | None = None,
     on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
 ) -> SimResult:
-    """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run)."""
-    backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s)
+    """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
+
+    ``consolidation``: what one consolidation of a forked job costs (HadarE); the default
+    :class:`~hadar_slurm.consolidation.ConsolidationCost` when None.
+    """
+    backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
+                               consolidation=consolidation)
     start = float(backend.arrival.min()) if len(jobs) else 0.0
     hook = None if on_epoch is None else (lambda rec: on_epoch(rec, backend))
     loop = EpochLoop(backend, policy, SimClock(start), round_s=round_s, on_epoch=hook)
@@ -144,4 +165,5 @@ def simulate(
         capacity=capacity,
         usage=st.usage,
         records=records,
+        copies=st.copies,
     )
