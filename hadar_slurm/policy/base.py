@@ -174,10 +174,19 @@ class Snapshot:
     attained: FloatArray
     current: Placement
     policy_state: object = None
+    #: HadarE: the most copies each job may be forked into (None: 1 for every job, none may be
+    #: forked, unless the policy has a cap of its own for the simulator; see ``copies_cap``).
+    max_copies: IntArray | None = None
 
     @property
     def num_jobs(self) -> int:
         return int(self.job_ids.shape[0])
+
+    def copies_cap(self, default: int) -> IntArray:
+        """Per job, the most copies it may run as: ``max_copies``, or ``default`` for all."""
+        if self.max_copies is None:
+            return np.full(self.num_jobs, max(int(default), 1), dtype=np.int64)
+        return np.maximum(self.max_copies.astype(np.int64), 1)
 
     def capacity(self) -> IntArray:
         """GPUs per type, ``[H]``."""
