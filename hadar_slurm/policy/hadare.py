@@ -1,0 +1,320 @@
+"""``hadare``: HadarE, Hadar with a job forker and a job tracker (HADAR.md, "HadarE").
+
+HadarE may fork a job into copies that train at once on separate nodes; the job tracker adds
+up the copies' iterations (the job is done when they reach its work) and consolidates their
+models at the end of every round, which costs time (:mod:`hadar_slurm.consolidation`).  Copies
+compete for GPUs like any job.  One epoch:
+
+1. **Which jobs are long.**  A lower bound on the time to drain all remaining work when jobs
+   may be forked (:func:`fork_drain`, the Lagrangian dual of the fork LP with Hadar's type
+   prices) sets a *window*, kept across epochs as an absolute target that only moves later.  A
+   job whose remaining time on its best type (one copy) exceeds the window would end after
+   everything else however it is placed: it is offered as many copies as it may have (its cap,
+   ``Snapshot.max_copies`` or ``max_copies`` in the simulator, and at most what the cluster has
+   room for, node-disjoint).  The others keep one copy (``fork_all`` offers every job its cap:
+   a much lower average JCT for a longer makespan and lower utilisation; see bench/quality.py).
+2. **Hadar plans the copies.**  Each offered copy becomes a job of its own in a virtual snapshot:
+   its share of the remaining work, the job's rate less the consolidation overhead, and its
+   share of the job's weight, so that in Hadar's shortest-remaining-time order a copy ranks by
+   the whole job's remaining time, not by its slice.  Hadar
+   (:class:`~hadar_slurm.policy.hadar.HadarPolicy`, unchanged) orders, prices and places the
+   copies like any job: a long job's copies run when they can no longer wait for the target
+   (critical) or when GPUs are free, so short jobs are not starved.  Copies that land on a node
+   another copy of the same job holds are dropped.
+3. **Fill idle GPUs.**  GPUs nobody took this epoch go to more copies of the placed jobs,
+   longest expected finish first, each on the fastest type with room, on nodes the job's other
+   copies do not use, preferring nodes where the job ran a copy last epoch; a copy is only added
+   when it speeds the job up net of the consolidation it adds.
+
+The decision numbers the copies of each job in ``Placement.copy``; ``detail`` says how many
+copies a forked job runs as.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from hadar_slurm.consolidation import ConsolidationCost
+from hadar_slurm.policy.base import (
+    Decision,
+    FloatArray,
+    IntArray,
+    Placement,
+    Reason,
+    Snapshot,
+)
+from hadar_slurm.policy.hadar import HadarPolicy, drain_estimate
+
+
+def fork_drain(remaining: FloatArray, scale: IntArray, rate: FloatArray,
+               capacity: IntArray) -> float:
+    """A lower bound on the time to finish ``remaining`` when jobs may use any number of GPUs.
+
+    For type prices ``pi >= 0`` with ``sum pi * c = 1`` (Hadar's drain prices), every unit of
+    work costs at least ``min_h pi_h * S / rate_h`` price-weighted GPU-seconds and the cluster
+    supplies one per second, so ``sum_i R_i * min_h pi_h * S_i / rate_ih`` bounds the fork
+    makespan from below (unlike Hadar's drain, no job is limited to its scale factor of GPUs).
+    """
+    runs = rate > 0
+    ok = runs.any(axis=1) & (remaining > 0)
+    if not ok.any():
+        return 0.0
+    _, pi = drain_estimate(remaining[ok], scale[ok], rate[ok], capacity)
+    cost = np.where(runs[ok], pi[None, :] * scale[ok, None] / np.where(runs[ok], rate[ok], 1.0),
+                    np.inf)
+    return float((remaining[ok] * cost.min(axis=1)).sum())
+
+
+@dataclass(frozen=True)
+class HadarEState:
+    """Carried from epoch to epoch: Hadar's own state and the fork drain target."""
+
+    hadar: object
+    target: float
+
+
+@dataclass
+class HadarEPolicy:
+    """HadarE.  ``max_copies``: the cap on copies per job when the snapshot has none (the
+    simulator); ``consolidation``: what a consolidation costs; ``multi_node_copies``: whether a
+    copy may span nodes (a gang, as the job itself may; ``False`` in Slurm, where each copy is
+    one component on one node); ``round_s`` for the overhead comes from the snapshot."""
+
+    max_copies: int = 4
+    consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
+    multi_node_copies: bool = True
+    hadar: HadarPolicy = field(default_factory=HadarPolicy)
+    fork_all: bool = False
+    name: str = "hadare"
+
+    def allocate(self, snapshot: Snapshot) -> Decision:
+        n = snapshot.num_jobs
+        prev = snapshot.policy_state
+        prev_hadar = prev.hadar if isinstance(prev, HadarEState) else None
+        if n == 0:
+            return Decision(snapshot.epoch, Placement.empty(), np.zeros(0, dtype=np.int8),
+                            HadarEState(prev_hadar, snapshot.now))
+        scale = snapshot.scale.astype(np.int64)
+        overhead = self.overhead(snapshot)
+        room = self.room_for_copies(snapshot)
+        cap = np.minimum(snapshot.copies_cap(self.max_copies), room)
+
+        # 1: copies wanted per job.
+        capacity = snapshot.capacity()
+        window = fork_drain(snapshot.remaining, scale, snapshot.rate, capacity)
+        target = snapshot.now + window
+        if isinstance(prev, HadarEState) and prev.target > snapshot.now:
+            target = max(target, prev.target)
+        window = max(target - snapshot.now, float(snapshot.round_s))
+        best = snapshot.rate.max(axis=1)
+        single = np.divide(snapshot.remaining, best, out=np.zeros(n), where=best > 0)
+        want = np.ones(n, dtype=np.int64)
+        long_job = ((single > window) | self.fork_all) & (cap > 1)
+        want[long_job] = cap[long_job]
+
+        # 2: Hadar over the copies.
+        virt, owner, copy_no = self.expand(snapshot, want, overhead, prev_hadar)
+        inner = self.hadar.allocate(virt)
+        placement, reason = self.merge(snapshot, inner, owner, copy_no)
+
+        # 3: idle GPUs to more copies, once no job waits for them.
+        runnable = snapshot.rate.max(axis=1) > 0
+        if np.isin(snapshot.job_ids[runnable], placement.job).all():
+            placement = self.fill(snapshot, placement, cap, overhead)
+        reason = np.where(np.isin(snapshot.job_ids, placement.job), np.int8(Reason.PLACED),
+                          reason).astype(np.int8)
+        detail = {j: f"forked into {k} copies" for j, k in placement.num_copies().items()
+                  if k > 1}
+        return Decision(snapshot.epoch, placement, reason,
+                        HadarEState(inner.policy_state, target), detail)
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def overhead(self, snapshot: Snapshot) -> FloatArray:
+        """Per job, the share of a round a forked copy spends consolidating."""
+        secs = np.array([self.consolidation.seconds(t) for t in snapshot.job_types],
+                        dtype=np.float64)
+        return np.clip(secs / max(float(snapshot.round_s), 1e-9), 0.0, 1.0)
+
+    def room_for_copies(self, snapshot: Snapshot) -> IntArray:
+        """Per job, how many copies the cluster could hold at once (node-disjoint)."""
+        scale = snapshot.scale.astype(np.int64)
+        out = np.zeros(snapshot.num_jobs, dtype=np.int64)
+        for i in range(snapshot.num_jobs):
+            runs_on = snapshot.rate[i, snapshot.node_type] > 0
+            if self.multi_node_copies:
+                per_type = np.bincount(snapshot.node_type[runs_on],
+                                       weights=snapshot.node_gpus[runs_on],
+                                       minlength=len(snapshot.gpu_types))
+                out[i] = int((per_type // max(int(scale[i]), 1)).sum())
+            else:
+                out[i] = int((runs_on & (snapshot.node_gpus >= scale[i])).sum())
+        return np.maximum(out, 1)
+
+    def expand(self, snapshot: Snapshot, want: IntArray, overhead: FloatArray,
+               prev_hadar: object) -> tuple[Snapshot, IntArray, IntArray]:
+        """The virtual snapshot with one job per wanted copy; ``owner``/``copy_no`` per copy."""
+        owner = np.repeat(np.arange(snapshot.num_jobs, dtype=np.int64), want)
+        starts = np.cumsum(want) - want
+        copy_no = np.arange(owner.shape[0], dtype=np.int64) - starts[owner]
+        share = want[owner].astype(np.float64)
+        factor = np.where(want[owner] > 1, 1.0 - overhead[owner], 1.0)
+        # Current copies map to virtual jobs (job, copy) while that copy is still wanted.
+        cur = snapshot.current
+        idx = snapshot.current_index()
+        cp = cur.copy_index()
+        keep = (idx >= 0) & (cp < np.where(idx >= 0, want[np.maximum(idx, 0)], 0))
+        virt_id = starts[np.maximum(idx, 0)] + cp
+        current = Placement(virt_id[keep], cur.node[keep], cur.count[keep])
+        virt = replace(
+            snapshot,
+            job_ids=np.arange(owner.shape[0], dtype=np.int64),
+            job_types=tuple(snapshot.job_types[i] for i in owner.tolist()),
+            arrival=snapshot.arrival[owner],
+            total=snapshot.total[owner] / share,
+            remaining=snapshot.remaining[owner] / share,
+            scale=snapshot.scale[owner],
+            weight=snapshot.weight[owner] / share,
+            sync=snapshot.sync[owner],
+            rate=snapshot.rate[owner] * factor[:, None],
+            attained=snapshot.attained[owner],
+            current=current,
+            policy_state=prev_hadar,
+            max_copies=None,
+        )
+        return virt, owner, copy_no
+
+    def merge(self, snapshot: Snapshot, inner: Decision, owner: IntArray,
+              copy_no: IntArray) -> tuple[Placement, np.ndarray]:
+        """Hadar's placement of the copies as a placement of the jobs (node-disjoint copies)."""
+        p = inner.placement
+        rows: list[tuple[int, int, int, int]] = []  # (job index, virtual copy, node, count)
+        used: dict[int, set[int]] = {}
+        for v in np.unique(p.job).tolist():
+            sel = np.nonzero(p.job == v)[0]
+            i = int(owner[v])
+            nodes = {int(x) for x in p.node[sel].tolist()}
+            taken = used.setdefault(i, set())
+            if nodes & taken:
+                continue  # shares a node with another copy of the job: dropped (step 3 may refill)
+            taken |= nodes
+            rows.extend((i, int(copy_no[v]), int(p.node[k]), int(p.count[k]))
+                        for k in sel.tolist())
+        # Reason per job: placed if any copy is; else the first copy's reason.
+        reason = np.full(snapshot.num_jobs, Reason.PRICED_OUT, dtype=np.int8)
+        first = np.nonzero(copy_no == 0)[0]
+        reason[owner[first]] = inner.reason[first]
+        return self._placement(snapshot, rows), reason
+
+    @staticmethod
+    def _placement(snapshot: Snapshot, rows: list[tuple[int, int, int, int]]) -> Placement:
+        """Rows of (job index, copy key, node, count) -> Placement with copies renumbered 0..k-1."""
+        if not rows:
+            return Placement.empty()
+        renum: dict[tuple[int, int], int] = {}
+        per_job: dict[int, int] = {}
+        job, node, count, copy = [], [], [], []
+        for i, key, nd, c in rows:
+            k = renum.get((i, key))
+            if k is None:
+                k = per_job.get(i, 0)
+                per_job[i] = k + 1
+                renum[(i, key)] = k
+            job.append(int(snapshot.job_ids[i]))
+            node.append(nd)
+            count.append(c)
+            copy.append(k)
+        return Placement(np.array(job, dtype=np.int64), np.array(node, dtype=np.int64),
+                         np.array(count, dtype=np.int64), np.array(copy, dtype=np.int64))
+
+    def fill(self, snapshot: Snapshot, placement: Placement, cap: IntArray,
+             overhead: FloatArray) -> Placement:
+        """Give GPUs nobody took to more copies of placed jobs (step 3)."""
+        free = snapshot.node_gpus.astype(np.int64).copy()
+        np.subtract.at(free, placement.node, placement.count)
+        if free.sum() <= 0:
+            return placement
+        index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
+        copies = placement.by_job_copies()
+        rows = [(index_of[j], k, nd, c) for j, cps in copies.items() for k, rs in cps.items()
+                for nd, c in rs]
+        prev_nodes: dict[int, set[int]] = {}
+        for j, nd in zip(snapshot.current.job.tolist(), snapshot.current.node.tolist(),
+                         strict=True):
+            if j in index_of:
+                prev_nodes.setdefault(index_of[j], set()).add(int(nd))
+        worker = snapshot.rate / snapshot.scale[:, None]
+        state: dict[int, tuple[int, float, set[int]]] = {}  # i -> (copies, rate, nodes)
+        for j, cps in copies.items():
+            i = index_of[j]
+            rate = 0.0
+            nodes: set[int] = set()
+            for rs in cps.values():
+                types = {int(snapshot.node_type[nd]) for nd, _ in rs}
+                gpus = sum(c for _, c in rs)
+                rate += gpus * float(min(worker[i, h] for h in types))
+                nodes |= {nd for nd, _ in rs}
+            state[i] = (len(cps), rate, nodes)
+        next_key = {i: max(k for ii, k, _, _ in rows if ii == i) + 1 for i in state}
+        while True:
+            best: tuple[float, int, list[tuple[int, int]], float] | None = None
+            for i, (k, rate, nodes) in state.items():
+                if k >= cap[i] or rate <= 0 or snapshot.remaining[i] <= 0:
+                    continue
+                finish = float(snapshot.remaining[i]) / rate
+                if best is not None and finish <= best[0]:
+                    continue
+                spot = self._spot(snapshot, i, free, nodes, prev_nodes.get(i, set()))
+                if spot is None:
+                    continue
+                gangs, add = spot
+                eff_now = 1.0 - overhead[i] if k > 1 else 1.0
+                if (rate + add) * (1.0 - overhead[i]) <= rate * eff_now:
+                    continue
+                best = (finish, i, gangs, add)
+            if best is None:
+                break
+            _, i, gangs, add = best
+            k, rate, nodes = state[i]
+            for nd, c in gangs:
+                free[nd] -= c
+                rows.append((i, next_key[i], nd, c))
+            next_key[i] += 1
+            state[i] = (k + 1, rate + add, nodes | {nd for nd, _ in gangs})
+        return self._placement(snapshot, rows)
+
+    def _spot(self, snapshot: Snapshot, i: int, free: IntArray, avoid: set[int],
+              prefer: set[int]) -> tuple[list[tuple[int, int]], float] | None:
+        """Where one more copy of job ``i`` goes: the fastest type with room, on nodes the job
+        does not use; ``(rows, rate)`` or None."""
+        need = int(snapshot.scale[i])
+        order = np.argsort(-snapshot.rate[i], kind="stable")
+        for h in order.tolist():
+            if snapshot.rate[i, h] <= 0:
+                break
+            cand = [nd for nd in np.nonzero((snapshot.node_type == h) & (free > 0))[0].tolist()
+                    if nd not in avoid]
+            if not cand:
+                continue
+            # Whole copy on one node: preferred nodes first, then the best fit.
+            whole = [nd for nd in cand if free[nd] >= need]
+            if whole:
+                nd = min(whole, key=lambda x: (x not in prefer, int(free[x]), x))
+                return [(nd, need)], float(snapshot.rate[i, h])
+            if not self.multi_node_copies:
+                continue
+            cand.sort(key=lambda x: (x not in prefer, -int(free[x]), x))
+            gangs: list[tuple[int, int]] = []
+            left = need
+            for nd in cand:
+                take = min(int(free[nd]), left)
+                gangs.append((nd, take))
+                left -= take
+                if left == 0:
+                    return gangs, float(snapshot.rate[i, h])
+        return None
+
+
+__all__ = ["HadarEPolicy", "HadarEState", "fork_drain"]
