@@ -17,6 +17,7 @@ line, ``hadar-slurm: error: ...``, and the exit status is 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -29,10 +30,13 @@ import numpy as np
 
 from hadar_slurm import __version__, cli_hints
 from hadar_slurm.cluster import load_cluster
+from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.errors import InputError
+from hadar_slurm.hetjob import MAX_COPIES
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import REGISTRY, Policy, make_policy
+from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sidecar.config import SidecarConfig, default_config, load_config
 from hadar_slurm.sidecar.controller import Sidecar, read_state, slurm_api
 from hadar_slurm.sidecar.report import explain, format_status, status_rows
@@ -89,6 +93,29 @@ def parse_policies(spec: str) -> list[Policy]:
             raise InputError(f"policy {p.name!r} is named twice", field="policy")
         seen.add(p.name)
     return policies
+
+
+def parse_seconds(text: str, what: str) -> float:
+    """A number of seconds >= 0 given on the command line as ``--WHAT``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise InputError(f"expected a number of seconds >= 0, got {text!r}", field=what,
+                         fix=f"e.g. --{what} 2")
+    return value
+
+
+def parse_copies(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_COPIES:
+        raise InputError(f"expected a whole number from 1 to {MAX_COPIES}, got {text!r}",
+                         field="max-copies", fix="e.g. --max-copies 4")
+    return value
 
 
 def parse_round(text: str) -> float:
@@ -199,6 +226,12 @@ def write_json(path: str, results: Sequence[SimResult]) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
     round_s = parse_round(args.round_seconds)
+    consolidation = ConsolidationCost(
+        base_s=parse_seconds(args.consolidation_base_s, "consolidation-base-s"),
+        s_per_gb=parse_seconds(args.consolidation_s_per_gb, "consolidation-s-per-gb"))
+    max_copies = parse_copies(args.max_copies)
+    policies = [dataclasses.replace(p, consolidation=consolidation, max_copies=max_copies)
+                if isinstance(p, HadarEPolicy) else p for p in policies]
     table = load_throughputs(args.throughputs)
     cluster = load_cluster(args.cluster)
     jobs, source = load_jobs(args.trace, table, cluster)
@@ -216,7 +249,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             progress.update if progress.enabled else None)
         try:
             results.append(simulate(jobs, cluster, table, policy, round_s=round_s,
-                                    on_epoch=hook))
+                                    consolidation=consolidation, on_epoch=hook))
         finally:
             progress.close()
     print(result_table(results))
@@ -329,9 +362,19 @@ def build_parser() -> argparse.ArgumentParser:
                      + " (default: %(default)s)")
     sim.add_argument("--round-seconds", default="360", metavar="S",
                      help="scheduling round (epoch) length in seconds (default: %(default)s)")
+    sim.add_argument("--max-copies", default="4", metavar="K",
+                     help="hadare: the most copies a job may be forked into "
+                     "(default: %(default)s)")
+    sim.add_argument("--consolidation-base-s", default="2", metavar="S",
+                     help="hadare: seconds each consolidation of a forked job's copies takes, "
+                     "plus the model-size term below (default: %(default)s)")
+    sim.add_argument("--consolidation-s-per-gb", default="10", metavar="S",
+                     help="hadare: seconds more per GB of model parameters "
+                     "(default: %(default)s)")
     sim.add_argument("--json", metavar="OUT", help="write one JSON object per policy to OUT")
     sim.add_argument("--plots", metavar="DIR",
-                     help="write jct_cdf.png and gpus_busy.png to DIR")
+                     help="write jct_cdf.png, gpus_busy.png and, when a policy forked jobs, "
+                     "copies.png to DIR")
     sim.set_defaults(func=cmd_simulate)
 
     run = sub.add_parser(

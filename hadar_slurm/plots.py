@@ -3,6 +3,8 @@
 * ``jct_cdf.png``: the CDF of job completion times, one line per policy, in hours.
 * ``gpus_busy.png``: GPUs busy per type over time, one subplot per policy, stacked by GPU type.
   In a round ``[start, end)`` a type's busy GPUs are ``busy_gpu_s / (end - start)``.
+* ``copies.png`` (only when a policy forked jobs, i.e. ``hadare``): copies per job over time,
+  one step line per forked job (the 12 forked longest), one subplot per such policy.
 """
 
 from __future__ import annotations
@@ -101,11 +103,60 @@ def plot_gpus_busy(results: Sequence[SimResult], path: Path) -> Path:
     return path
 
 
+def copies_steps(result: SimResult, t0: float, top: int = 12) -> dict[int, tuple[
+        FloatArray, FloatArray]]:
+    """Per forked job (the ``top`` forked in most rounds): ``(x hours, copies)`` over the rounds
+    that ran anything; NaN where the job ran unforked or not at all."""
+    rounds = [(u.start, u.end) for u in result.usage if u.end > u.start]
+    forked_at = dict(result.copies)
+    counts: dict[int, int] = {}
+    for _t, forked in result.copies:
+        for j in forked:
+            counts[j] = counts.get(j, 0) + 1
+    chosen = sorted(counts, key=lambda j: (-counts[j], j))[:top]
+    out: dict[int, tuple[FloatArray, FloatArray]] = {}
+    for j in sorted(chosen):
+        xs: list[float] = []
+        ys: list[float] = []
+        for start, end in rounds:
+            k = forked_at.get(start, {}).get(j)
+            value = float(k) if k is not None else float("nan")
+            xs += [start, end]
+            ys += [value, value]
+        out[j] = ((np.asarray(xs) - t0) / HOUR, np.asarray(ys))
+    return out
+
+
+def plot_copies(results: Sequence[SimResult], path: Path) -> Path:
+    forking = [r for r in results if r.copies]
+    n = max(len(forking), 1)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 2.6 * n + 0.6), sharex=True, squeeze=False)
+    t0 = min((float(np.min(r.arrival)) for r in results if r.arrival.shape[0]), default=0.0)
+    for ax, r in zip(axes[:, 0], forking, strict=False):
+        for j, (x, y) in copies_steps(r, t0).items():
+            ax.plot(x, y, linewidth=1.2, label=f"job {j}")
+        ax.set_ylabel("copies")
+        ax.set_ylim(0, r.max_copies + 0.8)
+        ax.set_title(f"{r.policy}: {r.forked_jobs} jobs forked, at most {r.max_copies} copies",
+                     loc="left", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper right", fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("simulated time (hours)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plots(results: Sequence[SimResult], out_dir: str | Path) -> list[Path]:
-    """Write ``jct_cdf.png`` and ``gpus_busy.png`` under ``out_dir``; return their paths."""
+    """Write ``jct_cdf.png``, ``gpus_busy.png`` and (when a policy forked jobs) ``copies.png``
+    under ``out_dir``; return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [
+    paths = [
         plot_jct_cdf(results, out / "jct_cdf.png"),
         plot_gpus_busy(results, out / "gpus_busy.png"),
     ]
+    if any(r.copies for r in results):
+        paths.append(plot_copies(results, out / "copies.png"))
+    return paths

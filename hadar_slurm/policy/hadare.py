@@ -190,7 +190,7 @@ class HadarEPolicy:
               copy_no: IntArray) -> tuple[Placement, np.ndarray]:
         """Hadar's placement of the copies as a placement of the jobs (node-disjoint copies)."""
         p = inner.placement
-        rows: list[tuple[int, int, int, int]] = []  # (job index, virtual copy, node, count)
+        by_job: dict[int, list[list[tuple[int, int, int, int]]]] = {}
         used: dict[int, set[int]] = {}
         for v in np.unique(p.job).tolist():
             sel = np.nonzero(p.job == v)[0]
@@ -200,8 +200,19 @@ class HadarEPolicy:
             if nodes & taken:
                 continue  # shares a node with another copy of the job: dropped (step 3 may refill)
             taken |= nodes
-            rows.extend((i, int(copy_no[v]), int(p.node[k]), int(p.count[k]))
-                        for k in sel.tolist())
+            by_job.setdefault(i, []).append(
+                [(i, int(copy_no[v]), int(p.node[k]), int(p.count[k])) for k in sel.tolist()])
+        rows: list[tuple[int, int, int, int]] = []  # (job index, virtual copy, node, count)
+        for copies in by_job.values():
+            if len(copies) > 1:
+                # A forked job's copies have GPUs of one type (and one node each unless copies
+                # may span nodes); a job left with one copy is a plain gang and may mix.
+                fit = [c for c in copies
+                       if len({int(snapshot.node_type[nd]) for _, _, nd, _ in c}) == 1
+                       and (self.multi_node_copies or len(c) == 1)]
+                copies = fit if fit else copies[:1]
+            for c in copies:
+                rows.extend(c)
         # Reason per job: placed if any copy is; else the first copy's reason.
         reason = np.full(snapshot.num_jobs, Reason.PRICED_OUT, dtype=np.int8)
         first = np.nonzero(copy_no == 0)[0]

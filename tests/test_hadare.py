@@ -1,0 +1,267 @@
+"""HadarE in the simulator: forked placements, the consolidation charge, the ``hadare`` policy.
+
+Table (tests/conftest.py): ``toy`` does 1 step/s on a v100 and 0.5 step/s on a k80.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_job, run_cli
+
+from hadar_slurm.bounds import fork_makespan_bound
+from hadar_slurm.cluster import load_cluster, parse_counts
+from hadar_slurm.consolidation import ConsolidationCost
+from hadar_slurm.errors import InputError
+from hadar_slurm.loop import ActionKind, diff
+from hadar_slurm.model import ClusterSpec, Node
+from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import Decision, Placement, Snapshot
+from hadar_slurm.policy.hadare import HadarEPolicy, fork_drain
+from hadar_slurm.sim.backend import SimulatedCluster
+from hadar_slurm.sim.run import simulate
+from hadar_slurm.throughputs import ThroughputTable, default_table
+from hadar_slurm.trace import load_trace
+
+I64 = np.int64
+BENCH_TRACES = Path(__file__).resolve().parents[1] / "bench" / "traces"
+
+
+def placement(rows: list[tuple[int, int, int, int]]) -> Placement:
+    """(job, node, count, copy) rows."""
+    a = np.array(rows, dtype=I64).reshape(-1, 4)
+    return Placement(a[:, 0], a[:, 1], a[:, 2], a[:, 3])
+
+
+# -- Placement and diff ----------------------------------------------------------------------
+
+
+def test_placement_copies_helpers() -> None:
+    p = placement([(7, 0, 1, 0), (7, 3, 1, 1), (7, 4, 1, 1), (9, 1, 2, 0)])
+    assert p.copies_of(7) == {0: [(0, 1)], 1: [(3, 1), (4, 1)]}
+    assert p.num_copies() == {7: 2, 9: 1}
+    assert p.by_job_copies()[9] == {0: [(1, 2)]}
+    kept = p.select(p.job == 7)
+    assert kept.copy_index().tolist() == [0, 1, 1]
+    # Without copy numbers every row is copy 0: a multi-node gang, not a forked job.
+    gang = Placement(np.array([7, 7], dtype=I64), np.array([0, 3], dtype=I64),
+                     np.array([1, 1], dtype=I64))
+    assert gang.num_copies() == {7: 1}
+    assert not gang.same_as(placement([(7, 0, 1, 0), (7, 3, 1, 1)]))
+
+
+def test_diff_sees_a_change_of_copies_as_a_move(toy_table: ThroughputTable) -> None:
+    sim = SimulatedCluster([make_job(7, 100, 0)], parse_counts("v100=2"), toy_table)
+    gang = Placement(np.array([7, 7], dtype=I64), np.array([0, 1], dtype=I64),
+                     np.array([1, 1], dtype=I64))
+    forked = placement([(7, 0, 1, 0), (7, 1, 1, 1)])
+    sim.current = gang
+    snap = sim.snapshot(0, 0.0, 360.0, None)
+    reason = np.zeros(1, dtype=np.int8)
+    same_rows = diff(snap, Decision(0, forked, reason))
+    assert [a.kind for a in same_rows] == [ActionKind.MOVE]
+    assert [a.kind for a in diff(snap, Decision(0, gang, reason))] == [ActionKind.KEEP]
+
+
+# -- the simulator's forked progress ---------------------------------------------------------
+
+
+class FixedPolicy:
+    """Places job 7 as the given placement every epoch (a test double of a policy)."""
+
+    name = "fixed"
+
+    def __init__(self, p: Placement) -> None:
+        self.p = p
+
+    def allocate(self, snapshot: Snapshot) -> Decision:
+        p = self.p if 7 in snapshot.job_ids.tolist() else Placement.empty()
+        return Decision(snapshot.epoch, p, np.zeros(snapshot.num_jobs, dtype=np.int8))
+
+
+def test_forked_job_runs_at_the_sum_of_its_copies_less_consolidation(
+    toy_table: ThroughputTable,
+) -> None:
+    # Copies on a v100 (1 step/s) and a k80 (0.5): 1.5 steps/s, after 10 s of consolidation at
+    # the start of every round: 350 s * 1.5 = 525 steps per round.  3600 steps: 6 rounds make
+    # 3150; the 7th needs 10 s + 450 / 1.5 = 310 s, so the job ends at 6 * 360 + 310 = 2470.
+    cost = ConsolidationCost(base_s=10.0, s_per_gb=0.0)
+    r = simulate([make_job(7, 3600, 0)], parse_counts("v100=1:k80=1"), toy_table,
+                 FixedPolicy(placement([(7, 0, 1, 0), (7, 1, 1, 1)])), consolidation=cost)
+    assert r.finish.tolist() == [pytest.approx(2470.0)]
+    assert r.utilization == pytest.approx(1.0)  # consolidation holds the GPUs: busy
+    assert r.forked_jobs == 1 and r.max_copies == 2
+    # The same GPUs as one synchronous gang: 2 workers at the slower k80's pace, 1 step/s.
+    gang = Placement(np.array([7, 7], dtype=I64), np.array([0, 1], dtype=I64),
+                     np.array([1, 1], dtype=I64))
+    r1 = simulate([make_job(7, 3600, 0)], parse_counts("v100=1:k80=1"), toy_table,
+                  FixedPolicy(gang), consolidation=cost)
+    assert r1.finish.tolist() == [pytest.approx(3600.0)]
+    assert r1.forked_jobs == 0 and r1.max_copies == 1
+
+
+def test_consolidation_cost_by_model_size() -> None:
+    cost = ConsolidationCost(base_s=2.0, s_per_gb=10.0)
+    assert cost.seconds("ResNet-50 (batch size 64)") == pytest.approx(2.0 + 102.4 / 1024 * 10)
+    assert cost.seconds("A3C") < cost.seconds("ResNet-18 (batch size 16)") < cost.seconds(
+        "Transformer (batch size 128)")
+    assert cost.seconds("unknown model") == pytest.approx(2.0 + 100 / 1024 * 10)
+    with pytest.raises(InputError, match="s_per_gb"):
+        ConsolidationCost(s_per_gb=-1.0)
+
+
+# -- the hadare policy -----------------------------------------------------------------------
+
+
+def test_a_long_job_alone_is_forked_over_every_gpu(toy_table: ThroughputTable) -> None:
+    # One 36,000-step toy job on 2 v100 + 2 k80 (one GPU per node): alone it takes 10 h on a
+    # v100; forked over all four GPUs (3 steps/s) it needs 12,000 s plus the consolidations.
+    jobs = [make_job(7, 36000, 0)]
+    cluster = parse_counts("v100=2:k80=2")
+    cost = ConsolidationCost(base_s=3.6, s_per_gb=0.0)  # 1% of a round
+    r = simulate(jobs, cluster, toy_table, HadarEPolicy(max_copies=4, consolidation=cost),
+                 consolidation=cost)
+    assert r.max_copies == 4
+    # 356.4 s * 3 steps/s = 1069.2 steps a round: 33 rounds and a part.
+    rounds = 36000 / (356.4 * 3)
+    expected = 33 * 360 + 3.6 + (36000 - 33 * 356.4 * 3) / 3
+    assert int(rounds) == 33
+    assert r.makespan_s == pytest.approx(expected)
+    # The cap holds: at most 2 copies.
+    r2 = simulate(jobs, cluster, toy_table, HadarEPolicy(max_copies=2, consolidation=cost),
+                  consolidation=cost)
+    assert r2.max_copies == 2
+    assert r2.makespan_s > 1.4 * r.makespan_s
+
+
+def test_snapshot_max_copies_of_one_means_hadar(toy_table: ThroughputTable) -> None:
+    sim = SimulatedCluster([make_job(1, 36000, 0), make_job(2, 100, 0)],
+                           parse_counts("v100=2:k80=2"), toy_table)
+    snap = sim.snapshot(0, 0.0, 360.0, None)
+    forked = HadarEPolicy().allocate(snap)
+    assert forked.placement.num_copies()[1] > 1
+    assert "forked into" in forked.detail[1]
+    one = Snapshot(**{**snap.__dict__, "max_copies": np.ones(2, dtype=I64)})
+    plain = HadarEPolicy().allocate(one)
+    assert set(plain.placement.num_copies().values()) == {1}
+    hadar = make_policy("hadar").allocate(snap)
+    assert plain.placement.by_job_sorted() == hadar.placement.by_job_sorted()
+
+
+def check_copies(sim: SimulatedCluster, cap: int, multi_node: bool) -> int:
+    """Invariants of the placement the simulator runs; returns the most copies of a job."""
+    p = sim.current
+    used = np.bincount(p.node, weights=p.count, minlength=len(sim.node_gpus))
+    assert (used <= sim.node_gpus).all()
+    most = 1
+    for job_id, copies in p.by_job_copies().items():
+        i = sim.index_of[job_id]
+        most = max(most, len(copies))
+        assert len(copies) <= cap
+        assert sorted(copies) == list(range(len(copies)))
+        seen: set[int] = set()
+        for rows in copies.values():
+            nodes = {n for n, _ in rows}
+            assert not nodes & seen, f"job {job_id}: two copies share a node"
+            seen |= nodes
+            assert sum(c for _, c in rows) == sim.scale[i]
+            if len(copies) > 1:  # a copy of a forked job has GPUs of one type
+                assert len({int(sim.node_type[n]) for n in nodes}) == 1
+            if not multi_node and len(copies) > 1:
+                assert len(rows) == 1, f"job {job_id}: a copy spans nodes"
+    return most
+
+
+@pytest.mark.parametrize("trace,cluster,multi_node", [
+    ("poisson_200_lam900_seed0", "4:4:4", True),
+    ("static_48_multigpu_seed1", "4:4:4", True),
+])
+def test_copies_never_share_a_node_and_respect_the_cap(trace: str, cluster: str,
+                                                       multi_node: bool) -> None:
+    table = default_table()
+    most = [1]
+
+    def hook(_rec: object, sim: SimulatedCluster) -> None:
+        most[0] = max(most[0], check_copies(sim, 3, multi_node))
+
+    r = simulate(load_trace(trace, table), load_cluster(cluster), table,
+                 HadarEPolicy(max_copies=3, multi_node_copies=multi_node), on_epoch=hook)
+    assert r.num_completed == r.num_jobs
+    assert most[0] == r.max_copies
+    assert 2 <= r.max_copies <= 3
+
+
+def test_single_node_copies_on_multi_gpu_nodes() -> None:
+    # Nodes of 4 GPUs; with multi_node_copies=False every copy fits one node.
+    table = default_table()
+    nodes = tuple(Node(f"{t}{k}", t, 4) for t in ("v100", "p100", "k80") for k in range(2))
+    cluster = ClusterSpec(nodes)
+    most = [1]
+
+    def hook(_rec: object, sim: SimulatedCluster) -> None:
+        most[0] = max(most[0], check_copies(sim, 4, False))
+
+    r = simulate(load_trace("static_48_multigpu_seed1", table), cluster, table,
+                 HadarEPolicy(max_copies=4, multi_node_copies=False), on_epoch=hook)
+    assert r.num_completed == r.num_jobs
+    assert most[0] > 1
+
+
+def test_fork_drain_is_a_lower_bound_of_the_fork_lp() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        n, h = int(rng.integers(1, 12)), 3
+        rate = rng.uniform(0.1, 5.0, size=(n, h)) * (rng.random((n, h)) > 0.2)
+        rate[:, 0] = np.maximum(rate[:, 0], 0.1)
+        scale = rng.choice([1, 2, 4], size=n).astype(I64)
+        remaining = rng.uniform(100, 10000, size=n)
+        capacity = np.array([4, 4, 4], dtype=I64)
+        lp = fork_makespan_bound(np.zeros(n), remaining, scale, rate, capacity)
+        assert 0 < fork_drain(remaining, scale, rate, capacity) <= lp * (1 + 1e-6)
+
+
+def test_long_jobs_spread_when_they_dominate() -> None:
+    # bench/traces/long_tail_seed0.trace: 3 long jobs of 20-30 h on a v100 among 28 short ones.
+    # Without forking the makespan is the longest job alone; hadare stays within 10% of the
+    # fork bound and lowers the average JCT.
+    table = default_table()
+    jobs = load_trace(str(BENCH_TRACES / "long_tail_seed0.trace"), table)
+    cluster = load_cluster("4:4:4")
+    capacity = np.array([cluster.capacity(g) for g in cluster.gpu_types], dtype=I64)
+    rate = np.array([[table.rate(j.job_type, j.scale_factor, g) for g in cluster.gpu_types]
+                     for j in jobs])
+    bound = fork_makespan_bound(np.array([j.arrival_s for j in jobs]),
+                                np.array([j.total_steps for j in jobs]),
+                                np.array([j.scale_factor for j in jobs], dtype=I64), rate,
+                                capacity)
+    hadar = simulate(jobs, cluster, table, make_policy("hadar"))
+    hadare = simulate(jobs, cluster, table, make_policy("hadare"))
+    assert hadare.makespan_s <= 1.10 * bound < hadar.makespan_s
+    assert hadare.avg_jct_s < hadar.avg_jct_s
+    assert hadare.utilization > hadar.utilization
+
+
+def test_simulate_cli_runs_hadare_and_plots_copies(tmp_path: Path) -> None:
+    out = tmp_path / "plots"
+    proc = run_cli("simulate", "--trace", str(BENCH_TRACES / "long_tail_seed0.trace"),
+                   "--cluster", "4:4:4", "--policy", "hadar,hadare", "--max-copies", "3",
+                   "--plots", str(out), "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "copies.png").stat().st_size > 0
+    import json
+    rows = {r["policy"]: r for r in json.loads((tmp_path / "r.json").read_text())}
+    assert rows["hadar"]["max_copies"] == 1 and rows["hadare"]["max_copies"] == 3
+    assert rows["hadare"]["forked_jobs"] >= 3
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--max-copies", "0"), ("--max-copies", "x"), ("--consolidation-base-s", "-1"),
+    ("--consolidation-s-per-gb", "nan"),
+])
+def test_simulate_cli_refuses_bad_hadare_flags(flag: str, value: str) -> None:
+    proc = run_cli("simulate", "--trace", "static_32_seed0", "--cluster", "4:4:4",
+                   "--policy", "hadare", flag, value)
+    assert proc.returncode == 2
+    assert flag.lstrip("-") in proc.stderr
