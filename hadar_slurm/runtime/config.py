@@ -49,10 +49,11 @@ class JobStop(SystemExit):
     already printed ``message`` to stderr when it raises one.
     """
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, reason: str | None = None) -> None:
         super().__init__(status)
         self.status = status
         self.message = message
+        self.reason = message if reason is None else reason  # short, for the heartbeat
 
     def __str__(self) -> str:
         return self.message
@@ -68,8 +69,8 @@ class Preempted(JobStop):
 class CopyLost(JobStop):
     """A copy this one waited for at a round barrier showed no sign of life (exit status 76)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(EXIT_COPY_LOST, message)
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(EXIT_COPY_LOST, message, reason=reason)
 
 
 class AlreadyDone(JobStop):

@@ -334,6 +334,7 @@ class JobRuntime:
                 self.round = state.round + 1
                 self._phase = "training"
                 iters, stop = 0, None
+                self._beat("training", iters=0)
                 t0 = time.monotonic()
                 while True:
                     stop = self._stop_reason()
@@ -403,7 +404,7 @@ class JobRuntime:
             state = CommittedState(work=cfg.work, job=cfg.job_key, copies=cfg.copies)
             where = "starting"
         else:
-            self._load_checkpoint(state)
+            state = self._load_checkpoint(state)
             where = "resuming" if state.done > 0 else "starting"
         restart = f", restart {cfg.restart_count}" if cfg.restart_count else ""
         gpu = f" on {cfg.gpu_type}" if cfg.gpu_type else ""
@@ -412,13 +413,26 @@ class JobRuntime:
                   f"{cfg.tracker_dir})")
         return state
 
-    def _load_checkpoint(self, state: CommittedState) -> None:
-        if state.checkpoint is None:
-            return
-        obj = _load_torch(self.paths.root / state.checkpoint, self.device)
+    def _load_checkpoint(self, state: CommittedState) -> CommittedState:
+        """Load the checkpoint ``state`` names into the model and optimizer; the state that was
+        loaded (a newer one when copy 0 committed again and removed that file meanwhile)."""
+        for _ in range(100):
+            if state.checkpoint is None:
+                return state
+            try:
+                obj = _load_torch(self.paths.root / state.checkpoint, self.device)
+                break
+            except FileNotFoundError:
+                newer = CommittedState.load(self.paths.state)
+                if newer is None or newer.round <= state.round:
+                    raise
+                state = newer
+        else:
+            raise RuntimeError(f"{self.paths.state}: the checkpoints keep disappearing")
         self.model.load_state_dict(obj["model"])
         if self.optimizer is not None and obj.get("optim") is not None:
             self.optimizer.load_state_dict(obj["optim"])
+        return state
 
     def _own_states(self) -> tuple[Any, Any]:
         optim = None if self.optimizer is None else self.optimizer.state_dict()
@@ -462,8 +476,7 @@ class JobRuntime:
                           and not self.paths.report_meta(r, j).exists()]
 
         new = self._wait(committed, needed, f"round {r} to be committed")
-        self._load_checkpoint(new)
-        return new
+        return self._load_checkpoint(new)
 
     def _report_meta(self, state: CommittedState, quotas: tuple[int, ...],
                      me: _Report) -> dict[str, Any]:
@@ -704,21 +717,20 @@ class JobRuntime:
               waited: float, why: Mapping[int, str] | None) -> CopyLost:
         cfg = self.config
         if beat is None:
-            seen = "has never sent a heartbeat in this run"
-        else:
-            seen = (f"(host {beat.get('host')}, pid {beat.get('pid')}) was last seen "
-                    f"{beat.get('state')} in round {beat.get('round')}")
-        if exited:
-            cause = f"copy {j} {seen} and exited: {beat.get('reason') if beat else '?'}"
-        else:
-            cause = (f"copy {j} {seen}; no sign of life from it for "
+            cause = (f"copy {j} has sent no heartbeat in this run for "
                      f"{cfg.barrier_timeout_s:g} s")
+        else:
+            where = f"copy {j} (host {beat.get('host')}, pid {beat.get('pid')})"
+            cause = (f"{where} exited in round {beat.get('round')}: {beat.get('reason')}"
+                     if exited else
+                     f"{where}, last seen {beat.get('state')} in round {beat.get('round')}, "
+                     f"shows no sign of life for {cfg.barrier_timeout_s:g} s")
         detail = f" ({why[j]})" if why and j in why and why[j] != "no report" else ""
-        msg = (f"hadar: {self._label}: gave up after {waited:.1f} s waiting for {what}: "
-               f"{cause}{detail}.  Exit {EXIT_COPY_LOST}: requeue the job; it resumes "
-               f"from round {self._state_round()} (the work since then is lost)")
+        reason = f"gave up waiting for {what} after {waited:.1f} s: {cause}{detail}"
+        msg = (f"hadar: {self._label}: {reason}.  Exit {EXIT_COPY_LOST}: requeue the job; "
+               f"it resumes from round {self._state_round()} (the work since then is lost)")
         print(msg, file=sys.stderr, flush=True)
-        return CopyLost(msg)
+        return CopyLost(msg, reason=reason)
 
     # -------------------------------------------------------------------- heartbeats, signals
     def _read_beat(self, copy: int) -> dict[str, Any] | None:
@@ -763,7 +775,7 @@ class JobRuntime:
         if exc is None:
             reason = self.stopped or ("finished" if self._state_complete() else "closed")
         elif isinstance(exc, JobStop):
-            reason = exc.message
+            reason = exc.reason
         else:
             reason = f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(OSError):
