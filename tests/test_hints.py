@@ -26,7 +26,9 @@ from hadar_slurm.hints import (
 from hadar_slurm.throughputs import ThroughputTable, default_table, parse_csv
 
 KNOWN = "a3c, cyclegan, lm, recommendation, resnet18, resnet50, transformer"
-KEYS = "keys: model, bs, steps, sync, weight"
+KEYS = "keys: model, bs, steps, sync, weight, fork"
+FORK_MSG = ("fork must be a whole number from 1 to 16, got '{}' (e.g. fork=3, the most copies "
+            "the job may be forked into)")
 
 
 def test_is_hadar_comment() -> None:
@@ -106,11 +108,16 @@ def test_catalog_refuses_ambiguous_tables(types: list[str], problem: str) -> Non
      Hints("lm", 80, 10, True, 1.0, "LM (batch size 80)")),
     ("hadar:model=cyclegan steps=1_000_000 sync=1 weight=1.5E-1",
      Hints("cyclegan", None, 1_000_000, True, 0.15, "CycleGAN")),
+    ("hadar: model=resnet50 bs=64 steps=40000 fork=3",
+     Hints("resnet50", 64, 40000, True, 1.0, "ResNet-50 (batch size 64)", fork=3)),
+    ("hadar: fork=1_6 model=a3c steps=1", Hints("a3c", None, 1, True, 1.0, "A3C", fork=16)),
+    ("hadar: model=a3c steps=1 fork=01", Hints("a3c", None, 1, True, 1.0, "A3C")),
 ])
 def test_good_hints(comment: str, expect: Hints) -> None:
     hints = parse_hints(comment)
     assert hints == expect
     assert parse_hints(hints.to_comment()) == hints  # the canonical form reads back
+    assert ("fork=" in hints.to_comment()) == (hints.fork != 1)
 
 
 # (comment, field, exact message)
@@ -155,6 +162,13 @@ BAD = [
      "weight must be a positive number, got '1e999' (e.g. weight=2)"),
     ("hadar: model=a3c steps=1 weight=.", "weight",
      "weight must be a positive number, got '.' (e.g. weight=2)"),
+    ("hadar: model=a3c steps=1 fork=0", "fork", FORK_MSG.format("0")),
+    ("hadar: model=a3c steps=1 fork=17", "fork", FORK_MSG.format("17")),
+    ("hadar: model=a3c steps=1 fork=2.0", "fork", FORK_MSG.format("2.0")),
+    ("hadar: model=a3c steps=1 fork=-2", "fork", FORK_MSG.format("-2")),
+    ("hadar: model=a3c steps=1 fork=yes", "fork", FORK_MSG.format("yes")),
+    ("hadar: model=a3c steps=1 fork=", "fork", "hint 'fork' has no value (write fork=N)"),
+    ("hadar: model=a3c steps=1 fork=2 fork=3", "fork", "hint 'fork' given twice (give it once)"),
     ("hadar: model=a3c steps", "hints", f"hint 'steps' is not key=value ({KEYS})"),
     ("hadar: =a3c", "hints", f"hint '=a3c' is not key=value ({KEYS})"),
     ("hadar: model=a3c steps=1 gpus=2", "hints", f"unknown hint 'gpus' ({KEYS})"),
@@ -185,6 +199,10 @@ def test_first_problem_in_token_order_then_key_order() -> None:
         parse_hints("hadar: weight=-1 model=nope")
     with pytest.raises(HintError, match=r"^steps"):
         parse_hints("hadar: weight=-1 sync=2 steps=0 model=a3c", gpus=3)
+    with pytest.raises(HintError, match=r"^weight"):
+        parse_hints("hadar: fork=99 weight=-1 model=a3c steps=1", gpus=3)
+    with pytest.raises(HintError, match=r"^fork"):
+        parse_hints("hadar: fork=99 model=a3c steps=1", gpus=3)
 
 
 def test_gpu_count_is_checked() -> None:
@@ -200,7 +218,7 @@ def test_gpu_count_is_checked() -> None:
 
 
 def test_docs_list_the_keys_and_the_default_models() -> None:
-    assert HINT_KEYS == ("model", "bs", "steps", "sync", "weight")
+    assert HINT_KEYS == ("model", "bs", "steps", "sync", "weight", "fork")
     text = (REPO / "docs" / "users.md").read_text()
     for key in HINT_KEYS:
         assert f"| `{key}` |" in text
@@ -249,7 +267,7 @@ def test_cli_check_and_lua(capsys: pytest.CaptureFixture[str]) -> None:
                    "job_type='ResNet-50 (batch size 64)'\n")
     out = run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9 sync=no", "--json")
     assert json.loads(out) == {"model": "a3c", "batch_size": None, "steps": 9, "sync": False,
-                               "weight": 1.0, "job_type": "A3C"}
+                               "weight": 1.0, "job_type": "A3C", "fork": 1}
     assert run_hints_cli(capsys, "hints", "lua") == lua_catalog_block(ModelCatalog.default())
     with pytest.raises(HintError, match="a3c runs on 1 GPU"):
         run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9", "--gpus", "2")

@@ -223,7 +223,7 @@ def test_job_mapping_equals_the_cli_parser_on_the_same_job(api: PyslurmApi) -> N
         "state_reason": "JobHeldAdmin", "partition": "gpu", "nodes": "",
         "tres_per_node": "gres:gpu:k80:1", "features": "k80", "comment": "",
         "admin_comment": "hadar:placed=node3", "priority": 0, "submit_time": 1_700_000_000,
-        "start_time": 0, "time_limit": 60,
+        "start_time": 0, "time_limit": 60, "user_id": 1000,
     }]}
     (cli,) = parse_squeue_json(squeue)
     mine = next(j for j in api.read_jobs() if j.job_id == 3)

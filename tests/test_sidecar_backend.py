@@ -7,8 +7,10 @@ real Slurm.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from hadar_slurm.policy.base import Decision, Placement, Reason
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.record import JobRecord, decode
-from hadar_slurm.slurm import SlurmCommandError, SlurmJob, SlurmNode
+from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
 from hadar_slurm.slurm.parse import Gres
 from hadar_slurm.throughputs import default_table
 
@@ -49,12 +51,18 @@ class FakeSlurm:
 
     name = "fake"
 
+    can_fork = True
+
     def __init__(self, jobs: list[SlurmJob], nodes: list[SlurmNode]) -> None:
         self.jobs = {j.job_id: j for j in jobs}
         self.nodes = nodes
         self.commands = 0
         self.log: list[tuple[str, int]] = []
         self.fail: set[tuple[str, int]] = set()
+        # HadarE: what sbatch got, and an error it raises instead (once)
+        self.submitted: list[tuple[str, RunAs, str | None]] = []
+        self.submit_error: Exception | None = None
+        self.script = "#!/bin/bash\necho training\n"
 
     def _do(self, what: str, job_id: int) -> None:
         self.commands += 1
@@ -75,7 +83,8 @@ class FakeSlurm:
         j = self.jobs[job_id]
         self.jobs[job_id] = replace(
             j, admin_comment=fields.get("AdminComment", j.admin_comment),
-            features=fields.get("Features", j.features))
+            features=fields.get("Features", j.features),
+            dependency=fields.get("Dependency", j.dependency))
 
     def hold(self, job_id: int) -> None:
         self._do("hold", job_id)
@@ -95,7 +104,36 @@ class FakeSlurm:
 
     def cancel(self, job_id: int) -> None:
         self._do("cancel", job_id)
+        for k, j in self.jobs.items():  # a heterogeneous job: every component
+            if k == job_id or j.het_job_id == job_id:
+                self.jobs[k] = replace(j, state="CANCELLED")
 
+    def signal_steps(self, job_id: int, signal: str) -> None:
+        self._do("signal_steps", job_id)
+
+    def batch_script(self, job_id: int) -> str:
+        self._do("batch_script", job_id)
+        return self.script
+
+    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
+        """Reads the rendered script as sbatch would: one pending component per
+        ``#SBATCH hetjob``-separated block, with its --nodelist, --gres and --comment."""
+        self._do("sbatch", 0)
+        if self.submit_error is not None:
+            error, self.submit_error = self.submit_error, None
+            raise error
+        self.submitted.append((script, owner, dependency))
+        blocks = Path(script).read_text().split("#SBATCH hetjob")
+        leader = max(self.jobs) + 1
+        for k, block in enumerate(blocks):
+            opts = dict(re.findall(r"^#SBATCH --([a-z-]+)=(\S+)$", block, re.M))
+            self.jobs[leader + k] = replace(
+                job(leader + k, reason="Resources" if dependency is None else "Dependency",
+                    comment=opts["comment"], admin="", gpus=int(opts["gres"].split(":")[1])),
+                name=opts["job-name"], required_nodes=opts["nodelist"],
+                features=opts["constraint"], het_job_id=leader if len(blocks) > 1 else None,
+                het_job_offset=k if len(blocks) > 1 else None, dependency=dependency or "")
+        return leader
 
 NODES = [node("node1", "v100", 4), node("node2", "p100", 4), node("node3", "k80", 2)]
 

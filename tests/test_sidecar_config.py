@@ -187,7 +187,7 @@ def test_unknown_section() -> None:
     msg = error_of("[slurm]\n[schedular]\npolicy = 'hadar'\n")
     assert msg.startswith("test.toml:2: field '[schedular]': unknown section"), msg
     assert "did you mean '[scheduler]'" in msg
-    assert "[slurm], [scheduler], [sidecar]" in msg
+    assert "[slurm], [scheduler], [hadare], [sidecar]" in msg
 
 
 def test_key_outside_a_section() -> None:
@@ -526,3 +526,23 @@ def test_json_lines_reader_follows_a_growing_file(tmp_path: Path) -> None:
     path.write_text('{"event": "c"}\n')
     assert reader.read_new() == [{"event": "c"}]
     assert [e["event"] for e in reader.read_all()] == ["c"]
+
+
+def test_hadare_tracker_root(tmp_path: Path) -> None:
+    assert default_config().tracker_root is None  # each job's working directory
+    c = parse('[hadare]\ntracker_root = "trackers"\n', tmp_path)
+    assert c.tracker_root == str(tmp_path / "trackers")  # need not exist yet
+    assert parse('[hadare]\ntracker_root = ""\n').tracker_root is None
+    (tmp_path / "file").write_text("")
+    msg = error_of(f'[hadare]\ntracker_root = "{tmp_path}/file"\n')
+    assert msg.startswith("test.toml:2: field '[hadare] tracker_root': ") and "not a directory" \
+        in msg
+    msg = error_of("[hadare]\ntracker_root = 3\n")
+    assert "field '[hadare] tracker_root': must be a path" in msg
+    msg = error_of("[hadare]\ntracker = 3\n")
+    assert "unknown key (did you mean 'tracker_root'?" in msg
+
+
+def test_hadare_policy_is_accepted() -> None:
+    assert "hadare" in REGISTRY
+    assert parse('[scheduler]\npolicy = "hadare"\n').policy == "hadare"

@@ -4,12 +4,14 @@ outputs, argv builders, and the runner's guards.  No Slurm needed."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from hadar_slurm.slurm import (
     Gres,
+    RunAs,
     SlurmCommandError,
     SlurmConfigError,
     SlurmParseError,
@@ -237,6 +239,10 @@ def test_argv_builders() -> None:
     assert commands.scontrol_update_job(3, {"NodeList": "node2", "Features": "p100"}) == [
         "scontrol", "update", "JobId=3", "NodeList=node2", "Features=p100"]
     assert commands.scontrol_show_job(9) == ["scontrol", "--oneliner", "show", "job", "9"]
+    assert commands.scontrol_write_batch_script(9) == [
+        "scontrol", "write", "batch_script", "9", "-"]
+    assert commands.sbatch(script="/t/fork.sbatch", dependency="afterany:5") == [
+        "sbatch", "--parsable", "--dependency=afterany:5", "/t/fork.sbatch"]
 
 
 @pytest.mark.parametrize(
@@ -286,3 +292,43 @@ def test_runner_runs_argv_without_shell(tmp_path: Path) -> None:
     with pytest.raises(SlurmTimeoutError, match=r"timed out after 0\.2 s"):
         runner.run(["sleep", "5"], timeout=0.2)
     assert runner.run(["sh", "-c", "exit 1"], check=False).returncode == 1
+
+
+def test_runner_as_another_user(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# empty\n")
+    runner = SlurmRunner(conf, timeout=5)
+    me = RunAs(os.geteuid(), os.getegid(), (), {"PATH": os.environ["PATH"], "HOME": "/h"})
+    out = runner.run(["sh", "-c", 'echo "$HOME $SLURM_CONF $(pwd) $(id -u)" ; env | wc -l'],
+                     as_user=me)
+    line, count = out.stdout.splitlines()
+    # only the given environment (and SLURM_CONF), in /
+    assert line == f"/h {conf} / {os.geteuid()}" and int(count) <= 6
+    if os.geteuid() != 0:
+        return
+    nobody = RunAs(65534, 65534, (), {"PATH": os.environ["PATH"]})
+    out = runner.run(["id", "-u"], as_user=nobody)
+    assert out.stdout.strip() == "65534"
+
+
+def test_squeue_2205_hetjob_captured() -> None:
+    """A HadarE fork in flight (tests/data/slurm/README.md): the held original job with its
+    dependency, a running and a pending heterogeneous job of its copies."""
+    jobs = {j.job_id: j for j in parse_squeue_json(load("squeue-hetjob-22.05.json"))}
+    original = jobs[1]
+    assert original.het_job_id is None and original.het_job_offset is None
+    assert original.held and original.dependency == "afterany:2(unfulfilled)"
+    assert original.command == "/tmp/forkexp/s.sh x y" and original.workdir == "/tmp/forkexp"
+    assert (original.user_id, original.group_id) == (0, 0)
+    assert original.comment == "hadar: model=a3c steps=100 fork=3"
+    assert original.admin_comment.startswith("hadar epoch=3 state=forked ")
+    for k, leader, node in [(2, 2, "node1"), (3, 2, "node2"), (4, 2, "node4"),
+                            (5, 5, "node1"), (6, 5, "node2"), (7, 5, "node4")]:
+        comp = jobs[k]
+        assert (comp.het_job_id, comp.het_job_offset) == (leader, k - leader)
+        assert comp.comment == "hadar-copy-of=1" and comp.required_nodes == node
+        assert comp.gpus_per_node == 1 and comp.features in ("v100", "p100", "a100")
+    assert jobs[2].state == "RUNNING" and jobs[2].node_names == ("node1",)
+    assert jobs[5].state == "PENDING" and jobs[5].node_names == ()
+    assert jobs[5].state_reason == "Dependency" and jobs[5].dependency.startswith("afterany:2")
+    assert jobs[2].dependency == "" and jobs[2].required_nodes == "node1"

@@ -142,6 +142,18 @@ PARITY: list[tuple[str, tuple[str, ...], int]] = [
     ("hadar: model=a3c steps=10", ("--gres=gpu:2",), 2),
     ("hadar: model=resnet50 bs=64 steps=10", ("--gpus-per-task=1", "--ntasks=3"), 3),
     ("hadar: model=resnet50 bs=64 steps=10", ("--gpus=v100:16",), 16),
+    ("hadar: model=a3c steps=10 fork=3", (), 1),
+    ("hadar: model=lm bs=20 steps=10 fork=1_6", ("--gres=gpu:2",), 2),
+    ("hadar: model=a3c steps=10 fork=01", (), 1),
+    ("hadar: model=a3c steps=10 fork=0", (), 1),
+    ("hadar: model=a3c steps=10 fork=17", (), 1),
+    ("hadar: model=a3c steps=10 fork=99999999999999999999", (), 1),
+    ("hadar: model=a3c steps=10 fork=2.5", (), 1),
+    ("hadar: model=a3c steps=10 fork=-1", (), 1),
+    ("hadar: model=a3c steps=10 fork=", (), 1),
+    ("hadar: model=a3c steps=10 fork=2 fork=2", (), 1),
+    ("hadar: fork=0 weight=0 model=a3c steps=1", (), 1),
+    ("hadar: fork=0 model=a3c steps=1", ("--gres=gpu:2",), 2),
 ]
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from hadar_slurm.slurm import SlurmJob, SlurmNode, SlurmRunner, commands
-from hadar_slurm.slurm.parse import parse_sinfo_json, parse_squeue_json
+from hadar_slurm.slurm import RunAs, SlurmJob, SlurmNode, SlurmRunner, commands
+from hadar_slurm.slurm.parse import parse_sbatch_parsable, parse_sinfo_json, parse_squeue_json
 
 #: Fields the sidecar sets with :meth:`SlurmApi.update_job` (``scontrol update`` names).
-UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "TresPerNode")
+UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "TresPerNode", "Dependency")
 
 
 class SlurmApi(Protocol):
@@ -61,11 +61,33 @@ class SlurmApi(Protocol):
 
     def cancel(self, job_id: int) -> None: ...
 
+    # HadarE: forking a job into copies (a heterogeneous job) and ending them
+
+    @property
+    def can_fork(self) -> bool:
+        """Whether :meth:`batch_script` and :meth:`submit_as` work here."""
+        ...
+
+    def signal_steps(self, job_id: int, signal: str) -> None:
+        """Send ``signal`` to every step of the job (of every component of a heterogeneous
+        job), not to its batch script."""
+        ...
+
+    def batch_script(self, job_id: int) -> str:
+        """The job's batch script (pending jobs too)."""
+        ...
+
+    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
+        """Submit the batch script at path ``script`` as ``owner`` (``sbatch --parsable``),
+        optionally with ``--dependency``; the new job's (leader's) id."""
+        ...
+
 
 class CliApi:
     """:class:`SlurmApi` over the Slurm command line tools (Slurm 22.05 .. 25.x)."""
 
     name = "cli"
+    can_fork = True
 
     def __init__(self, runner: SlurmRunner) -> None:
         self.runner = runner
@@ -101,6 +123,18 @@ class CliApi:
 
     def cancel(self, job_id: int) -> None:
         self._run(commands.scancel(job_id))
+
+    def signal_steps(self, job_id: int, signal: str) -> None:
+        self._run(commands.scancel(job_id, signal=signal))
+
+    def batch_script(self, job_id: int) -> str:
+        return self._run(commands.scontrol_write_batch_script(job_id))
+
+    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
+        self.commands += 1
+        out = self.runner.run(commands.sbatch(script=script, dependency=dependency),
+                              as_user=owner)
+        return parse_sbatch_parsable(out.stdout)
 
 
 class DryRunApi:
@@ -139,3 +173,17 @@ class DryRunApi:
 
     def cancel(self, job_id: int) -> None:
         self.would.append(("cancel", job_id, ""))
+
+    @property
+    def can_fork(self) -> bool:
+        return self.inner.can_fork
+
+    def signal_steps(self, job_id: int, signal: str) -> None:
+        self.would.append(("signal-steps", job_id, signal))
+
+    def batch_script(self, job_id: int) -> str:
+        return self.inner.batch_script(job_id)  # a read
+
+    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
+        self.would.append(("sbatch", owner.uid, f"{script} dependency={dependency or ''}"))
+        return 0

@@ -15,6 +15,17 @@ the simulator, over a :class:`~hadar_slurm.sidecar.api.SlurmApi`:
 
 Jobs the sidecar cannot steer (bad hints, or no GPU type of the cluster can run them) are never
 left held: they are released to Slurm's own scheduler with the reason in their admin comment.
+
+HadarE (:mod:`hadar_slurm.sidecar.fork`): a job with the hint ``fork=N`` may be placed as ``k``
+copies (rows of the decision with copy indices ``0..k-1``, one node each).  The job itself then
+stays held, with ``Dependency=afterany:K``, while its copies run as the heterogeneous job ``K``
+(components commented ``hadar-copy-of=J``), submitted as the job's owner; the snapshot shows the
+copies as the job's current placement.  A decision that changes the copies ends them (checkpoint
+signal to their steps, grace period, ``scancel``) and places the job anew in the same epoch (the
+dependency keeps it, or the new copies, from starting before the old copies are gone).  When the
+copies end by themselves the job runs unforked (its runtime finishes from the tracker's state).
+A fork that cannot be made is logged and recorded (``why=``), and the job is placed unforked on
+copy 0's node instead; a fork whose job is gone is cancelled.
 """
 
 from __future__ import annotations
@@ -23,19 +34,22 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hadar_slurm.errors import InputError
+from hadar_slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from hadar_slurm.hints import Hints, ModelCatalog, is_hadar_comment, parse_hints
 from hadar_slurm.logs import log_event
-from hadar_slurm.loop import Action, ActionKind
+from hadar_slurm.loop import Action
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
+from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
+from hadar_slurm.sidecar.fork import CopyGroup, ForkError, Progress
 from hadar_slurm.sidecar.record import JobRecord, decode
-from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode
+from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.throughputs import ThroughputTable
 
 #: Job states in which a job holds its GPUs.
@@ -48,6 +62,9 @@ NODE_BAD_FLAGS = frozenset({
     "DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "MAINTENANCE", "FAIL", "POWER_DOWN",
     "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED", "INVALID_REG",
 })
+#: Job states after which a job never runs again.
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                          "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
 #: Pending reasons that say a placed job can never start as its request stands: the sidecar
 #: places it again from scratch (every field of the request rewritten).
@@ -74,6 +91,13 @@ class JobView:
     attained: dict[str, float]  # seconds run per GPU type, estimated
     rates: tuple[float, ...]  # whole-job steps/s on its GPUs of each of the snapshot's types
     repair: bool = False  # Slurm says its request cannot run: rewrite it whole
+    # HadarE
+    row_copy: tuple[int, ...] = ()  # copy index of each of ``rows`` (() when not forked)
+    group: CopyGroup | None = None  # its copies, while they wait or run
+    max_copies: int = 1  # the most copies the policy may fork it into
+    fork_blocked: str = ""  # why it cannot be forked now ("" when it can, or did not ask)
+    tracker: str = ""  # its tracker directory ("" when it did not ask to be forked)
+    progress: Progress | None = None  # the tracker's progress.json, when there is one
 
     @property
     def job_id(self) -> int:
@@ -83,6 +107,18 @@ class JobView:
     def held(self) -> bool:
         return self.job.state in PENDING_STATES and self.job.state_reason in HELD_REASONS
 
+    @property
+    def forked_running(self) -> bool:
+        return self.group is not None and self.group.running
+
+    def copy_rows(self) -> list[tuple[tuple[int, int], ...]]:
+        """Its current copies as sorted tuples of rows, in a canonical order (for comparing
+        with a decision regardless of how copies are numbered)."""
+        by_copy: dict[int, list[tuple[int, int]]] = {}
+        for k, row in enumerate(self.rows):
+            by_copy.setdefault(self.row_copy[k] if self.row_copy else 0, []).append(row)
+        return sorted(tuple(sorted(r)) for r in by_copy.values())
+
 
 @dataclass
 class Unsteered:
@@ -90,6 +126,15 @@ class Unsteered:
 
     job: SlurmJob
     record: JobRecord
+    why: str
+
+
+@dataclass
+class GroupEnd:
+    """A fork to end this epoch: ``view`` is its job (None when the job is gone)."""
+
+    group: CopyGroup
+    view: JobView | None
     why: str
 
 
@@ -124,7 +169,7 @@ class SlurmBackend:
         self, api: SlurmApi, table: ThroughputTable, *, catalog: ModelCatalog | None = None,
         partition: str | None = None, preempt_grace_s: float = 30.0,
         preempt_signal: str = "USR1", sleep: Callable[[float], object] = time.sleep,
-        should_stop: Callable[[], bool] = lambda: False,
+        should_stop: Callable[[], bool] = lambda: False, tracker_root: str | None = None,
     ) -> None:
         self.api = api
         self.table = table
@@ -134,8 +179,11 @@ class SlurmBackend:
         self.preempt_signal = preempt_signal
         self._sleep = sleep
         self._should_stop = should_stop
+        self.tracker_root = tracker_root
         self.views: dict[int, JobView] = {}
         self.unsteered: list[Unsteered] = []
+        self.groups: dict[int, list[CopyGroup]] = {}  # every fork in the last read, by job
+        self.orphans: list[GroupEnd] = []  # forks whose job is gone (or has a newer fork)
         self.node_names: tuple[str, ...] = ()
         self.node_type_names: tuple[str, ...] = ()
         self.gpu_types: tuple[str, ...] = ()
@@ -191,9 +239,18 @@ class SlurmBackend:
 
         views: dict[int, JobView] = {}
         self.unsteered = []
+        active = self._sort_groups()
         hadar_on_node = np.zeros(len(nodes), dtype=np.int64)
         other_on_node = np.zeros(len(nodes), dtype=np.int64)
         for job in sorted(self.jobs, key=lambda j: j.job_id):
+            if hadare.copy_of(job.comment) is not None:
+                # a copy of a forked job: its GPUs are hadar's (the job's, or a fork's that is
+                # cancelled this epoch), never another user's
+                if job.state in RUNNING_STATES:
+                    for name in job.node_names:
+                        if name in node_index:
+                            hadar_on_node[node_index[name]] += job.gpus_per_node
+                continue
             if not is_hadar_comment(job.comment) or (
                     self.partition is not None and job.partition != self.partition):
                 if job.state in RUNNING_STATES:
@@ -206,7 +263,7 @@ class SlurmBackend:
             if (job.state in PENDING_STATES and job.state_reason in HELD_REASONS
                     and not held_by_hadar(job)):
                 continue  # the user holds it: not ours to start
-            view = self._view(job, now, node_index)
+            view = self._view(job, now, node_index, active.get(job.job_id))
             if view is None:
                 continue
             if view.running:
@@ -242,11 +299,13 @@ class SlurmBackend:
         cur_job: list[int] = []
         cur_node: list[int] = []
         cur_count: list[int] = []
+        cur_copy: list[int] = []
         for v in ordered:
-            for k, c in v.rows:
+            for r, (k, c) in enumerate(v.rows):
                 cur_job.append(v.job_id)
                 cur_node.append(k)
                 cur_count.append(c)
+                cur_copy.append(v.row_copy[r] if v.row_copy else 0)
         ids = np.array([v.job_id for v in ordered], dtype=np.int64)
         return Snapshot(
             epoch=epoch, now=now, round_s=round_s, gpu_types=self.gpu_types,
@@ -261,11 +320,39 @@ class SlurmBackend:
             rate=rate, attained=attained,
             current=Placement(np.array(cur_job, dtype=np.int64),
                               np.array(cur_node, dtype=np.int64),
-                              np.array(cur_count, dtype=np.int64)),
+                              np.array(cur_count, dtype=np.int64),
+                              np.array(cur_copy, dtype=np.int64)),
             policy_state=policy_state,
+            max_copies=np.array([v.max_copies for v in ordered], dtype=np.int64),
         )
 
-    def _view(self, job: SlurmJob, now: float, node_index: dict[str, int]) -> JobView | None:
+    def _sort_groups(self) -> dict[int, CopyGroup]:
+        """The forks of the last read: each job's live one (its newest), and those to cancel
+        (``orphans``): forks of a job that is gone, finished or runs itself, and older live
+        forks of a job that has a newer one."""
+        self.groups = hadare.find_groups(self.jobs)
+        self.orphans = []
+        by_id = {j.job_id: j for j in self.jobs}
+        active: dict[int, CopyGroup] = {}
+        for original, groups in self.groups.items():
+            live = [g for g in groups if g.live]
+            if not live:
+                continue
+            job = by_id.get(original)
+            if job is None or job.state not in PENDING_STATES:
+                what = ("is gone" if job is None else
+                        "runs itself" if job.state in RUNNING_STATES else
+                        f"ended ({job.state})")
+                self.orphans.extend(GroupEnd(g, None, f"job {original} {what}") for g in live)
+                continue
+            active[original] = live[-1]
+            self.orphans.extend(
+                GroupEnd(g, None, f"job {original} has a newer fork, hetjob {live[-1].leader}")
+                for g in live[:-1])
+        return active
+
+    def _view(self, job: SlurmJob, now: float, node_index: dict[str, int],
+              group: CopyGroup | None = None) -> JobView | None:
         record = decode(job.admin_comment)
         running = job.state in RUNNING_STATES
         gpus = record.gpus or job.gpus_per_node * max(1, len(job.node_names) if running else 1)
@@ -281,11 +368,42 @@ class SlurmBackend:
                           f" has a throughput for {hints.job_type} on {gpus} GPU(s)")
             return None
         if record.state == "unsteered":
-            return None  # released to Slurm earlier; stays so
+            return None  # released to Slurm's own scheduler earlier; stays so
+        if record.state == "forked" and group is None:
+            # its copies ended by themselves (or were cancelled by someone else): it runs
+            # unforked from now on, and its runtime finishes from the tracker's state
+            ended = [g for g in self.groups.get(job.job_id, ()) if g.leader == record.group]
+            how = ("completed" if ended and ended[0].completed else
+                   "ended " + "/".join(sorted({c.state for c in ended[0].components}))
+                   if ended else "ended")
+            record = record.with_(
+                state="held", place=(), group=0, copies=0, nofork=True,
+                why=f"its copies (hetjob {record.group}) {how}: it finishes unforked")
+        tracker, progress = "", None
+        if hints.fork > 1 or group is not None:
+            try:
+                tracker = hadare.tracker_dir(job, self.tracker_root)
+            except ForkError:
+                tracker = ""
+            progress = hadare.read_progress(tracker) if tracker else None
         done = record.done
         attained = dict(record.attained)
         rows: list[tuple[int, int]] = []
-        if running:
+        row_copy: list[int] = []
+        if group is not None:
+            for index, name, count in group.copies():
+                if name in node_index:
+                    rows.append((node_index[name], count or gpus))
+                    row_copy.append(index)
+            start = group.start_time()
+            if start is not None:
+                run_s = max(0.0, now - max(start, record.until))
+                used = [self.node_type_names[k] for k, _ in rows]
+                if run_s > 0:
+                    done += sum(rates[self.gpu_types.index(t)] for t in used) * run_s
+                    for t in used:
+                        attained[t] = attained.get(t, 0.0) + run_s
+        elif running:
             per_node = job.gpus_per_node or gpus
             rows = [(node_index[n], per_node) for n in job.node_names if n in node_index]
             start = float(job.start_time or now)
@@ -304,8 +422,35 @@ class SlurmBackend:
                            done, attained, rates, repair=True)
         elif record.state == "placed":
             rows = [(node_index[n], c) for n, c in record.place if n in node_index]
-        return JobView(job, hints, record, gpus, running, tuple(sorted(rows)), done, attained,
-                       rates)
+        if progress is not None:
+            done = progress.done  # the tracker counts every iteration, forked or not
+        blocked = self._fork_blocked(job, hints, record, group) if hints.fork > 1 else ""
+        order = sorted(range(len(rows)), key=lambda k: (row_copy[k] if row_copy else 0, rows[k]))
+        return JobView(
+            job, hints, record, gpus, running, tuple(rows[k] for k in order), done, attained,
+            rates, row_copy=tuple(row_copy[k] for k in order) if row_copy else (),
+            group=group, max_copies=hints.fork if hints.fork > 1 and not blocked else 1,
+            fork_blocked=blocked, tracker=tracker, progress=progress)
+
+    def _fork_blocked(self, job: SlurmJob, hints: Hints, record: JobRecord,
+                      group: CopyGroup | None) -> str:
+        """Why ``job`` cannot be forked (into more than one copy) now; "" when it can."""
+        if record.nofork:
+            return record.why or "a fork of it failed, or its copies ended: it finishes unforked"
+        if not self.api.can_fork:
+            return f"the {self.api.name} backend cannot fork jobs (use the cli backend)"
+        ours = {g.leader for g in self.groups.get(job.job_id, ())}
+        alive = {j.job_id for j in self.jobs if j.state not in FINAL_STATES}
+        waits = [d for d in hadare.dependency_jobs(job.dependency)
+                 if d not in ours and d in alive]
+        if waits and group is None:
+            return f"it waits for its dependency ({job.dependency})"
+        try:
+            hadare.tracker_dir(job, self.tracker_root)
+            hadare.owner_of(job)
+        except ForkError as exc:
+            return str(exc)
+        return ""
 
     def _unsteer(self, job: SlurmJob, record: JobRecord, why: str) -> None:
         if job.state in PENDING_STATES:
@@ -314,36 +459,50 @@ class SlurmBackend:
     # -- applying ------------------------------------------------------------------------
 
     def apply(self, decision: Decision, actions: list[Action], now: float) -> None:
+        """Make Slurm run ``decision`` (``actions``, the loop's diff, says the same per job;
+        the copies of a decision are read from it directly)."""
         before = self.api.commands
         t0 = time.perf_counter()
         epoch = decision.epoch
+        wanted = decision.placement.by_job_copies()
         preempt: list[JobView] = []
+        ends: list[GroupEnd] = list(self.orphans)
+        keep: list[JobView] = []
         place: list[tuple[JobView, tuple[tuple[int, int], ...]]] = []
-        placed_ids: set[int] = set()
-        for a in actions:
-            view = self.views.get(a.job_id)
-            if view is None:
-                continue
-            if a.kind is ActionKind.PREEMPT:
-                if view.running:
-                    preempt.append(view)
-                continue
-            placed_ids.add(a.job_id)
-            if view.running:
-                if view.rows != tuple(sorted(a.rows)):
+        forks: list[tuple[JobView, dict[int, list[tuple[int, int]]], CopyGroup | None]] = []
+        waiting: list[JobView] = []
+        for view in self.views.values():
+            copies = wanted.get(view.job_id)
+            after = view.group
+            if view.group is not None:
+                if copies is not None and len(copies) >= 2 and _same_copies(view, copies):
+                    keep.append(view)
+                    continue
+                ends.append(GroupEnd(view.group, view, _end_why(copies)))
+            elif view.running:
+                if copies is None or len(copies) >= 2 or view.rows != tuple(
+                        sorted(next(iter(copies.values())))):
                     preempt.append(view)  # a move: stop now, placed again next epoch
+                continue
+            if copies is None:
+                waiting.append(view)
+            elif len(copies) == 1:
+                place.append((view, tuple(sorted(next(iter(copies.values()))))))
             else:
-                place.append((view, tuple(sorted(a.rows))))
+                forks.append((view, copies, after))
 
         for u in self.unsteered:
             self._release_unsteered(u, epoch)
-        if preempt:
-            self._preempt(preempt, epoch, now)
+        for view in keep:
+            self._keep_fork(view, epoch)
+        if preempt or ends:
+            self._preempt(preempt, ends, epoch, now)
         for view, rows in place:
             self._place(view, rows, epoch, decision)
-        for view in self.views.values():
-            if not view.running and view.job_id not in placed_ids:
-                self._keep_waiting(view, epoch)
+        for view, copies, after in forks:
+            self._fork(view, copies, epoch, decision, after)
+        for view in waiting:
+            self._keep_waiting(view, epoch)
         self.stats.apply_s = time.perf_counter() - t0
         self.stats.commands_apply = self.api.commands - before
 
@@ -360,6 +519,11 @@ class SlurmBackend:
             log_event(logger, "action_failed", level=logging.WARNING, epoch=self.epoch,
                       job=view_id, action=what, error=str(exc))
             return False
+        self._did(what, view_id, **fields)
+        return True
+
+    def _did(self, what: str, view_id: int, **fields: object) -> None:
+        """Log a change made to Slurm (and count it, for the crash drill)."""
         entry: dict[str, object] = {"epoch": self.epoch, "job": view_id, "action": what,
                                     **fields}
         self.stats.applied.append(entry)
@@ -370,13 +534,12 @@ class SlurmBackend:
             for h in logging.getLogger("hadar_slurm").handlers:
                 h.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        return True
 
     def _rows_text(self, rows: Sequence[tuple[int, int]]) -> tuple[tuple[str, int], ...]:
         return tuple(sorted((self.node_names[k], c) for k, c in rows))
 
     def _place(self, view: JobView, rows: tuple[tuple[int, int], ...], epoch: int,
-               decision: Decision) -> None:
+               decision: Decision, why: str = "") -> None:
         place = self._rows_text(rows)
         counts = {c for _, c in place}
         job_id = view.job_id
@@ -389,7 +552,7 @@ class SlurmBackend:
             return
         rec = view.record
         types = sorted({self.node_type_names[k] for k, _ in rows})
-        already = rec.state == "placed" and rec.place == place
+        already = rec.state == "placed" and rec.place == place and not why
         if not already:
             per_node = counts.pop()
             fields: dict[str, str] = {}
@@ -400,8 +563,9 @@ class SlurmBackend:
                 fields["TresPerNode"] = f"gres:gpu:{per_node}"
             fields["NodeList"] = ",".join(n for n, _ in place)
             fields["Features"] = "|".join(types)
-            fields["AdminComment"] = rec.with_(epoch=epoch, state="placed", place=place,
-                                               gpus=view.gpus, why="").encode()
+            fields["AdminComment"] = rec.with_(
+                epoch=epoch, state="placed", place=place, gpus=view.gpus, group=0, copies=0,
+                why=why or (rec.why if rec.nofork else "")).encode()
             if not self._write("place", job_id, self.api.update_job, fields,
                                nodes=[n for n, _ in place], gpu_type="|".join(types),
                                gpus=view.gpus):
@@ -417,10 +581,14 @@ class SlurmBackend:
         if not view.held:
             if not self._write("hold", job_id, self.api.hold):
                 return
-        rec = view.record.with_(epoch=epoch, state="held", place=(), gpus=view.gpus)
+        rec = view.record.with_(epoch=epoch, state="held", place=(), gpus=view.gpus, group=0,
+                                copies=0)
         self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()})
 
-    def _preempt(self, views: list[JobView], epoch: int, now: float) -> None:
+    def _preempt(self, views: list[JobView], ends: list[GroupEnd], epoch: int,
+                 now: float) -> None:
+        """Stop running jobs (checkpoint signal, grace period, requeue held) and end forks
+        (checkpoint signal to the copies' steps, the same grace period, cancel)."""
         signaled: list[JobView] = []
         for view in views:
             job_id = view.job_id
@@ -430,17 +598,46 @@ class SlurmBackend:
             if self._write("signal", job_id, self.api.signal, self.preempt_signal,
                            signal=self.preempt_signal):
                 signaled.append(view)
+        for end in ends:
+            g = end.group
+            v = end.view
+            if v is not None:
+                # first the record: a sidecar that dies after the cancel finds the job
+                # waiting (not "forked" with its copies gone, which would mean they ended
+                # by themselves)
+                rec = v.record.with_(epoch=epoch, state="held", place=(), gpus=v.gpus, group=0,
+                                     copies=0, done=v.done, attained=v.attained, until=now,
+                                     why="")
+                if self._write("record", v.job_id, self.api.update_job,
+                               {"AdminComment": rec.encode()}):
+                    v.record = rec
+                if g.running and self._write(
+                        "signal_copies", g.leader, self.api.signal_steps, self.preempt_signal,
+                        signal=self.preempt_signal, copy_of=g.original):
+                    signaled.append(v)
         if signaled and self.preempt_grace_s > 0 and not isinstance(self.api, DryRunApi):
             self._sleep(self.preempt_grace_s)  # (a dry run signaled nobody)
         # Slurm requeues finished jobs too: one more read, so that a job that finished during
         # the grace period is not started again.
         try:
-            still = {j.job_id for j in self.api.read_jobs() if j.state in RUNNING_STATES}
+            jobs = self.api.read_jobs()
         except SlurmError as exc:
             log_event(logger, "action_failed", logging.WARNING, epoch=self.epoch,
                       action="read_jobs", error=str(exc))
             return  # the next epoch preempts what still runs
+        still = {j.job_id for j in jobs if j.state in RUNNING_STATES}
+        live = {j.job_id for j in jobs if j.state in hadare.LIVE_STATES}
+        for end in ends:
+            g = end.group
+            if not any(c.job_id in live for c in g.components):
+                log_event(logger, "cancel_skipped", logging.INFO, epoch=self.epoch,
+                          job=g.leader, copy_of=g.original, why="its copies already ended")
+                continue
+            self._write("cancel_copies", g.leader, self.api.cancel, copy_of=g.original,
+                        why=end.why)
         for view in views:
+            if not view.running:
+                continue  # (a job whose copies were signaled)
             job_id = view.job_id
             if job_id not in still:
                 log_event(logger, "preempt_skipped", logging.INFO, epoch=self.epoch,
@@ -448,6 +645,128 @@ class SlurmBackend:
                 continue
             self._write("requeue", job_id, self.api.requeue_hold,
                         nodes=[self.node_names[k] for k, _ in view.rows])
+
+    # -- HadarE ------------------------------------------------------------------------------
+
+    def _keep_fork(self, view: JobView, epoch: int) -> None:
+        """The job's copies run (or wait) where the decision wants them: make sure the job
+        records them, waits for them and stays held.  A fork the sidecar submitted but never
+        recorded (it died in between) is adopted here."""
+        g = view.group
+        assert g is not None
+        job_id = view.job_id
+        rec = view.record
+        place = self._rows_text(view.rows)
+        adopt = rec.state != "forked" or rec.group != g.leader
+        fields: dict[str, str] = {}
+        if adopt or rec.copies != g.size or rec.place != place:
+            fields["AdminComment"] = rec.with_(
+                epoch=epoch, state="forked", place=place, gpus=view.gpus, group=g.leader,
+                copies=g.size, why="").encode()
+        if g.leader not in hadare.dependency_jobs(view.job.dependency):
+            fields["Dependency"] = f"afterany:{g.leader}"
+        if fields:
+            self._write("adopt" if adopt else "record", job_id, self.api.update_job, fields,
+                        group=g.leader, copies=g.size, nodes=[n for n, _ in place])
+        if not view.held:
+            self._write("hold", job_id, self.api.hold)
+
+    def _fork(self, view: JobView, copies: dict[int, list[tuple[int, int]]], epoch: int,
+              decision: Decision, after: CopyGroup | None) -> None:
+        """Fork the (pending) job into ``copies``: its batch script and hints saved in its
+        tracker directory, one heterogeneous job submitted as its owner, the fork recorded on
+        the job, which stays held with ``Dependency=afterany:K``.  ``after``: an earlier fork
+        being cancelled, which the new copies wait for."""
+        job = view.job
+        job_id = view.job_id
+        order = sorted(copies)
+        rows0 = tuple(sorted(copies[order[0]]))
+        if view.fork_blocked:
+            self._fork_failed(view, rows0, epoch, decision, f"not forked: {view.fork_blocked}")
+            return
+        if not view.held:
+            # released by an earlier epoch and not started yet: hold it, fork it next epoch
+            if self._write("hold", job_id, self.api.hold):
+                rec = view.record.with_(epoch=epoch, state="held", place=(), gpus=view.gpus)
+                self._write("record", job_id, self.api.update_job,
+                            {"AdminComment": rec.encode()})
+            return
+        try:
+            specs: list[CopySpec] = []
+            for i in order:
+                rows = copies[i]
+                if len(rows) != 1:
+                    raise ForkError(f"copy {i} spans {len(rows)} nodes (a copy runs on one)")
+                k, count = rows[0]
+                specs.append(CopySpec(self.node_names[k], self.node_type_names[k], int(count)))
+            owner = hadare.owner_of(job)
+            tracker = view.tracker or hadare.tracker_dir(job, self.tracker_root)
+            plan = ForkPlan(
+                original_job_id=job_id, job_name=hadare.sbatch_name(job.name, job_id),
+                command=("bash", os.path.join(tracker, hadare.SCRIPT_FILE),
+                         *hadare.script_args(job)),
+                copies=tuple(specs), workdir=job.workdir, tracker_dir=tracker,
+                output=os.path.join(tracker, "fork-%j.out"))
+            text = render_hetjob(plan)
+        except (ForkError, InputError) as exc:
+            msg = exc.one_line() if isinstance(exc, InputError) else str(exc)
+            self._fork_failed(view, rows0, epoch, decision, f"fork failed: {msg}")
+            return
+        nodes = [c.node for c in specs]
+        detail: dict[str, object] = {"copies": len(specs), "nodes": nodes,
+                                     "gpu_types": [c.gpu_type for c in specs],
+                                     "tracker": tracker}
+        if isinstance(self.api, DryRunApi):
+            self._did("fork", job_id, **detail)
+            return
+        try:
+            script = self.api.batch_script(job_id)
+            hadare.write_files(owner, tracker, {
+                hadare.SCRIPT_FILE: script, hadare.HINTS_FILE: job.comment.strip() + "\n",
+                hadare.PLAN_FILE: text})
+        except (SlurmError, ForkError) as exc:
+            self._fork_failed(view, rows0, epoch, decision, f"fork failed: {exc}")
+            return
+        dependency = f"afterany:{after.leader}" if after is not None else None
+        try:
+            leader = self.api.submit_as(os.path.join(tracker, hadare.PLAN_FILE), owner,
+                                        dependency=dependency)
+        except SlurmTimeoutError as exc:
+            # it may have been submitted all the same: the next epoch adopts it by its
+            # comment, or places the job unforked; until then the job stays held
+            self._fork_failed(view, None, epoch, decision, f"fork failed: {exc}")
+            return
+        except SlurmError as exc:
+            self._fork_failed(view, rows0, epoch, decision, f"fork failed: {exc}")
+            return
+        self._did("fork", job_id, group=leader, **detail)
+        rec = view.record.with_(
+            epoch=epoch, state="forked", place=tuple(sorted((c.node, c.gpus) for c in specs)),
+            gpus=view.gpus, group=leader, copies=len(specs), why="")
+        self._write("record", job_id, self.api.update_job,
+                    {"AdminComment": rec.encode(), "Dependency": f"afterany:{leader}"},
+                    group=leader)
+
+    def _fork_failed(self, view: JobView, rows0: tuple[tuple[int, int], ...] | None,
+                     epoch: int, decision: Decision, why: str) -> None:
+        """A fork that cannot be made: say why (log, decision detail, the job's record, which
+        also stops further forks of it) and place the job unforked on copy 0's node instead,
+        or, with ``rows0`` None, leave it held for the next epoch."""
+        job_id = view.job_id
+        why = " ".join(why.split())
+        if len(why) > 300:
+            why = why[:297] + "..."
+        log_event(logger, "fork_failed", logging.WARNING, epoch=self.epoch, job=job_id,
+                  why=why, fallback="held" if rows0 is None else "unforked")
+        decision.detail[job_id] = why
+        rec = view.record.with_(nofork=True, why=why)
+        if rows0 is None:
+            rec = rec.with_(epoch=epoch, state="held", place=(), gpus=view.gpus)
+            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()},
+                        why=why)
+            return
+        view.record = rec
+        self._place(view, rows0, epoch, decision, why=why)
 
     def _release_unsteered(self, u: Unsteered, epoch: int) -> None:
         job_id = u.job.job_id
@@ -458,3 +777,17 @@ class SlurmBackend:
         if held_by_hadar(u.job):
             self._write("release", job_id, self.api.release)
 
+
+
+def _same_copies(view: JobView, copies: Mapping[int, Sequence[tuple[int, int]]]) -> bool:
+    """Whether ``view``'s copies run (or wait) exactly as ``copies`` (copy numbers aside)."""
+    want = sorted(tuple(sorted((int(k), int(c)) for k, c in rows)) for rows in copies.values())
+    return view.copy_rows() == want
+
+
+def _end_why(copies: Mapping[int, Sequence[tuple[int, int]]] | None) -> str:
+    if copies is None:
+        return "the decision stops it"
+    if len(copies) == 1:
+        return "the decision runs it unforked"
+    return f"the decision moves it to {len(copies)} other copies"

@@ -1,9 +1,10 @@
 """The sidecar's configuration: one TOML file, every key validated.
 
-The file has three sections::
+The file has four sections::
 
     [slurm]       how to reach Slurm (slurm.conf, backend, partition, command timeout)
     [scheduler]   what to decide (policy, epoch length, preemption, throughput tables)
+    [hadare]      forked jobs (where their job trackers live)
     [sidecar]     how to run (dry run, state directory, logs)
 
 :data:`CONFIG_SCHEMA` is the one description of the keys: :func:`parse_config` validates against
@@ -36,7 +37,7 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.policy import REGISTRY
 from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
 
-SECTIONS = ("slurm", "scheduler", "sidecar")
+SECTIONS = ("slurm", "scheduler", "hadare", "sidecar")
 DEFAULTS_SOURCE = "<defaults>"
 OVERRIDES_SOURCE = "<overrides>"
 
@@ -171,6 +172,16 @@ def _dir_path(value: object, base: Path) -> str:
     return _resolve(text, base)
 
 
+def _optional_dir(value: object, base: Path) -> str | None:
+    """A directory path or unset (``""``); it must not name an existing non-directory."""
+    path = _optional_path(value, base)
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        raise _InvalidValueError(f"{path} is not a directory",
+                                 'give a directory shared by the nodes, or "" for each job\'s '
+                                 "working directory")
+    return path
+
+
 def _partition(value: object, _base: Path) -> str | None:
     if value is None:
         return None
@@ -296,6 +307,16 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_throughput_files,
     ),
     ConfigKey(
+        "hadare", "tracker_root", "path", '""',
+        "Where the job trackers of forked jobs (hint fork=N) live: job J's is "
+        "<root>/.hadar-tracker/J, a directory the nodes share; the copies' progress, J's saved "
+        'batch script and hints go there. "" (the default) uses each job\'s working directory, '
+        "which is also where the job itself looks when it runs unforked after its copies; with "
+        "another root the job continues from its copies' work only if its script is told that "
+        "root.",
+        check=_optional_dir,
+    ),
+    ConfigKey(
         "sidecar", "dry_run", "bool", "false",
         "Shadow mode: compute and log every decision but change nothing in Slurm.",
         check=_bool,
@@ -348,6 +369,7 @@ class SidecarConfig:
     migration_s: float
     preempt_signal: str
     throughputs: tuple[str, ...]
+    tracker_root: str | None
     dry_run: bool
     state_dir: str
     log_format: str
@@ -357,7 +379,7 @@ class SidecarConfig:
     def with_overrides(self, **kw: object) -> SidecarConfig:
         """A copy with some fields replaced (e.g. from command line flags), validated as in the
         file; relative paths are resolved against the current directory.  ``None`` unsets the
-        optional fields (``slurm_conf``, ``partition``, ``log_file``)."""
+        optional fields (``slurm_conf``, ``partition``, ``tracker_root``, ``log_file``)."""
         unknown = sorted(set(kw) - set(_BY_FIELD) - {"source"})
         if unknown:
             raise TypeError(

@@ -80,6 +80,7 @@ class Sidecar:
             self.api, load_table_for(config), partition=config.partition,
             preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,
             should_stop=self._should_stop,  # (the grace period is not cut short by a stop)
+            tracker_root=config.tracker_root,
         )
         self.loop = EpochLoop(self.backend, self.policy, StopClock(self.stop),
                               round_s=config.epoch_seconds, on_epoch=self._on_epoch)
@@ -155,12 +156,13 @@ def epoch_state(
 ) -> dict[str, object]:
     """What ``status``/``explain`` show about the last epoch, JSON-ready."""
     placed = decision.placement.by_job_sorted()
+    copies_of = decision.placement.by_job_copies()
     jobs: dict[str, object] = {}
     for i, job_id in enumerate(snapshot.job_ids.tolist()):
         view = backend.views[job_id]
         code = Reason(int(decision.reason[i]))
         rows = placed.get(job_id, [])
-        jobs[str(job_id)] = {
+        info: dict[str, object] = {
             "model": view.hints.model, "batch_size": view.hints.batch_size,
             "job_type": view.hints.job_type, "gpus": view.gpus, "steps": view.hints.steps,
             "done_est": round(view.done, 1),
@@ -173,7 +175,28 @@ def epoch_state(
             "gpu_type": "|".join(sorted({snapshot.gpu_types[snapshot.node_type[k]]
                                          for k, _ in rows})),
             "slurm_state": view.job.state, "running": view.running,
+            # HadarE
+            "max_copies": view.max_copies, "fork_blocked": view.fork_blocked,
+            "copies": len(copies_of.get(job_id, {})),
+            "placed_copies": [[c, snapshot.node_names[k], n]
+                              for c, cr in sorted(copies_of.get(job_id, {}).items())
+                              for k, n in cr],
         }
+        jobs[str(job_id)] = info
+        if view.group is not None:
+            info["forked"] = {
+                "group": view.group.leader,
+                "copies": [[index, node, view.group.components[k].state]
+                           for k, (index, node, _) in enumerate(view.group.copies())],
+            }
+        if view.progress is not None:
+            p = view.progress
+            info["progress"] = {
+                "done": p.done, "work": p.work, "rounds": p.rounds, "complete": p.complete,
+                "rates": {str(c): round(r, 4) for c, r in sorted(p.rates.items())},
+                "gpu_types": {str(c): t for c, t in sorted(p.gpu_types.items())},
+                "updated_at": p.updated_at, "tracker": view.tracker,
+            }
     return {
         "epoch": decision.epoch, "time": snapshot.now, "policy": config.policy,
         "dry_run": config.dry_run, "epoch_seconds": config.epoch_seconds,

@@ -23,7 +23,8 @@ Mapping (each pyslurm object to what the CLI parsers of :mod:`hadar_slurm.slurm.
   ``partition``, ``allocated_nodes`` (expanded into ``node_names``), ``gres_per_node`` (a dict
   ``{"gpu:v100": 2}``; ``gres/``/``gres:`` prefixes of newer Slurm are dropped), ``constraints``
   (a list, joined with ``,``), ``comment``, ``admin_comment``, ``priority``, ``submit_time``,
-  ``start_time``, ``time_limit`` (minutes).
+  ``start_time``, ``time_limit`` (minutes), ``user_id``, ``group_id``, ``working_directory``,
+  ``het_job_id``, ``het_job_offset``.
 - Node: ``name``, ``state`` (``"MIXED+DRAIN"``: base and flags), ``configured_gres``,
   ``allocated_gres`` (values may be ``{"count": n, "indexes": ...}``), ``available_features``,
   ``active_features``, ``total_cpus``, ``allocated_cpus``, ``real_memory``, ``partitions``.
@@ -38,6 +39,9 @@ Known differences from the CLI, all from pyslurm itself:
   ``SIGNALING``, ``REVOKED``) stay as the state, as on Slurm 22.05.
 - ``Job.state_reason`` is the reason's description when Slurm set one (``state_desc``), else the
   reason code (``"JobHeldUser"``); ``squeue --json`` always gives the code.
+- It does not fork jobs (HadarE: :attr:`PyslurmApi.can_fork` is False, so the sidecar never
+  offers the policy more than one copy of a job); it can end forks made by the CLI backend
+  (``signal_steps`` is ``send_signal(steps="children")``, every step but the batch step).
 - :meth:`PyslurmApi.update_job` cannot set ``NumNodes`` (``JobSubmitDescription`` ignores
   ``nodes`` on update) nor clear a field (an empty value means "unchanged" in pyslurm); both raise
   :class:`PyslurmUnsupportedError` before anything is sent.
@@ -53,7 +57,7 @@ from typing import Any
 from hadar_slurm.sidecar.api import UPDATE_FIELDS, CliApi, SlurmApi
 from hadar_slurm.slurm.errors import SlurmCommandError, SlurmConfigError, SlurmParseError
 from hadar_slurm.slurm.parse import Gres, SlurmJob, SlurmNode, expand_hostlist, parse_gres
-from hadar_slurm.slurm.runner import SlurmRunner
+from hadar_slurm.slurm.runner import RunAs, SlurmRunner
 
 __all__ = [
     "BACKENDS",
@@ -146,6 +150,8 @@ class PyslurmApi:
     as :class:`SlurmCommandError` naming the call, e.g. ``("pyslurm", "Job.hold", "123")``."""
 
     name = "pyslurm"
+    #: HadarE forks need the batch script and a submission as the job's owner: use the CLI.
+    can_fork = False
 
     def __init__(self, module: Any = None) -> None:
         self._pyslurm: Any = _import_pyslurm() if module is None else module
@@ -219,6 +225,23 @@ class PyslurmApi:
 
     def cancel(self, job_id: int) -> None:
         self._job_action(job_id, "cancel", lambda job: job.cancel())
+
+    def signal_steps(self, job_id: int, signal: str) -> None:
+        sig = _signal_name(signal)
+        # steps="children": every step but the batch step (`scancel --signal` without --full).
+        self._job_action(
+            job_id, "send_signal", lambda job: job.send_signal(sig, steps="children"), sig,
+            "steps=children")
+
+    def batch_script(self, job_id: int) -> str:
+        raise PyslurmUnsupportedError(
+            f"batch_script {job_id}: the pyslurm backend does not fork jobs (HadarE); use the "
+            "'cli' backend")
+
+    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
+        raise PyslurmUnsupportedError(
+            f"submit {script}: the pyslurm backend does not fork jobs (HadarE); use the 'cli' "
+            "backend")
 
     def _job_action(
         self, job_id: int, method: str, act: Callable[[Any], object], *args: str,
@@ -426,6 +449,11 @@ def _job(job: Any) -> SlurmJob:
         submit_time=r.number("submit_time") or None,
         start_time=r.number("start_time") or None,
         time_limit_min=r.number("time_limit"),
+        user_id=r.number("user_id"),
+        group_id=r.number("group_id"),
+        workdir=r.text("working_directory"),
+        het_job_id=r.number("het_job_id") or None,
+        het_job_offset=r.number("het_job_offset") if r.number("het_job_id") else None,
     )
 
 

@@ -9,8 +9,11 @@ epoch, and how much work a job did in its earlier runs.  The text reads as one l
     hadar epoch=12 state=placed place=node2:2 gpus=2 done=1234.5 att=v100:120,p100:40
 
 ``state`` is ``placed`` (released to run on ``place``), ``held`` (waits for a placement),
-``preempted`` (stopped to be placed again), or ``unsteered`` (released to Slurm's own scheduler
-because the sidecar cannot steer it; ``why`` says why, always last since it may hold spaces).
+``preempted`` (stopped to be placed again), ``forked`` (HadarE: the job itself stays held while
+``copies`` copies of it run as the heterogeneous job ``group`` on ``place``), or ``unsteered``
+(released to Slurm's own scheduler because the sidecar cannot steer it; ``why`` says why, always
+last since it may hold spaces).  ``nofork=1`` marks a job that is not forked again (a fork of
+it failed, or its copies ended by themselves: it finishes unforked).
 ``done`` is the steps done and ``att`` the seconds run per GPU type in earlier (finished or
 preempted) runs; the current run adds to them from its start time, or from ``until`` when that
 is later (the work up to ``until`` is already in ``done``).
@@ -22,7 +25,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 PREFIX = "hadar"
-STATES = ("placed", "held", "preempted", "unsteered")
+STATES = ("placed", "held", "preempted", "forked", "unsteered")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class JobRecord:
     done: float = 0.0
     attained: dict[str, float] = field(default_factory=dict)
     until: float = 0.0  # Unix time up to which the current run's work is in done/attained
+    group: int = 0  # HadarE: the heterogeneous job (leader id) running the copies (0: none)
+    copies: int = 0  # HadarE: how many copies it runs as (0: not forked)
+    nofork: bool = False  # HadarE: never fork it again
     why: str = ""
 
     @property
@@ -56,6 +62,12 @@ class JobRecord:
             parts.append("att=" + ",".join(f"{k}:{v:.6g}" for k, v in sorted(att.items())))
         if self.until > 0:
             parts.append(f"until={self.until:.0f}")
+        if self.group:
+            parts.append(f"group={self.group}")
+        if self.copies:
+            parts.append(f"copies={self.copies}")
+        if self.nofork:
+            parts.append("nofork=1")
         if self.why:
             parts.append("why=" + " ".join(self.why.split()))
         return " ".join(parts)
@@ -92,10 +104,18 @@ def decode(text: str) -> JobRecord:
             epoch=epoch, state=values.get("state", ""), place=tuple(sorted(place)),
             gpus=int(values.get("gpus", "0")), done=_finite(values.get("done", "0")),
             attained=attained, until=_finite(values.get("until", "0")),
-            why=values.get("why", ""),
+            group=_whole(values.get("group", "0")), copies=_whole(values.get("copies", "0")),
+            nofork=values.get("nofork", "0") == "1", why=values.get("why", ""),
         )
     except ValueError:
         return JobRecord()
+
+
+def _whole(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
 
 
 def _finite(text: str) -> float:

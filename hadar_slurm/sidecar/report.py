@@ -13,7 +13,8 @@ from typing import Any
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.hints import is_hadar_comment, parse_hints
-from hadar_slurm.sidecar.record import decode
+from hadar_slurm.sidecar.fork import copy_of
+from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmJob
 
 ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "REQUEUED")
@@ -52,9 +53,16 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
         info = info_of.get(str(job.job_id))
         rec = decode(job.admin_comment)
         hadar = is_hadar_comment(job.comment)
+        original = copy_of(job.comment)
         gpu_type = job.gpu_type or ("|".join(sorted(set(job.features.split("|"))))
                                     if job.features else "")
-        if not hadar:
+        if original is not None:
+            offset = job.het_job_offset if job.het_job_offset is not None else 0
+            why = (f"copy {offset} of job {original} (HadarE: hetjob "
+                   f"{job.het_job_id or job.job_id})")
+        elif hadar and rec.state == "forked":
+            why = _forked_text(rec)
+        elif not hadar:
             why = "not a hadar job: Slurm schedules it"
         elif rec.state == "unsteered" or str(job.job_id) in unsteered:
             why = "unsteered: " + (rec.why or str(unsteered.get(str(job.job_id), "")))
@@ -77,6 +85,12 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
             "type": gpu_type or "-", "nodes": job.nodes or "-", "why": why,
         })
     return rows
+
+
+def _forked_text(rec: JobRecord) -> str:
+    nodes = ", ".join(n for n, _ in rec.place) or "?"
+    return (f"forked into {rec.copies} copies as hetjob {rec.group} on {nodes}; waits, held, "
+            "until they end")
 
 
 def format_status(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
@@ -111,6 +125,13 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
     if job.node_names:
         head += f" on {job.nodes}"
     out = [head]
+    original = copy_of(job.comment)
+    if original is not None:
+        offset = job.het_job_offset if job.het_job_offset is not None else 0
+        out.append(f"copy {offset} of job {original}, forked by hadar (HadarE): component "
+                   f"{offset} of hetjob {job.het_job_id or job.job_id}; `hadar-slurm explain "
+                   f"{original}` tells about the job and all its copies")
+        return "\n".join(out)
     if not is_hadar_comment(job.comment):
         out.append("not a hadar job (its comment has no 'hadar:' hints): the sidecar leaves it "
                    "to Slurm and only counts the GPUs it holds")
@@ -137,6 +158,8 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
         where = ", ".join(f"{n}:{c}" for n, c in info.get("placed", []))
         verdict = (f"placed on {where} ({info.get('gpu_type')})" if where
                    else str(info.get("reason_text")))
+        if int(info.get("copies", 0)) >= 2:
+            verdict = f"forked into {info['copies']} copies, on {where} ({info.get('gpu_type')})"
         out.append(f"epoch {state.get('epoch')} ({age:.0f} s ago, policy {state.get('policy')}):"
                    f" {verdict} [decided by {info.get('component')}]")
         if info.get("detail"):
@@ -149,11 +172,49 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
                 for t, r in sorted(rates.items(), key=lambda kv: -kv[1]))
             out.append(f"throughput of {info.get('job_type')} on {info.get('gpus')} GPU(s): "
                        f"{speed}")
-        out.append(f"progress (estimated from the throughput table): {info.get('done_est')} of"
-                   f" {info.get('steps')} steps; about {info.get('remaining_est')} to go")
+        out.extend(_fork_lines(job, rec, info, state))
+        progress = info.get("progress")
+        if isinstance(progress, Mapping):
+            out.append(f"progress (from the job tracker's progress.json): {progress.get('done'):g}"
+                       f" of {info.get('steps')} iterations, {progress.get('rounds')} rounds"
+                       + (" (complete)" if progress.get("complete") else ""))
+            rates = progress.get("rates") or {}
+            types = progress.get("gpu_types") or {}
+            if rates:
+                out.append("  copies' rates (last round): " + ", ".join(
+                    f"copy {c}" + (f" ({types[c]})" if c in types else "") + f" {r:.4g} it/s"
+                    for c, r in sorted(rates.items(), key=lambda kv: int(kv[0]))))
+        else:
+            out.append(f"progress (estimated from the throughput table): {info.get('done_est')}"
+                       f" of {info.get('steps')} steps; about {info.get('remaining_est')} to go")
+    if info is None and rec.state == "forked":
+        out.append(_forked_text(rec))
     if rec.decided:
         out.append(f"record in Slurm (AdminComment): {job.admin_comment}")
     if job.state == "PENDING" and rec.state == "placed":
         out.append(f"Slurm's pending reason: {job.state_reason} (it starts the job on "
                    f"{', '.join(n for n, _ in rec.place)} when those GPUs are free)")
     return "\n".join(out)
+
+
+def _fork_lines(job: SlurmJob, rec: JobRecord, info: Mapping[str, Any],
+                state: Mapping[str, Any] | None) -> list[str]:
+    """What explain says about a job's copies (HadarE)."""
+    out: list[str] = []
+    types = {n.get("name"): n.get("gpu_type") for n in (state or {}).get("nodes", [])
+             if isinstance(n, Mapping)}
+    forked = info.get("forked")
+    if isinstance(forked, Mapping):
+        copies = forked.get("copies") or []
+        where = ", ".join(f"{node} ({types.get(node, '?')})" for _, node, _ in copies)
+        states = "/".join(sorted({str(st) for _, _, st in copies})).lower()
+        out.append(f"forked into {len(copies)} copies as hetjob {forked.get('group')} on "
+                   f"{where} ({states}); the job itself waits, held, until they end "
+                   f"(Dependency {job.dependency or 'afterany:' + str(forked.get('group'))})")
+    elif rec.state == "forked":
+        out.append(_forked_text(rec))
+    if info.get("fork_blocked"):
+        out.append(f"not forked: {info.get('fork_blocked')}")
+    elif int(info.get("max_copies", 1)) > 1 and not isinstance(forked, Mapping):
+        out.append(f"may be forked into up to {info.get('max_copies')} copies (hint fork)")
+    return out

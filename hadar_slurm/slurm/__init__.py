@@ -19,11 +19,12 @@ from hadar_slurm.slurm.parse import (
     parse_sinfo_json,
     parse_squeue_json,
 )
-from hadar_slurm.slurm.runner import CommandResult, SlurmRunner
+from hadar_slurm.slurm.runner import CommandResult, RunAs, SlurmRunner
 
 __all__ = [
     "CommandResult",
     "Gres",
+    "RunAs",
     "SlurmCommandError",
     "SlurmConfigError",
     "SlurmError",

@@ -47,7 +47,7 @@ def sbatch(
     output: str | None = None, error: str | None = None, chdir: str | None = None,
     time_limit: str | None = None, nodes: int | None = None, ntasks: int | None = None,
     cpus_per_task: int | None = None, mem: str | None = None, requeue: bool | None = None,
-    extra: Sequence[str] = (), script_args: Sequence[str] = (),
+    dependency: str | None = None, extra: Sequence[str] = (), script_args: Sequence[str] = (),
 ) -> list[str]:
     """``sbatch --parsable ...`` with either ``wrap`` (a command line, which sbatch itself runs
     with /bin/sh in the job) or ``script`` (a path, followed by ``script_args``).  ``extra``
@@ -62,6 +62,7 @@ def sbatch(
         ("nodelist", nodelist), ("partition", partition), ("comment", comment),
         ("output", output), ("error", error), ("chdir", chdir), ("time", time_limit),
         ("nodes", nodes), ("ntasks", ntasks), ("cpus-per-task", cpus_per_task), ("mem", mem),
+        ("dependency", dependency),
     ]
     for name, value in options:
         if value is not None:
@@ -122,6 +123,12 @@ def scontrol_update_job(job_id: int, fields: Mapping[str, object]) -> list[str]:
             raise ValueError(f"bad scontrol update field name {key!r}")
         argv.append(f"{key}={_value(key, value)}")
     return argv
+
+
+def scontrol_write_batch_script(job_id: int) -> list[str]:
+    """The batch script of a job (pending ones too), to stdout: ``scontrol write batch_script
+    ID -`` (Slurm 22.05 has it; root, SlurmUser or the job's owner may ask)."""
+    return ["scontrol", "write", "batch_script", _job_id(job_id), "-"]
 
 
 def scontrol_show_job(job_id: int) -> list[str]:

@@ -67,6 +67,15 @@ class SlurmJob:
     submit_time: int | None  # Unix seconds; None when unset / 0
     start_time: int | None  # actual start (running/finished) or expected start (pending)
     time_limit_min: int | None  # None: unlimited or unset
+    # (the fields below have defaults so that hand-built jobs need not name them)
+    user_id: int | None = None  # the owner's uid (None: not reported)
+    group_id: int | None = None  # the owner's primary gid
+    workdir: str = ""  # current_working_directory
+    command: str = ""  # the batch script's path and its arguments, joined by spaces
+    dependency: str = ""  # e.g. "afterany:57(unfulfilled)"; "" when none
+    required_nodes: str = ""  # --nodelist as asked (a pending job has no ``nodes`` yet)
+    het_job_id: int | None = None  # the leader's id of a heterogeneous job's component
+    het_job_offset: int | None = None  # the component's index in its heterogeneous job
 
     @property
     def gpus_per_node(self) -> int:
@@ -396,7 +405,20 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
         submit_time=f.number("submit_time") or None,
         start_time=f.number("start_time") or None,
         time_limit_min=f.number("time_limit"),
+        user_id=f.number("user_id"),
+        group_id=f.number("group_id"),
+        workdir=f.text("current_working_directory"),
+        command=f.text("command"),
+        dependency=_none_text(f.text("dependency")),
+        required_nodes=_none_text(f.text("required_nodes")),
+        # 22.05 reports 0 (and het_job_id_set "") for a job that is not heterogeneous
+        het_job_id=f.number("het_job_id") or None,
+        het_job_offset=f.number("het_job_offset") if f.number("het_job_id") else None,
     )
+
+
+def _none_text(text: str) -> str:
+    return "" if text in ("(null)", "None") else text
 
 
 # ------------------------------------------------------------------------------ sinfo --json

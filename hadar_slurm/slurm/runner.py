@@ -11,11 +11,23 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hadar_slurm.slurm.errors import SlurmCommandError, SlurmConfigError, SlurmTimeoutError
 
 DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """Who runs a command, when not this process's user: ``uid``, primary ``gid``,
+    supplementary ``groups`` and the whole environment ``env`` (``SLURM_CONF`` is set on top).
+    Switching to another uid needs root; the command then runs in ``/``."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -56,9 +68,10 @@ class SlurmRunner:
 
     def run(
         self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True,
-        stdin: str | None = None,
+        stdin: str | None = None, as_user: RunAs | None = None,
     ) -> CommandResult:
-        """Run ``argv`` (a list, never a shell string); raise on failure when ``check``."""
+        """Run ``argv`` (a list, never a shell string); raise on failure when ``check``.
+        ``as_user``: run it as that user, with that environment (see :class:`RunAs`)."""
         if isinstance(argv, str | bytes):
             raise TypeError("argv must be a sequence of strings, not one string (no shell here)")
         args = tuple(argv)
@@ -68,16 +81,26 @@ class SlurmRunner:
             if "\0" in a:
                 raise ValueError(f"argument {a!r} of {args[0]} contains a NUL byte")
         limit = self.timeout if timeout is None else timeout
+        env = self._env
+        who: dict[str, object] = {}
+        if as_user is not None:
+            env = {**as_user.env, "SLURM_CONF": self.slurm_conf}
+            who["cwd"] = "/"
+            if as_user.uid != os.geteuid():
+                who.update(user=as_user.uid, group=as_user.gid,
+                           extra_groups=list(as_user.groups))
         try:
-            proc = subprocess.run(
-                args, capture_output=True, text=True, timeout=limit, env=self._env,
+            proc = subprocess.run(  # type: ignore[call-overload]
+                args, capture_output=True, text=True, timeout=limit, env=env,
                 input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
-                check=False,
+                check=False, **who,
             )
         except FileNotFoundError as exc:
             raise SlurmCommandError(
                 args, f"failed: '{args[0]}' not found (install the Slurm client, e.g. "
                 "Debian's slurm-client)") from exc
+        except (PermissionError, KeyError) as exc:  # cannot switch to as_user
+            raise SlurmCommandError(args, f"failed to run as uid {who.get('user')}: {exc}") from exc
         except subprocess.TimeoutExpired as exc:
             raise SlurmTimeoutError(
                 args, f"timed out after {limit:g} s", stdout=_text(exc.stdout),

@@ -1,0 +1,442 @@
+"""HadarE in the sidecar's backend, over the in-memory FakeSlurm of test_sidecar_backend: a
+hinted job forked into copies (one heterogeneous job submitted as its owner, rendered from the
+real template and read back by the fake as sbatch would), adopted after a crash, moved, ended,
+and never lost when the fork cannot be made.  tests/test_sidecar_fork_cluster.py runs the same
+code against the real dev cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hadar_slurm.loop import Action, ActionKind, diff
+from hadar_slurm.policy.base import Decision, Placement, Reason
+from hadar_slurm.sidecar import fork as hadare
+from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
+from hadar_slurm.sidecar.backend import PENDING_STATES, RUNNING_STATES, SlurmBackend
+from hadar_slurm.sidecar.config import default_config
+from hadar_slurm.sidecar.controller import epoch_state
+from hadar_slurm.sidecar.record import JobRecord, decode
+from hadar_slurm.sidecar.report import explain, status_rows
+from hadar_slurm.slurm import SlurmCommandError, SlurmJob, SlurmTimeoutError
+from hadar_slurm.throughputs import default_table
+from tests.test_sidecar_backend import NODES, FakeSlurm, job
+
+FORK_HINT = "hadar: model=resnet50 bs=64 steps=40000 fork=3"
+J = 10
+CopyRows = dict[int, list[tuple[int, int]]]
+THREE: CopyRows = {0: [(0, 1)], 1: [(1, 1)], 2: [(2, 1)]}  # node1 v100, node2 p100, node3 k80
+
+
+def hinted(tmp_path: Path, job_id: int = J, **kw: object) -> SlurmJob:
+    """A hinted job of this process's user (so the sidecar may act for it, root or not)."""
+    base = job(job_id, comment=str(kw.pop("comment", FORK_HINT)), **kw)  # type: ignore[arg-type]
+    return replace(base, user_id=os.geteuid(), group_id=os.getegid(), workdir=str(tmp_path),
+                   command=f"{tmp_path}/train.sh --steps 40000 --out model.pt")
+
+
+def backend(api: SlurmApi, **kw: object) -> SlurmBackend:
+    return SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=lambda s: None,
+                        **kw)  # type: ignore[arg-type]
+
+
+def decide(b: SlurmBackend, copies: dict[int, CopyRows], epoch: int = 0,
+           now: float = 2000.0) -> tuple[Decision, list[Action]]:
+    """The snapshot of ``b`` and a decision placing each job as ``{copy: [(node, gpus)]}``."""
+    snap = b.snapshot(epoch, now, 60.0, None)
+    rows = [(j, n, c, k) for j, cp in copies.items() for k, rr in cp.items() for n, c in rr]
+    cols = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(4)]
+    placement = Placement(cols[0], cols[1], cols[2], cols[3])
+    decision = Decision(epoch, placement, np.full(snap.num_jobs, Reason.PLACED, dtype=np.int8))
+    return decision, diff(snap, decision)
+
+
+def step(b: SlurmBackend, copies: dict[int, CopyRows], epoch: int,
+         now: float = 2000.0) -> Decision:
+    decision, actions = decide(b, copies, epoch, now)
+    b.apply(decision, actions, now)
+    return decision
+
+
+def components(api: FakeSlurm, original: int = J) -> list[SlurmJob]:
+    return sorted((j for j in api.jobs.values() if hadare.copy_of(j.comment) == original),
+                  key=lambda j: j.job_id)
+
+
+def start(api: FakeSlurm, leader: int, at: int = 1900) -> None:
+    """Slurm starts the heterogeneous job ``leader`` (all components at once)."""
+    for k, j in list(api.jobs.items()):
+        if j.het_job_id == leader:
+            api.jobs[k] = replace(j, state="RUNNING", state_reason="None",
+                                  nodes=j.required_nodes, node_names=(j.required_nodes,),
+                                  start_time=at)
+
+
+def test_fork_submits_one_hetjob_for_the_owner_and_records_it(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api)
+    snap = b.snapshot(0, 2000.0, 60.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [3]
+    step(b, {J: THREE}, 0)
+    assert api.log == [("batch_script", J), ("sbatch", 0), ("update", J)]
+    (script, owner, dependency), = api.submitted
+    tracker = tmp_path / ".hadar-tracker" / str(J)
+    assert script == str(tracker / "fork.sbatch") and dependency is None
+    assert (owner.uid, owner.gid) == (os.geteuid(), os.getegid())
+    assert (tracker / "job.sh").read_text() == api.script
+    assert (tracker / "hints").read_text() == FORK_HINT + "\n"
+    text = (tracker / "fork.sbatch").read_text()
+    assert text.count("#SBATCH hetjob") == 2 and "--nodelist=node3" in text
+    assert f"export HADAR_TRACKER_DIR={tracker}" in text
+    assert f"{tracker}/job.sh --steps 40000 --out model.pt" in " ".join(text.split())
+    comps = components(api)
+    leader = comps[0].job_id
+    assert [c.required_nodes for c in comps] == ["node1", "node2", "node3"]
+    assert [c.het_job_offset for c in comps] == [0, 1, 2]
+    rec = decode(api.jobs[J].admin_comment)
+    assert (rec.state, rec.group, rec.copies, rec.epoch) == ("forked", leader, 3, 0)
+    assert rec.place == (("node1", 1), ("node2", 1), ("node3", 1))
+    assert api.jobs[J].dependency == f"afterany:{leader}"
+    assert api.jobs[J].held  # the job itself waits for its copies
+
+    # next epoch the copies are the job's current placement: the same decision changes nothing
+    api.log.clear()
+    decision, actions = decide(b, {J: THREE}, 1)
+    assert [a.kind for a in actions] == [ActionKind.KEEP]
+    b.apply(decision, actions, 2001.0)
+    assert api.log == [] and b.stats.commands_apply == 0
+    start(api, leader)
+    snap = b.snapshot(2, 2060.0, 60.0, None)
+    assert snap.current.copies_of(J) == {0: [(0, 1)], 1: [(1, 1)], 2: [(2, 1)]}
+    assert snap.node_gpus.tolist() == [4, 4, 2]  # the copies' GPUs are the job's, not foreign
+    table = default_table()
+    rates = sum(table.rate("ResNet-50 (batch size 64)", 1, t) for t in ("v100", "p100", "k80"))
+    assert snap.remaining[0] == pytest.approx(40000 - 160 * rates, rel=1e-6)
+
+
+def test_crash_between_submit_and_record_adopts_the_copies(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+
+    class CrashError(Exception):
+        pass
+
+    update = api.update_job
+
+    def dies_on_record(job_id: int, fields: object) -> None:
+        raise CrashError  # the sidecar dies right after sbatch, before the job's record
+
+    api.update_job = dies_on_record  # type: ignore[method-assign]
+    with pytest.raises(CrashError):
+        step(backend(api), {J: THREE}, 0)
+    api.update_job = update  # type: ignore[method-assign]
+    leader = components(api)[0].job_id
+    assert decode(api.jobs[J].admin_comment).state != "forked"
+
+    api.log.clear()
+    b = backend(api)  # a restarted sidecar
+    decision, actions = decide(b, {J: THREE}, 1)
+    assert [a.kind for a in actions] == [ActionKind.KEEP]  # found by its comment
+    b.apply(decision, actions, 2001.0)
+    assert api.log == [("update", J)] and len(api.submitted) == 1  # adopted, not forked again
+    rec = decode(api.jobs[J].admin_comment)
+    assert (rec.state, rec.group, rec.copies) == ("forked", leader, 3)
+    assert api.jobs[J].dependency == f"afterany:{leader}"
+    assert b.stats.applied[-1]["action"] == "adopt"
+
+
+def test_move_ends_the_copies_then_places_the_job_in_the_same_epoch(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    slept: list[float] = []
+    b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=slept.append)
+    step(b, {J: THREE}, 0)
+    old = components(api)[0].job_id
+    start(api, old)
+    api.log.clear()
+    # two copies elsewhere: signal, grace, cancel, then a new fork that waits for the old one
+    step(b, {J: {0: [(0, 1)], 1: [(1, 1)]}}, 1, now=2100.0)
+    assert api.log == [("update", J), ("signal_steps", old), ("cancel", old),
+                       ("batch_script", J), ("sbatch", 0), ("update", J)]
+    assert slept == [5.0] and api.submitted[-1][2] == f"afterany:{old}"
+    new = components(api)[-1].het_job_id
+    assert new is not None and new != old
+    rec = decode(api.jobs[J].admin_comment)
+    assert (rec.state, rec.group, rec.copies) == ("forked", new, 2)
+    assert all(c.state == "CANCELLED" for c in components(api) if c.het_job_id == old)
+    # unforked: the job itself, placed and released; its dependency keeps it until the copies
+    # are gone
+    start(api, new)
+    api.log.clear()
+    step(b, {J: {0: [(1, 1)]}}, 2, now=2200.0)
+    assert api.log == [("update", J), ("signal_steps", new), ("cancel", new),
+                       ("update", J), ("release", J)]
+    rec = decode(api.jobs[J].admin_comment)
+    assert (rec.state, rec.place, rec.group, rec.copies) == ("placed", (("node2", 1),), 0, 0)
+    assert api.jobs[J].dependency == f"afterany:{new}"
+    assert rec.done > 0 and rec.until == 2200.0
+
+
+def test_preempted_copies_leave_the_job_held(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    leader = components(api)[0].job_id
+    start(api, leader)
+    api.log.clear()
+    step(b, {}, 1)
+    assert api.log == [("update", J), ("signal_steps", leader), ("cancel", leader)]
+    rec = decode(api.jobs[J].admin_comment)
+    assert (rec.state, rec.group) == ("held", 0) and api.jobs[J].held
+    # the copies are gone; the next epoch may fork it again
+    snap = b.snapshot(2, 2010.0, 60.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [3]
+    assert len(snap.current) == 0
+
+
+def test_copies_that_ended_by_themselves_let_the_job_finish_unforked(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    for c in components(api):
+        api.jobs[c.job_id] = replace(c, state="COMPLETED")
+    tracker = tmp_path / ".hadar-tracker" / str(J)
+    (tracker / "progress.json").write_text(json.dumps({
+        "format": 1, "work": 40000, "done": 40000, "rounds": 9, "complete": True,
+        "copy_rates": [{"copy": 0, "gpu_type": "v100", "iters_per_s": 80.0},
+                       {"copy": 1, "gpu_type": "p100", "iters_per_s": 50.0}]}))
+    api.log.clear()
+    snap = b.snapshot(1, 2500.0, 60.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [1]  # never again
+    assert len(snap.current) == 0 and snap.remaining[0] == 40.0  # done, by the tracker
+    assert b.views[J].progress is not None and b.views[J].progress.total_rate == 130.0
+    step(b, {J: {0: [(0, 1)]}}, 1, now=2500.0)
+    assert api.log == [("update", J), ("release", J)]
+    rec = decode(api.jobs[J].admin_comment)
+    assert rec.state == "placed" and rec.nofork and "finishes unforked" in rec.why
+
+
+@pytest.mark.parametrize("error", [
+    SlurmCommandError(("sbatch",), "failed", stderr="sbatch: error: Batch job submission failed"),
+    SlurmCommandError(("scontrol",), "failed"),  # the batch script cannot be fetched
+])
+def test_failed_fork_places_the_job_unforked_on_copy_0(tmp_path: Path,
+                                                       error: Exception) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    if error.args and "scontrol" in str(error):
+        api.fail.add(("batch_script", J))
+    else:
+        api.submit_error = error
+    b = backend(api)
+    decision = step(b, {J: {0: [(1, 1)], 1: [(0, 1)]}}, 0)
+    assert api.log[-2:] == [("update", J), ("release", J)]
+    rec = decode(api.jobs[J].admin_comment)
+    assert (rec.state, rec.place, rec.nofork) == ("placed", (("node2", 1),), True)
+    assert rec.why.startswith("fork failed: ") and "fork failed" in decision.detail[J]
+    assert components(api) == []
+    # it is not forked again: the policy is told it may run as one copy only
+    snap = b.snapshot(1, 2010.0, 60.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [1]
+
+
+def test_unwritable_tracker_root_falls_back(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api, tracker_root=str(blocker))
+    step(b, {J: THREE}, 0)
+    assert ("sbatch", 0) not in api.log and api.log[-1] == ("release", J)
+    rec = decode(api.jobs[J].admin_comment)
+    assert rec.state == "placed" and rec.place == (("node1", 1),)
+    assert "cannot write the tracker directory" in rec.why
+
+
+def test_sbatch_timeout_leaves_the_job_held_then_adopts_or_places(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    api.submit_error = SlurmTimeoutError(("sbatch",), "timed out after 30 s")
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    assert api.jobs[J].held and ("release", J) not in api.log  # not released: maybe submitted
+    rec = decode(api.jobs[J].admin_comment)
+    assert rec.state == "held" and rec.nofork and "timed out" in rec.why
+    # it was not submitted: the next epoch runs the job unforked (it may not fork any more)
+    snap = b.snapshot(1, 2010.0, 60.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [1]
+    step(b, {J: {0: [(0, 1)]}}, 1)
+    assert api.log[-1] == ("release", J)
+
+
+def test_sbatch_timeout_that_did_submit_is_adopted(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)  # submitted and recorded...
+    leader = components(api)[0].job_id
+    rec = decode(api.jobs[J].admin_comment).with_(state="held", group=0, copies=0, place=(),
+                                                  nofork=True, why="fork failed: timed out")
+    api.jobs[J] = replace(api.jobs[J], admin_comment=rec.encode(), dependency="")  # ...not
+    api.log.clear()
+    step(b, {J: THREE}, 1)
+    assert api.log == [("update", J)] and api.jobs[J].dependency == f"afterany:{leader}"
+    assert decode(api.jobs[J].admin_comment).state == "forked"
+
+
+def test_copies_of_a_vanished_job_are_cancelled(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    leader = components(api)[0].job_id
+    start(api, leader)
+    api.jobs[J] = replace(api.jobs[J], state="CANCELLED")  # scancel by its user
+    api.log.clear()
+    step(b, {}, 1)
+    assert api.log == [("cancel", leader)]
+    del api.jobs[J]  # gone from squeue: nothing more to do (its copies are cancelled)
+    api.log.clear()
+    step(b, {}, 2)
+    assert api.log == []
+
+
+def test_an_older_live_fork_of_the_same_job_is_cancelled(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    first = components(api)[0].job_id
+    # a second fork of the same job (e.g. a sidecar died after sbatch, twice)
+    api.submit_as(str(Path(api.submitted[0][0])), api.submitted[0][1])
+    second = components(api)[-1].het_job_id
+    api.log.clear()
+    step(b, {J: THREE}, 1)
+    assert ("cancel", first) in api.log and ("cancel", second) not in api.log
+    assert decode(api.jobs[J].admin_comment).group == second
+
+
+def test_who_may_be_forked(tmp_path: Path) -> None:
+    api = FakeSlurm([
+        hinted(tmp_path, 1, comment="hadar: model=resnet50 bs=64 steps=40000"),  # no fork hint
+        hinted(tmp_path, 2),
+        replace(hinted(tmp_path, 3), user_id=None),  # Slurm did not say whose it is
+        replace(hinted(tmp_path, 4), dependency="afterok:1(unfulfilled)"),  # waits for job 1
+        replace(hinted(tmp_path, 5), workdir=""),
+        replace(hinted(tmp_path, 6), admin_comment=JobRecord(epoch=1, state="held", nofork=True,
+                                                             why="fork failed: x").encode()),
+    ], NODES)
+    b = backend(api)
+    snap = b.snapshot(0, 2000.0, 60.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [1, 3, 1, 1, 1, 1]
+    blocked = {j: b.views[j].fork_blocked for j in range(1, 7)}
+    assert blocked[1] == "" and blocked[2] == ""
+    assert "user and group id" in blocked[3] and "dependency" in blocked[4]
+    assert "working directory" in blocked[5] and blocked[6] == "fork failed: x"
+    api.can_fork = False  # e.g. the pyslurm backend
+    b.snapshot(0, 2000.0, 60.0, None)
+    assert "cannot fork" in b.views[2].fork_blocked and b.views[2].max_copies == 1
+    # a policy that forks a job all the same gets it unforked, with the reason recorded
+    step(b, {2: THREE}, 0)
+    rec = decode(api.jobs[2].admin_comment)
+    assert rec.state == "placed" and rec.why.startswith("not forked: the fake backend")
+
+
+def test_a_released_job_is_held_before_it_is_forked(tmp_path: Path) -> None:
+    placed = JobRecord(epoch=0, state="placed", place=(("node2", 1),), gpus=1)
+    api = FakeSlurm([hinted(tmp_path, reason="Resources", admin=placed.encode())], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 1)
+    assert api.log == [("hold", J), ("update", J)] and api.submitted == []
+    step(b, {J: THREE}, 2)
+    assert api.log[-1] == ("update", J) and len(api.submitted) == 1
+
+
+def test_a_running_unforked_job_is_preempted_to_be_forked(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path, state="RUNNING", reason="None", nodes=("node1",),
+                            start=1900)], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    assert api.log == [("update", J), ("signal", J), ("requeuehold", J)]
+    step(b, {J: THREE}, 1)
+    assert ("sbatch", 0) in api.log
+
+
+def test_dry_run_forks_nothing(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    dry = DryRunApi(api)
+    b = backend(dry)
+    step(b, {J: THREE}, 0)
+    assert api.log == [] and dry.would == [] and api.submitted == []
+    assert not (tmp_path / ".hadar-tracker").exists()
+    assert [e["action"] for e in b.stats.applied] == ["fork"]
+
+
+def test_status_and_explain_show_the_fork(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    leader = components(api)[0].job_id
+    start(api, leader)
+    tracker = tmp_path / ".hadar-tracker" / str(J)
+    (tracker / "progress.json").write_text(json.dumps({
+        "format": 1, "work": 40000, "done": 12000, "rounds": 4, "complete": False,
+        "copy_rates": [{"copy": 0, "gpu_type": "v100", "iters_per_s": 80.0},
+                       {"copy": 1, "gpu_type": "p100", "iters_per_s": 50.5},
+                       {"copy": 2, "gpu_type": "k80", "iters_per_s": 20.0}]}))
+    decision = step(b, {J: THREE}, 1, now=2100.0)
+    snap = b.snapshot(1, 2100.0, 60.0, None)
+    state = json.loads(json.dumps(epoch_state(default_config(), b, snap, decision)))
+    info = state["jobs"][str(J)]
+    assert info["forked"]["group"] == leader and info["copies"] == 3
+    assert info["progress"]["done"] == 12000 and info["progress"]["rates"]["1"] == 50.5
+    jobs = list(api.jobs.values())
+    rows = {r["job"]: r["why"] for r in status_rows(jobs, state)}
+    assert rows[str(J)].startswith(f"forked into 3 copies as hetjob {leader} on node1, node2")
+    assert rows[str(leader + 2)] == f"copy 2 of job {J} (HadarE: hetjob {leader})"
+    text = explain(J, jobs, state)
+    assert f"forked into 3 copies as hetjob {leader} on node1 (v100), node2 (p100), node3 (k80)"\
+        in text
+    assert "12000 of 40000 iterations, 4 rounds" in text
+    assert "copy 0 (v100) 80 it/s, copy 1 (p100) 50.5 it/s, copy 2 (k80) 20 it/s" in text
+    assert f"copy 1 of job {J}" in explain(leader + 1, jobs, state)
+
+
+def test_find_groups_and_helpers() -> None:
+    comps = [replace(job(k, comment=f"hadar-copy-of={J}", admin=""), het_job_id=20,
+                     het_job_offset=k - 20) for k in (22, 20, 21)]
+    plain = replace(job(30, comment=f" hadar-copy-of={J} ", admin=""), state="COMPLETED")
+    groups = hadare.find_groups([*comps, plain, job(1)])
+    assert [g.leader for g in groups[J]] == [20, 30]
+    g = groups[J][0]
+    assert [c.job_id for c in g.components] == [20, 21, 22] and g.live and not g.running
+    assert not groups[J][1].live and groups[J][1].completed
+    assert hadare.copy_of("hadar-copy-of=x") is None and hadare.copy_of("hadar: x") is None
+    assert hadare.dependency_jobs("afterany:57(unfulfilled),afterok:3?singleton") == [57, 3]
+    assert hadare.sbatch_name("my job #1", 5) == "my_job__1" and hadare.sbatch_name("", 5) \
+        == "hadar-5"
+    assert hadare.LIVE_STATES == PENDING_STATES | RUNNING_STATES
+    assert hadare.RUNNING_STATES == RUNNING_STATES
+
+
+def test_progress_file_is_read_defensively(tmp_path: Path) -> None:
+    assert hadare.read_progress(str(tmp_path)) is None
+    (tmp_path / "progress.json").write_text('{"done": 5')  # half written
+    assert hadare.read_progress(str(tmp_path)) is None
+    (tmp_path / "progress.json").write_text('{"done": -1}')
+    assert hadare.read_progress(str(tmp_path)) is None
+    (tmp_path / "progress.json").write_text(json.dumps(
+        {"done": 7, "work": 9, "copy_rates": [None, {"copy": "x"}, {"copy": 1,
+                                                                    "iters_per_s": 2.5}]}))
+    p = hadare.read_progress(str(tmp_path))
+    assert p is not None and (p.done, p.work, p.rates, p.complete) == (7.0, 9.0, {1: 2.5}, False)
+    (tmp_path / "elsewhere.json").write_text('{"done": 1}')
+    (tmp_path / "progress.json").unlink()
+    (tmp_path / "progress.json").symlink_to(tmp_path / "elsewhere.json")
+    assert hadare.read_progress(str(tmp_path)) is None  # a symlink is not followed
+
+
+def test_record_of_a_fork_round_trips() -> None:
+    rec = JobRecord(epoch=3, state="forked", place=(("node1", 1), ("node2", 1)), gpus=1,
+                    group=57, copies=2, nofork=True, why="x y")
+    text = rec.encode()
+    assert "state=forked" in text and "group=57 copies=2 nofork=1 why=x y" in text
+    assert decode(text) == rec
+    assert decode("hadar epoch=1 state=forked group=-4") == JobRecord()
