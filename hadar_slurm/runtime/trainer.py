@@ -48,6 +48,9 @@ __all__ = ["JobRuntime", "RunSummary", "pick_device", "weighted_average"]
 
 T = TypeVar("T")
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: Longest pause between two looks at the tracker files while waiting at a barrier (a few
+#: stat() calls each): short, since every copy waits this long again at each round's end.
+_MAX_POLL_S = 0.01
 
 
 # ----------------------------------------------------------------------------------- averaging
@@ -393,7 +396,15 @@ class JobRuntime:
                 fix="use the same work for every run of a job, or another tracker dir")
         if state is None and cfg.copies > 1:
             if cfg.coordinator:
-                # All copies must start from the same parameters: commit round 0.
+                # All copies must start from the same parameters: commit round 0, once every
+                # copy has said hello (so that they start training together).
+                def absent() -> list[int]:
+                    return [j for j in range(1, cfg.copies)
+                            if not self.paths.heartbeat(cfg.run_id, j).exists()]
+
+                self._phase = "waiting for the copies to start"
+                self._wait(lambda: None if absent() else True, absent,
+                           "every copy to start")
                 state = self._commit(CommittedState(work=cfg.work, job=cfg.job_key),
                                      self._own_states(), [], None)
             else:
@@ -707,7 +718,7 @@ class JobRuntime:
                         return got
                     raise self._lost(j, what, beat, exited, t - start, why)
             time.sleep(poll)
-            poll = min(poll * 1.5, 0.1)
+            poll = min(poll * 1.5, _MAX_POLL_S)
 
     def _state_round(self) -> int:
         state = getattr(self, "_state", None)
