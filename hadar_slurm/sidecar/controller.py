@@ -31,6 +31,7 @@ from hadar_slurm.loop import EpochLoop, EpochRecord
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Reason, Snapshot
 from hadar_slurm.policy.hadar import HadarPolicy
+from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
@@ -76,6 +77,11 @@ class Sidecar:
         self.policy = make_policy(config.policy)
         if isinstance(self.policy, HadarPolicy):
             self.policy = dataclasses.replace(self.policy, migration_s=config.migration_s)
+        if isinstance(self.policy, HadarEPolicy):
+            # in Slurm each copy is one component of a heterogeneous job, on one node
+            self.policy = dataclasses.replace(
+                self.policy, multi_node_copies=False,
+                hadar=dataclasses.replace(self.policy.hadar, migration_s=config.migration_s))
         self.backend = SlurmBackend(
             self.api, load_table_for(config), partition=config.partition,
             preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,

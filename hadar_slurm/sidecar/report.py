@@ -172,7 +172,7 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
                 for t, r in sorted(rates.items(), key=lambda kv: -kv[1]))
             out.append(f"throughput of {info.get('job_type')} on {info.get('gpus')} GPU(s): "
                        f"{speed}")
-        out.extend(_fork_lines(job, rec, info, state))
+        out.extend(_fork_lines(job, rec, info, jobs))
         progress = info.get("progress")
         if isinstance(progress, Mapping):
             out.append(f"progress (from the job tracker's progress.json): {progress.get('done'):g}"
@@ -187,8 +187,8 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
         else:
             out.append(f"progress (estimated from the throughput table): {info.get('done_est')}"
                        f" of {info.get('steps')} steps; about {info.get('remaining_est')} to go")
-    if info is None and rec.state == "forked":
-        out.append(_forked_text(rec))
+    if info is None:
+        out.extend(_fork_lines(job, rec, {}, jobs))
     if rec.decided:
         out.append(f"record in Slurm (AdminComment): {job.admin_comment}")
     if job.state == "PENDING" and rec.state == "placed":
@@ -198,23 +198,30 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
 
 
 def _fork_lines(job: SlurmJob, rec: JobRecord, info: Mapping[str, Any],
-                state: Mapping[str, Any] | None) -> list[str]:
-    """What explain says about a job's copies (HadarE)."""
+                jobs: Sequence[SlurmJob]) -> list[str]:
+    """What explain says about a job's copies (HadarE), from Slurm itself: the components
+    commented ``hadar-copy-of=JOB``, the newest fork first."""
     out: list[str] = []
-    types = {n.get("name"): n.get("gpu_type") for n in (state or {}).get("nodes", [])
-             if isinstance(n, Mapping)}
-    forked = info.get("forked")
-    if isinstance(forked, Mapping):
-        copies = forked.get("copies") or []
-        where = ", ".join(f"{node} ({types.get(node, '?')})" for _, node, _ in copies)
-        states = "/".join(sorted({str(st) for _, _, st in copies})).lower()
-        out.append(f"forked into {len(copies)} copies as hetjob {forked.get('group')} on "
-                   f"{where} ({states}); the job itself waits, held, until they end "
-                   f"(Dependency {job.dependency or 'afterany:' + str(forked.get('group'))})")
-    elif rec.state == "forked":
+    comps = [j for j in jobs if copy_of(j.comment) == job.job_id]
+    leaders = sorted({c.het_job_id or c.job_id for c in comps}, reverse=True)
+    for k, leader in enumerate(leaders):
+        group = sorted((c for c in comps if (c.het_job_id or c.job_id) == leader),
+                       key=lambda c: c.het_job_offset or 0)
+        where = ", ".join(f"{c.node_names[0] if c.node_names else c.required_nodes or '?'} "
+                          f"({c.features or '?'})" for c in group)
+        states = "/".join(sorted({c.state.lower() for c in group}))
+        if k == 0:
+            line = f"forked into {len(group)} copies as hetjob {leader} on {where} ({states})"
+            if job.state == "PENDING" and rec.state == "forked":
+                line += ("; the job itself waits, held, until they end (Dependency "
+                         f"{job.dependency or '-'})")
+            out.append(line)
+        else:
+            out.append(f"  earlier fork: hetjob {leader} on {where} ({states})")
+    if not leaders and rec.state == "forked":
         out.append(_forked_text(rec))
     if info.get("fork_blocked"):
         out.append(f"not forked: {info.get('fork_blocked')}")
-    elif int(info.get("max_copies", 1)) > 1 and not isinstance(forked, Mapping):
+    elif int(info.get("max_copies", 1)) > 1 and rec.state != "forked":
         out.append(f"may be forked into up to {info.get('max_copies')} copies (hint fork)")
     return out
