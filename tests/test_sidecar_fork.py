@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,7 +84,9 @@ def test_fork_submits_one_hetjob_for_the_owner_and_records_it(tmp_path: Path) ->
     snap = b.snapshot(0, 2000.0, 60.0, None)
     assert snap.max_copies is not None and snap.max_copies.tolist() == [3]
     step(b, {J: THREE}, 0)
-    assert api.log == [("batch_script", J), ("sbatch", 0), ("update", J)]
+    # the script, the intent (state=forking), sbatch, the record (state=forked, Dependency)
+    assert api.log == [("batch_script", J), ("update", J), ("sbatch", 0), ("update", J)]
+    assert [e["action"] for e in b.stats.applied] == ["fork_intent", "fork", "record"]
     (script, owner, dependency), = api.submitted
     tracker = tmp_path / ".hadar-tracker" / str(J)
     assert script == str(tracker / "fork.sbatch") and dependency is None
@@ -119,24 +122,33 @@ def test_fork_submits_one_hetjob_for_the_owner_and_records_it(tmp_path: Path) ->
     assert snap.remaining[0] == pytest.approx(40000 - 160 * rates, rel=1e-6)
 
 
-def test_crash_between_submit_and_record_adopts_the_copies(tmp_path: Path) -> None:
-    api = FakeSlurm([hinted(tmp_path)], NODES)
+def crash_after_sbatch(api: FakeSlurm) -> None:
+    """A sidecar that dies right after sbatch, before it records the fork on the job."""
 
     class CrashError(Exception):
         pass
 
     update = api.update_job
+    calls: list[int] = []
 
-    def dies_on_record(job_id: int, fields: object) -> None:
-        raise CrashError  # the sidecar dies right after sbatch, before the job's record
+    def dies_on_record(job_id: int, fields: Mapping[str, str]) -> None:
+        calls.append(job_id)
+        if len(calls) == 2:
+            raise CrashError  # the intent got through, the record does not
+        update(job_id, fields)
 
     api.update_job = dies_on_record  # type: ignore[method-assign]
     with pytest.raises(CrashError):
         step(backend(api), {J: THREE}, 0)
     api.update_job = update  # type: ignore[method-assign]
-    leader = components(api)[0].job_id
-    assert decode(api.jobs[J].admin_comment).state != "forked"
+    assert decode(api.jobs[J].admin_comment).state == "forking"
+    assert len(components(api)) == 3 and api.jobs[J].dependency == ""
 
+
+def test_crash_between_submit_and_record_adopts_the_copies(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    crash_after_sbatch(api)
+    leader = components(api)[0].job_id
     api.log.clear()
     b = backend(api)  # a restarted sidecar
     decision, actions = decide(b, {J: THREE}, 1)
@@ -147,6 +159,37 @@ def test_crash_between_submit_and_record_adopts_the_copies(tmp_path: Path) -> No
     assert (rec.state, rec.group, rec.copies) == ("forked", leader, 3)
     assert api.jobs[J].dependency == f"afterany:{leader}"
     assert b.stats.applied[-1]["action"] == "adopt"
+
+
+def test_crash_after_sbatch_then_the_copies_end_is_not_forked_again(tmp_path: Path) -> None:
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    crash_after_sbatch(api)
+    leader = components(api)[0].job_id
+    for c in components(api):  # the copies ran and ended before the sidecar came back
+        api.jobs[c.job_id] = replace(c, state="COMPLETED")
+    api.log.clear()
+    b = backend(api)
+    snap = b.snapshot(1, 2010.0, 60.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [1]
+    step(b, {J: {0: [(0, 1)]}}, 1)
+    assert api.log == [("update", J), ("release", J)] and len(api.submitted) == 1
+    rec = decode(api.jobs[J].admin_comment)
+    assert rec.state == "placed" and rec.nofork and f"hetjob {leader}) completed" in rec.why
+
+
+def test_an_interrupted_fork_that_was_never_submitted_may_fork_again(tmp_path: Path) -> None:
+    # an earlier fork (cancelled by a move) is still in squeue; the new one died before sbatch
+    old = JobRecord(epoch=4, state="forking", place=(("node1", 1), ("node2", 1)), gpus=1,
+                    group=5, copies=2)
+    api = FakeSlurm([hinted(tmp_path, admin=old.encode()),
+                     replace(job(5, comment=f"hadar-copy-of={J}", admin="", state="CANCELLED"),
+                             het_job_id=5, het_job_offset=0)], NODES)
+    b = backend(api)
+    snap = b.snapshot(5, 2010.0, 60.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [3]
+    assert b.views[J].record.state == "held"
+    step(b, {J: THREE}, 5)
+    assert decode(api.jobs[J].admin_comment).state == "forked"
 
 
 def test_move_ends_the_copies_then_places_the_job_in_the_same_epoch(tmp_path: Path) -> None:
@@ -160,7 +203,7 @@ def test_move_ends_the_copies_then_places_the_job_in_the_same_epoch(tmp_path: Pa
     # two copies elsewhere: signal, grace, cancel, then a new fork that waits for the old one
     step(b, {J: {0: [(0, 1)], 1: [(1, 1)]}}, 1, now=2100.0)
     assert api.log == [("update", J), ("signal_steps", old), ("cancel", old),
-                       ("batch_script", J), ("sbatch", 0), ("update", J)]
+                       ("batch_script", J), ("update", J), ("sbatch", 0), ("update", J)]
     assert slept == [5.0] and api.submitted[-1][2] == f"afterany:{old}"
     new = components(api)[-1].het_job_id
     assert new is not None and new != old
@@ -261,7 +304,7 @@ def test_sbatch_timeout_leaves_the_job_held_then_adopts_or_places(tmp_path: Path
     step(b, {J: THREE}, 0)
     assert api.jobs[J].held and ("release", J) not in api.log  # not released: maybe submitted
     rec = decode(api.jobs[J].admin_comment)
-    assert rec.state == "held" and rec.nofork and "timed out" in rec.why
+    assert rec.state == "forking" and rec.nofork and "timed out" in rec.why
     # it was not submitted: the next epoch runs the job unforked (it may not fork any more)
     snap = b.snapshot(1, 2010.0, 60.0, None)
     assert snap.max_copies is not None and snap.max_copies.tolist() == [1]
@@ -274,8 +317,8 @@ def test_sbatch_timeout_that_did_submit_is_adopted(tmp_path: Path) -> None:
     b = backend(api)
     step(b, {J: THREE}, 0)  # submitted and recorded...
     leader = components(api)[0].job_id
-    rec = decode(api.jobs[J].admin_comment).with_(state="held", group=0, copies=0, place=(),
-                                                  nofork=True, why="fork failed: timed out")
+    rec = decode(api.jobs[J].admin_comment).with_(state="forking", group=0, nofork=True,
+                                                  why="fork failed: timed out")
     api.jobs[J] = replace(api.jobs[J], admin_comment=rec.encode(), dependency="")  # ...not
     api.log.clear()
     step(b, {J: THREE}, 1)

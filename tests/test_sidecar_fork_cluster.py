@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -80,15 +81,16 @@ log_file = "{self.path}/{name}.log"
 """)
         return path
 
-    def one_epoch(self, config: Path) -> list[dict[str, object]]:
+    def one_epoch(self, config: Path, *, returncode: int = 0,
+                  **env: str) -> list[dict[str, object]]:
         """``hadar-slurm run --max-epochs 1``: one epoch, then it stops by itself."""
-        env = dict(os.environ, SLURM_CONF=self.conf,
-                   PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        full = dict(os.environ, SLURM_CONF=self.conf,
+                    PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
         out = subprocess.run(
             [sys.executable, "-m", "hadar_slurm", "run", "--config", str(config),
-             "--max-epochs", "1"], env=env, capture_output=True, text=True, timeout=120,
+             "--max-epochs", "1"], env=full, capture_output=True, text=True, timeout=120,
             check=False)
-        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.returncode == returncode, out.stdout + out.stderr
         return read_events(config.with_suffix(".log"))
 
     def cli(self, *args: str) -> str:
@@ -144,7 +146,7 @@ def test_forked_into_three_copies_then_completes(fork: Fork) -> None:
 
     # epoch 0: forked into 3 copies, one heterogeneous job
     events = fork.one_epoch(fork.config("first"))
-    assert actions(events, job_id) == ["fork", "record"], events
+    assert actions(events, job_id) == ["fork_intent", "fork", "record"], events
     comps = fork.copies(job_id)
     leader = comps[0].job_id
     assert len(comps) == 3 and all(c.het_job_id == leader for c in comps)
@@ -228,6 +230,49 @@ def test_failed_fork_runs_the_job_unforked(fork: Fork) -> None:
     assert line.split()[0] == "job" and line.split()[2] == final.node_names[0]
 
 
+# Copies that wait (at most 60 s) until the test creates "go"; the job itself does not wait.
+WAIT_FOR_GO = """#!/bin/bash
+if [ -n "${HADAR_COPY_INDEX:-}" ]; then
+  for _ in $(seq 600); do [ -e "$PWD/go" ] && break; sleep 0.1; done
+fi
+echo "${HADAR_COPY_INDEX:-job} $(id -u) $(hostname) ${HADAR_COPIES:-1}" >> "$PWD/ran.txt"
+"""
+
+
+def test_sidecar_killed_after_sbatch_adopts_the_fork(fork: Fork) -> None:
+    work = fork.path / "work"
+    work.mkdir()
+    job_id = fork.submit(WAIT_FOR_GO, work)
+    # killed right after its 2nd change to Slurm: the intent, then sbatch; not the record
+    events = fork.one_epoch(fork.config("first"), returncode=-signal.SIGKILL,
+                            HADAR_SIDECAR_CRASH_AFTER_WRITES="2")
+    assert actions(events, job_id) == ["fork_intent", "fork"], events
+    assert any(e.get("event") == "crash_drill" for e in events)
+    comps = fork.copies(job_id)
+    leader = comps[0].job_id
+    assert len(comps) == 3 and decode(jobs(fork.cluster)[job_id].admin_comment).state == \
+        "forking"
+
+    events = fork.one_epoch(fork.config("second"))  # the copies wait for "go": still live
+    assert actions(events, job_id) == ["adopt"], events
+    assert {c.het_job_id for c in fork.copies(job_id)} == {leader}  # no second fork
+    original = jobs(fork.cluster)[job_id]
+    rec = decode(original.admin_comment)
+    assert (rec.state, rec.group, rec.copies) == ("forked", leader, 3)
+    assert original.held and original.dependency.startswith(f"afterany:{leader}")
+
+    (work / "go").write_text("")
+    ended = fork.wait_copies(job_id)
+    assert [c.state for c in ended] == ["COMPLETED"] * 3, ended
+    events = fork.one_epoch(fork.config("third"))
+    assert actions(events, job_id) == ["place", "release"], events
+    final = wait_job(fork.cluster, job_id, FINAL, timeout=60)
+    assert final.state == "COMPLETED", final
+    assert {c.het_job_id for c in fork.copies(job_id)} == {leader}  # one fork, never two
+    lines = sorted(line.split()[0] for line in (work / "ran.txt").read_text().splitlines())
+    assert lines == ["0", "1", "2", "job"]
+
+
 @pytest.fixture
 def nobody_dir() -> Iterator[Path]:
     """A working directory of user nobody (outside pytest's private tmp dirs)."""
@@ -246,7 +291,7 @@ def test_a_job_of_another_user_is_forked_as_that_user(fork: Fork, nobody_dir: Pa
     nobody = RunAs(NOBODY, NOBODY, (), {"PATH": os.environ["PATH"]})
     job_id = fork.submit(REPORT, nobody_dir, as_user=nobody)
     events = fork.one_epoch(fork.config("first"))
-    assert actions(events, job_id) == ["fork", "record"], events
+    assert actions(events, job_id) == ["fork_intent", "fork", "record"], events
     ended = fork.wait_copies(job_id)
     assert [c.state for c in ended] == ["COMPLETED"] * 3, ended
     assert {c.user for c in ended} == {"nobody"}

@@ -369,16 +369,8 @@ class SlurmBackend:
             return None
         if record.state == "unsteered":
             return None  # released to Slurm's own scheduler earlier; stays so
-        if record.state == "forked" and group is None:
-            # its copies ended by themselves (or were cancelled by someone else): it runs
-            # unforked from now on, and its runtime finishes from the tracker's state
-            ended = [g for g in self.groups.get(job.job_id, ()) if g.leader == record.group]
-            how = ("completed" if ended and ended[0].completed else
-                   "ended " + "/".join(sorted({c.state for c in ended[0].components}))
-                   if ended else "ended")
-            record = record.with_(
-                state="held", place=(), group=0, copies=0, nofork=True,
-                why=f"its copies (hetjob {record.group}) {how}: it finishes unforked")
+        if record.state in ("forked", "forking") and group is None:
+            record = self._fork_gone(job, record)
         tracker, progress = "", None
         if hints.fork > 1 or group is not None:
             try:
@@ -431,6 +423,27 @@ class SlurmBackend:
             rates, row_copy=tuple(row_copy[k] for k in order) if row_copy else (),
             group=group, max_copies=hints.fork if hints.fork > 1 and not blocked else 1,
             fork_blocked=blocked, tracker=tracker, progress=progress)
+
+    def _fork_gone(self, job: SlurmJob, record: JobRecord) -> JobRecord:
+        """The record of a job whose fork no longer waits or runs.  Its copies ended by
+        themselves (or someone else cancelled them): it runs unforked from now on, and its
+        runtime finishes from the tracker's state.  For a fork the sidecar was about to submit
+        (``forking``: it died before it recorded the fork, or sbatch timed out), the copies are
+        those of a fork newer than the one named in the record; when there are none, the fork
+        was never submitted and the job waits as before."""
+        groups = self.groups.get(job.job_id, ())
+        if record.state == "forked":
+            ended = [g for g in groups if g.leader == record.group]
+        else:
+            ended = [g for g in groups if g.leader > record.group][-1:]
+            if not ended:
+                return record.with_(state="held", place=(), group=0, copies=0)
+        leader = ended[0].leader if ended else record.group
+        how = ("completed" if ended and ended[0].completed else
+               "ended " + "/".join(sorted({c.state for c in ended[0].components}))
+               if ended else "ended")
+        return record.with_(state="held", place=(), group=0, copies=0, nofork=True,
+                            why=f"its copies (hetjob {leader}) {how}: it finishes unforked")
 
     def _fork_blocked(self, job: SlurmJob, hints: Hints, record: JobRecord,
                       group: CopyGroup | None) -> str:
@@ -727,6 +740,17 @@ class SlurmBackend:
         except (SlurmError, ForkError) as exc:
             self._fork_failed(view, rows0, epoch, decision, f"fork failed: {exc}")
             return
+        # The intent first: a sidecar that dies between sbatch and the record below finds the
+        # copies by their comment (and knows, from the newest fork named here, which copies
+        # are those of this fork, even once they have ended).
+        place = tuple(sorted((c.node, c.gpus) for c in specs))
+        known = [g.leader for g in self.groups.get(job_id, ())]
+        intent = view.record.with_(epoch=epoch, state="forking", place=place, gpus=view.gpus,
+                                   group=max(known, default=0), copies=len(specs), why="")
+        if not self._write("fork_intent", job_id, self.api.update_job,
+                           {"AdminComment": intent.encode()}):
+            return  # (held as it was; the next epoch tries again)
+        view.record = intent
         dependency = f"afterany:{after.leader}" if after is not None else None
         try:
             leader = self.api.submit_as(os.path.join(tracker, hadare.PLAN_FILE), owner,
@@ -734,38 +758,35 @@ class SlurmBackend:
         except SlurmTimeoutError as exc:
             # it may have been submitted all the same: the next epoch adopts it by its
             # comment, or places the job unforked; until then the job stays held
-            self._fork_failed(view, None, epoch, decision, f"fork failed: {exc}")
+            why = f"fork failed: {' '.join(str(exc).split())}"[:300]
+            log_event(logger, "fork_failed", logging.WARNING, epoch=self.epoch, job=job_id,
+                      why=why, fallback="held")
+            decision.detail[job_id] = why
+            self._write("record", job_id, self.api.update_job,
+                        {"AdminComment": intent.with_(nofork=True, why=why).encode()}, why=why)
             return
         except SlurmError as exc:
             self._fork_failed(view, rows0, epoch, decision, f"fork failed: {exc}")
             return
         self._did("fork", job_id, group=leader, **detail)
-        rec = view.record.with_(
-            epoch=epoch, state="forked", place=tuple(sorted((c.node, c.gpus) for c in specs)),
-            gpus=view.gpus, group=leader, copies=len(specs), why="")
+        rec = intent.with_(state="forked", group=leader)
         self._write("record", job_id, self.api.update_job,
                     {"AdminComment": rec.encode(), "Dependency": f"afterany:{leader}"},
                     group=leader)
 
-    def _fork_failed(self, view: JobView, rows0: tuple[tuple[int, int], ...] | None,
-                     epoch: int, decision: Decision, why: str) -> None:
+    def _fork_failed(self, view: JobView, rows0: tuple[tuple[int, int], ...], epoch: int,
+                     decision: Decision, why: str) -> None:
         """A fork that cannot be made: say why (log, decision detail, the job's record, which
         also stops further forks of it) and place the job unforked on copy 0's node instead,
-        or, with ``rows0`` None, leave it held for the next epoch."""
+        in this epoch."""
         job_id = view.job_id
         why = " ".join(why.split())
         if len(why) > 300:
             why = why[:297] + "..."
         log_event(logger, "fork_failed", logging.WARNING, epoch=self.epoch, job=job_id,
-                  why=why, fallback="held" if rows0 is None else "unforked")
+                  why=why, fallback="unforked")
         decision.detail[job_id] = why
-        rec = view.record.with_(nofork=True, why=why)
-        if rows0 is None:
-            rec = rec.with_(epoch=epoch, state="held", place=(), gpus=view.gpus)
-            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()},
-                        why=why)
-            return
-        view.record = rec
+        view.record = view.record.with_(nofork=True, why=why)
         self._place(view, rows0, epoch, decision, why=why)
 
     def _release_unsteered(self, u: Unsteered, epoch: int) -> None:

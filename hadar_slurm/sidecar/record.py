@@ -10,7 +10,9 @@ epoch, and how much work a job did in its earlier runs.  The text reads as one l
 
 ``state`` is ``placed`` (released to run on ``place``), ``held`` (waits for a placement),
 ``preempted`` (stopped to be placed again), ``forked`` (HadarE: the job itself stays held while
-``copies`` copies of it run as the heterogeneous job ``group`` on ``place``), or ``unsteered``
+``copies`` copies of it run as the heterogeneous job ``group`` on ``place``), ``forking`` (the
+sidecar is submitting such copies; ``group`` is then the newest earlier fork, 0 if none), or
+``unsteered``
 (released to Slurm's own scheduler because the sidecar cannot steer it; ``why`` says why, always
 last since it may hold spaces).  ``nofork=1`` marks a job that is not forked again (a fork of
 it failed, or its copies ended by themselves: it finishes unforked).
@@ -25,7 +27,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 PREFIX = "hadar"
-STATES = ("placed", "held", "preempted", "forked", "unsteered")
+STATES = ("placed", "held", "preempted", "forking", "forked", "unsteered")
 
 
 @dataclass(frozen=True)
