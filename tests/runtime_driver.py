@@ -1,9 +1,10 @@
 """A tiny training script on hadar_slurm.runtime for the tests (torch only, starts fast).
 
-Each iteration is one SGD step on a 4-input linear model plus ``--sleep-ms`` of sleep (so that
-rounds take a known time), and appends one byte to ``--count`` (an O_APPEND write, done before
-the next iteration starts), so the file's size is exactly the iterations this process ran, even
-after a SIGKILL.
+Each iteration is one plain gradient step on a 4-input linear model plus ``--sleep-ms`` of
+sleep (so that rounds take a known time), and appends one byte to ``--count`` (an O_APPEND
+write, done before the next iteration starts), so the file's size is exactly the iterations this
+process ran, even after a SIGKILL.  No torch.optim optimizer: creating the first one imports
+torch._dynamo (seconds); the runtime takes ``optimizer=None``.
 """
 
 from __future__ import annotations
@@ -35,17 +36,18 @@ def main() -> int:
                                     time_limit_s=args.time_limit_s)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     target = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     fd = os.open(args.count, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    with JobRuntime(model, optimizer, config, output=args.output) as rt:
+    with JobRuntime(model, None, config, output=args.output) as rt:
         gen = torch.Generator().manual_seed(1000 * rt.copy_index + 1)
         for _ in rt.steps():
             x = torch.randn(8, 4, generator=gen)
             loss = ((model(x) - x @ target) ** 2).mean()
-            optimizer.zero_grad()
+            model.zero_grad()
             loss.backward()
-            optimizer.step()
+            with torch.no_grad():
+                for param in model.parameters():
+                    param -= 0.01 * param.grad
             if args.sleep_ms > 0:
                 time.sleep(args.sleep_ms / 1000.0)
             os.write(fd, b".")

@@ -9,6 +9,7 @@ it runs in a file (exactly, even through SIGKILL), which is how lost work is mea
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -221,6 +222,55 @@ def test_config_from_env(tmp_path: Path) -> None:
             RuntimeConfig.from_env(100, env=bad, cwd=tmp_path)
     with pytest.raises(InputError, match="work"):
         RuntimeConfig.from_env(0, env={}, cwd=tmp_path)
+
+
+def test_checkpoint_restores_model_and_optimizer(tmp_path: Path) -> None:
+    """In process, unforked: a run that stops mid-round leaves the last commit; a new run
+    starts from exactly that model and optimizer state and does only the rest of the work."""
+    from hadar_slurm.runtime import JobRuntime
+
+    def setup(seed: int) -> tuple[Any, Any]:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(3, 1)
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(model: Any, opt: Any) -> None:
+        x = torch.randn(4, 3)
+        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    cfg = RuntimeConfig(work=50, tracker_dir=tmp_path / "t", round_iters=20)
+    log = io.StringIO()
+    model, opt = setup(1)
+    rt = JobRuntime(model, opt, cfg, log=log)
+    steps = rt.steps()
+    for _ in range(25):  # round 1 (20 iterations) is committed, 5 of round 2 are not
+        next(steps)
+        step(model, opt)
+    steps.close()
+    rt.close()
+    state = committed(cfg.tracker_dir)
+    assert state is not None and (state.round, state.done) == (1, 20)
+    saved = torch.load(cfg.tracker_dir / state.checkpoint, weights_only=True)
+
+    model2, opt2 = setup(2)  # another init: the checkpoint must replace it
+    rt2 = JobRuntime(model2, opt2, cfg, output=tmp_path / "out.pt", log=log)
+    assert rt2.done == 20
+    for key, value in saved["model"].items():
+        assert torch.equal(model2.state_dict()[key], value)
+    buffers = [opt2.state_dict()["state"][k]["momentum_buffer"] for k in (0, 1)]
+    assert all(torch.equal(b, saved["optim"]["state"][k]["momentum_buffer"])
+               for k, b in enumerate(buffers))
+    ran = 0
+    for _ in rt2.steps():
+        step(model2, opt2)
+        ran += 1
+    summary = rt2.finish()
+    assert ran == 30 and summary.done == 50 and summary.complete and summary.rounds == 3
+    assert (tmp_path / "out.pt").exists()
+    assert "round 3: 50/50 iterations (100.0%)" in log.getvalue()
 
 
 def test_settings_and_progress_need_no_torch(tmp_path: Path) -> None:

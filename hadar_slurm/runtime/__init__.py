@@ -66,7 +66,8 @@ k > 1, copy 0 first commits round 0 (its initial model) so that all copies start
 Barrier timeout: every copy writes a heartbeat (``live/<run>/copy-i.json``) at least every
 ``heartbeat_s`` (1 s), while training and while waiting.  A copy waiting at a barrier gives up
 when a copy it needs has not changed its heartbeat for ``HADAR_BARRIER_TIMEOUT`` seconds (or
-exited, in this run): it prints which copy and why to stderr and exits with status 76
+exited, in this run; a copy not heard from at all in this run gets at least 120 s to start):
+it prints which copy and why to stderr and exits with status 76
 (:class:`CopyLost`), so Slurm or the sidecar can requeue the job.  The work since the last commit
 is then lost (at most one round).
 

@@ -51,6 +51,8 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: Longest pause between two looks at the tracker files while waiting at a barrier (a few
 #: stat() calls each): short, since every copy waits this long again at each round's end.
 _MAX_POLL_S = 0.01
+#: How long a copy that has sent no heartbeat at all in this run may take to start, at least.
+_STARTUP_GRACE_S = 120.0
 
 
 # ----------------------------------------------------------------------------------- averaging
@@ -681,7 +683,8 @@ class JobRuntime:
               what: str, why: Mapping[int, str] | None = None) -> T:
         """Poll ``ready()`` until it returns something.  Meanwhile watch the heartbeats of the
         copies ``needed()`` names: one that has not changed for ``barrier_timeout_s`` seconds
-        (or that says it exited, in this run) ends the wait with :class:`CopyLost`."""
+        (or that says it exited, in this run; or that has sent no heartbeat in this run at all
+        for the longer of that and ``_STARTUP_GRACE_S``) ends the wait with :class:`CopyLost`."""
         cfg = self.config
         start = time.monotonic()
         seen: dict[int, tuple[object, float]] = {}
@@ -711,7 +714,11 @@ class JobRuntime:
                     seen[j] = (key, t)  # it changed: alive now
                 exited = (beat is not None and beat.get("state") == "exited"
                           and cfg.run_id is not None and beat.get("run") == cfg.run_id)
-                silent = t - seen[j][1] >= cfg.barrier_timeout_s
+                # A copy that has not said hello in this run at all may still be starting
+                # (imports, CUDA init, a slow node): it gets at least _STARTUP_GRACE_S.
+                limit = cfg.barrier_timeout_s if beat is not None else max(
+                    cfg.barrier_timeout_s, _STARTUP_GRACE_S)
+                silent = t - seen[j][1] >= limit
                 if exited or silent:
                     got = ready()
                     if got is not None:
@@ -729,7 +736,7 @@ class JobRuntime:
         cfg = self.config
         if beat is None:
             cause = (f"copy {j} has sent no heartbeat in this run for "
-                     f"{cfg.barrier_timeout_s:g} s")
+                     f"{max(cfg.barrier_timeout_s, _STARTUP_GRACE_S):g} s")
         else:
             where = f"copy {j} (host {beat.get('host')}, pid {beat.get('pid')})"
             cause = (f"{where} exited in round {beat.get('round')}: {beat.get('reason')}"
