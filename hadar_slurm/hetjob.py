@@ -118,7 +118,9 @@ class ForkPlan:
     ``workdir``: absolute, the jobs' working directory (``#SBATCH --chdir``); ``tracker_dir``:
     absolute, shared by the nodes, where copies report; ``output``/``error``: the batch script's
     stdout/stderr (sbatch patterns such as ``%j`` allowed; relative to ``workdir``); ``env``:
-    more variables exported to every copy (names must not start with ``HADAR_``).
+    more variables exported to every copy (names must not start with ``HADAR_``);
+    ``partition`` and ``time_limit_min``: every component's ``--partition`` and ``--time`` (in
+    minutes), the original job's (None: Slurm's defaults).
     """
 
     original_job_id: int
@@ -130,6 +132,8 @@ class ForkPlan:
     output: str | None = None
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     error: str | None = None
+    partition: str | None = None
+    time_limit_min: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int(self.original_job_id, "original_job_id")
@@ -170,9 +174,11 @@ class ForkPlan:
                 raise InputError(f"{path!r} is not an absolute path", source=_SOURCE,
                                  field=what, fix="give an absolute path the nodes can reach")
         _check_sbatch_value(self.workdir, "workdir")
-        for what in ("output", "error"):
+        for what in ("output", "error", "partition"):
             if getattr(self, what) is not None:
                 _check_sbatch_value(getattr(self, what), what)
+        if self.time_limit_min is not None:
+            _positive_int(self.time_limit_min, "time_limit_min")
 
         env: dict[str, str] = {}
         for key, value in dict(self.env).items():

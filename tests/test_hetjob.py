@@ -279,3 +279,15 @@ def test_exit_status_zero_when_all_succeed(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert (out / "copy0.meta").read_text().splitlines()[:3] == ["--nodes=1 --ntasks=1", "k80",
                                                                   "1"]
+
+
+def test_partition_and_time_limit_go_to_every_component() -> None:
+    text = render_hetjob(replace(THREE, partition="gpu", time_limit_min=90))
+    comps = sbatch_components(text)
+    assert [c.get("--partition") for c in comps] == ["gpu"] * 3
+    assert [c.get("--time") for c in comps] == ["90"] * 3
+    assert "--partition" not in render_hetjob(THREE) and "--time" not in render_hetjob(THREE)
+    with pytest.raises(InputError, match="field 'partition'"):
+        replace(THREE, partition="gpu debug")
+    with pytest.raises(InputError, match="field 'time_limit_min'"):
+        replace(THREE, time_limit_min=0)

@@ -719,7 +719,8 @@ class SlurmBackend:
                 command=("bash", os.path.join(tracker, hadare.SCRIPT_FILE),
                          *hadare.script_args(job)),
                 copies=tuple(specs), workdir=job.workdir, tracker_dir=tracker,
-                output=os.path.join(tracker, "fork-%j.out"))
+                output=os.path.join(tracker, "fork-%j.out"), partition=job.partition or None,
+                time_limit_min=job.time_limit_min or None)
             text = render_hetjob(plan)
         except (ForkError, InputError) as exc:
             msg = exc.one_line() if isinstance(exc, InputError) else str(exc)
