@@ -9,7 +9,8 @@ sets (see examples/README.md).  The data set ships inside scikit-learn: nothing 
 Copy 0 writes the consolidated model (``--output``, a state dict) and the result JSON
 (``--result``: test accuracy, iterations done, wall time); every copy prints its test accuracy.
 Exit status: 0 done (or stopped by --time-limit-s, or the work was already done), 75 preempted
-(checkpoint saved, requeue it), 76 a copy was lost at a round barrier, 2 bad arguments.
+(checkpoint saved, requeue it), 76 a copy was lost at a round barrier, 2 bad arguments or
+environment.
 """
 
 from __future__ import annotations
@@ -101,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(args.seed, args.hidden)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
-    with JobRuntime(model, optimizer, config, output=args.output) as rt:
+    try:
+        rt = JobRuntime(model, optimizer, config, output=args.output)
+    except InputError as exc:  # e.g. the tracker dir holds a job with another --steps
+        print(f"digits_train: error: {exc}", file=sys.stderr)
+        return 2
+    with rt:
         batches = torch.Generator(device="cpu")
         seeded_round = -1
         for _ in rt.steps():
