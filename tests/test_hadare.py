@@ -265,3 +265,15 @@ def test_simulate_cli_refuses_bad_hadare_flags(flag: str, value: str) -> None:
                    "--policy", "hadare", flag, value)
     assert proc.returncode == 2
     assert flag.lstrip("-") in proc.stderr
+
+
+def test_no_fork_when_consolidation_would_eat_the_round(toy_table: ThroughputTable) -> None:
+    # 3 s epochs and 2 s consolidations: forking would lose two thirds of every round, so the
+    # long job runs unforked (and is still placed: its rate is not zeroed).
+    sim = SimulatedCluster([make_job(1, 36000, 0)], parse_counts("v100=2:k80=2"), toy_table)
+    snap = sim.snapshot(0, 0.0, 3.0, None)
+    policy = HadarEPolicy(consolidation=ConsolidationCost(base_s=2.0, s_per_gb=0.0))
+    d = policy.allocate(snap)
+    assert d.placement.num_copies() == {1: 1}
+    snap360 = sim.snapshot(0, 0.0, 360.0, None)
+    assert policy.allocate(snap360).placement.num_copies()[1] == 4

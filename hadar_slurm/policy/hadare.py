@@ -80,13 +80,15 @@ class HadarEPolicy:
     """HadarE.  ``max_copies``: the cap on copies per job when the snapshot has none (the
     simulator); ``consolidation``: what a consolidation costs; ``multi_node_copies``: whether a
     copy may span nodes (a gang, as the job itself may; ``False`` in Slurm, where each copy is
-    one component on one node); ``round_s`` for the overhead comes from the snapshot."""
+    one component on one node); ``round_s`` for the overhead comes from the snapshot; a job whose
+    consolidation takes ``max_overhead`` of a round or more is not forked."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
     multi_node_copies: bool = True
     hadar: HadarPolicy = field(default_factory=HadarPolicy)
     fork_all: bool = False
+    max_overhead: float = 0.5
     name: str = "hadare"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
@@ -100,6 +102,9 @@ class HadarEPolicy:
         overhead = self.overhead(snapshot)
         room = self.room_for_copies(snapshot)
         cap = np.minimum(snapshot.copies_cap(self.max_copies), room)
+        # A job whose consolidation would take half the round or more is never forked (with
+        # short epochs, e.g. a sidecar's, it would only lose time).
+        cap = np.where(overhead < self.max_overhead, cap, 1)
 
         # 1: copies wanted per job.
         capacity = snapshot.capacity()
