@@ -256,6 +256,25 @@ def test_job_that_finished_during_grace_is_not_requeued() -> None:
     assert [w for w, _ in api.log] == ["update", "signal"]
 
 
+@pytest.mark.parametrize("exit_code,requeued", [(75, True), (0, False), (1, False)])
+def test_job_that_checkpointed_and_exited_75_during_grace_is_requeued(
+        exit_code: int, requeued: bool) -> None:
+    # hadar_slurm.runtime checkpoints on the preemption signal and exits 75 (EX_TEMPFAIL):
+    # that job is not done and must run again, so it is requeued held like a running one.
+    api = FakeSlurm([job(1, state="RUNNING", reason="None", nodes=("node3",), start=1900)],
+                    NODES)
+
+    def checkpoint_and_exit(_s: float) -> None:
+        api.jobs[1] = replace(api.jobs[1], state="FAILED" if exit_code else "COMPLETED",
+                              exit_code=exit_code)
+
+    b = SlurmBackend(api, default_table(), preempt_grace_s=1.0, sleep=checkpoint_and_exit)
+    decision, actions = decide(b, {})
+    b.apply(decision, actions, 2000.0)
+    expected = ["update", "signal"] + (["requeuehold"] if requeued else [])
+    assert [w for w, _ in api.log] == expected
+
+
 def test_unplaced_pending_jobs_are_held_and_bad_hints_released() -> None:
     api = FakeSlurm([
         job(1, reason="Priority", admin=""),  # no job_submit.lua: not held yet

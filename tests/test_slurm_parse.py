@@ -332,3 +332,16 @@ def test_squeue_2205_hetjob_captured() -> None:
     assert jobs[5].state == "PENDING" and jobs[5].node_names == ()
     assert jobs[5].state_reason == "Dependency" and jobs[5].dependency.startswith("afterany:2")
     assert jobs[2].dependency == "" and jobs[2].required_nodes == "node1"
+
+
+@pytest.mark.parametrize("raw,expected", [
+    (0, 0), (19200, 75), (256, 1), (9, None),  # 22.05: raw wait status; 9 = SIGKILL
+    ({"status": ["SUCCESS"], "return_code": {"set": True, "infinite": False, "number": 0}}, 0),
+    ({"status": ["ERROR"], "return_code": {"set": True, "infinite": False, "number": 75}}, 75),
+    ({"status": ["SIGNALED"], "signal": {"id": 9}, "return_code": 0}, None),
+    (None, None), (True, None),
+])
+def test_exit_code_of_ended_jobs(raw: object, expected: int | None) -> None:
+    # 22.05 reports a job that ran `exit 75` as exit_code 19200 (checked on the dev cluster)
+    doc = {"jobs": [{"job_id": 5, "job_state": "FAILED", "exit_code": raw}]}
+    assert parse_squeue_json(doc)[0].exit_code == expected

@@ -66,6 +66,10 @@ NODE_BAD_FLAGS = frozenset({
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                           "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+#: The exit status with which a job says "checkpointed on the preemption signal, run me again"
+#: (EX_TEMPFAIL; hadar_slurm.runtime exits so).  A job the sidecar preempts that ends with it
+#: during the grace period is requeued held like one still running, not taken for finished.
+CHECKPOINT_EXIT = 75
 #: Pending reasons that say a placed job can never start as its request stands: the sidecar
 #: places it again from scratch (every field of the request rewritten).
 STUCK_REASONS = frozenset({"BadConstraints"})
@@ -638,7 +642,8 @@ class SlurmBackend:
             log_event(logger, "action_failed", logging.WARNING, epoch=self.epoch,
                       action="read_jobs", error=str(exc))
             return  # the next epoch preempts what still runs
-        still = {j.job_id for j in jobs if j.state in RUNNING_STATES}
+        still = {j.job_id for j in jobs if j.state in RUNNING_STATES
+                 or (j.state in ("FAILED", "COMPLETED") and j.exit_code == CHECKPOINT_EXIT)}
         live = {j.job_id for j in jobs if j.state in hadare.LIVE_STATES}
         for end in ends:
             g = end.group

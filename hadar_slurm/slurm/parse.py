@@ -76,6 +76,7 @@ class SlurmJob:
     required_nodes: str = ""  # --nodelist as asked (a pending job has no ``nodes`` yet)
     het_job_id: int | None = None  # the leader's id of a heterogeneous job's component
     het_job_offset: int | None = None  # the component's index in its heterogeneous job
+    exit_code: int | None = None  # the batch script's exit status once ended (None: signal)
 
     @property
     def gpus_per_node(self) -> int:
@@ -414,7 +415,28 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
         # 22.05 reports 0 (and het_job_id_set "") for a job that is not heterogeneous
         het_job_id=f.number("het_job_id") or None,
         het_job_offset=f.number("het_job_offset") if f.number("het_job_id") else None,
+        exit_code=_exit_status(raw.get("exit_code") if isinstance(raw, Mapping) else None),
     )
+
+
+def _exit_status(value: object) -> int | None:
+    """The exit status from squeue's ``exit_code``: 22.05 gives the raw wait status (an int,
+    the status in its second byte, a signal in its low 7 bits); newer data parsers give
+    ``{"status": [...], "return_code": {"number": N}}``.  None when killed by a signal or
+    not reported."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if value & 0x7F else (value >> 8) & 0xFF
+    if isinstance(value, Mapping):
+        rc = value.get("return_code")
+        if isinstance(rc, Mapping):
+            rc = rc.get("number") if rc.get("set", True) else None
+        status = value.get("status")
+        if isinstance(status, list) and "SIGNALED" in status:
+            return None
+        return rc if isinstance(rc, int) and not isinstance(rc, bool) else None
+    return None
 
 
 def _none_text(text: str) -> str:
