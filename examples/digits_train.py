@@ -77,6 +77,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="stop after this much training time even if work remains (checkpoint "
                         "saved); exit 0")
     p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
+    p.add_argument("--lr-scaling", choices=("linear", "none"), default="linear",
+                   help="copies of a forked job train with lr x copies (the linear scaling "
+                        "rule of data-parallel training: averaging k copies' models moves "
+                        "the model about as far as one copy's steps; default: %(default)s)")
     args = p.parse_args(argv)
     if args.round_iters is None and args.round_seconds is None:
         args.round_seconds = 2.0
@@ -100,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     x_train, y_train, x_test, y_test = (t.to(device) for t in load_split(args.split_seed))
     model = build_model(args.seed, args.hidden)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    lr = args.lr * (config.copies if args.lr_scaling == "linear" else 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
 
     try:
         rt = JobRuntime(model, optimizer, config, output=args.output)
