@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hadar_slurm.model import Job
+from hadar_slurm.slurm import commands
 from hadar_slurm.throughputs import ThroughputTable, parse_csv
 from tests.slurm_cluster import DevCluster, start_dev_cluster
 
@@ -92,3 +93,13 @@ def run_cli(
 def dev_cluster() -> Iterator[DevCluster]:
     """A real Slurm cluster (slurm_conf/dev-cluster.sh), one per test session, always stopped."""
     yield from start_dev_cluster()
+
+
+@pytest.fixture
+def submitted(dev_cluster: DevCluster) -> Iterator[list[int]]:
+    """Job ids a test submitted to the dev cluster; whatever of them is still queued at the end
+    is cancelled."""
+    ids: list[int] = []
+    yield ids
+    if ids:
+        dev_cluster.runner.run(commands.scancel(ids), check=False)

@@ -13,10 +13,7 @@ job_submit.lua leaves them alone (not held, no admin comment).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from hadar_slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from hadar_slurm.slurm import commands, parse_sbatch_parsable, parse_scontrol_show
@@ -25,14 +22,6 @@ from tests.slurm_cluster import DevCluster, jobs, wait_job
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 REPORT = 'echo "$HADAR_COPY_INDEX $(hostname) $HADAR_COPY_GPU_TYPE $CUDA_VISIBLE_DEVICES" >> "$1"'
 
-
-@pytest.fixture
-def submitted(dev_cluster: DevCluster) -> Iterator[list[int]]:
-    """Job ids the test submitted; whatever of them is still queued at the end is cancelled."""
-    ids: list[int] = []
-    yield ids
-    if ids:
-        dev_cluster.runner.run(commands.scancel(ids), check=False)
 
 
 def submit_plan(cluster: DevCluster, plan: ForkPlan, where: Path, ids: list[int]) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,13 +38,6 @@ EXAMPLE = REPO / "examples" / "digits_train.py"
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 COPIES = (CopySpec("node1", "v100", 1), CopySpec("node2", "p100", 1), CopySpec("node4", "a100", 2))
 
-
-@pytest.fixture
-def submitted(dev_cluster: DevCluster) -> Iterator[list[int]]:
-    ids: list[int] = []
-    yield ids
-    if ids:
-        dev_cluster.runner.run(commands.scancel(ids), check=False)
 
 
 def test_forked_example_requeued_mid_run_ends_with_exactly_w(
