@@ -31,6 +31,9 @@ __all__ = [
 #: Version of state.json / progress.json / report metadata.
 FORMAT = 1
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+#: The progress report in a tracker dir (format in :mod:`hadar_slurm.runtime`); the sidecar
+#: reads it too (:func:`hadar_slurm.sidecar.fork.read_progress`).
+PROGRESS_FILE = "progress.json"
 
 
 def _umask() -> int:
@@ -100,7 +103,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def read_progress(tracker_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``progress.json`` of a job's tracker dir (format in :mod:`hadar_slurm.runtime`), or
     None when no round has been committed yet."""
-    return read_json(Path(tracker_dir) / "progress.json")
+    return read_json(Path(tracker_dir) / PROGRESS_FILE)
 
 
 def _safe(name: str) -> str:
@@ -119,7 +122,7 @@ class TrackerPaths:
 
     @property
     def progress(self) -> Path:
-        return self.root / "progress.json"
+        return self.root / PROGRESS_FILE
 
     @property
     def history(self) -> Path:

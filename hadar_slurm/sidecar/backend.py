@@ -50,12 +50,9 @@ from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.fork import CopyGroup, ForkError, Progress
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
+from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
 from hadar_slurm.throughputs import ThroughputTable
 
-#: Job states in which a job holds its GPUs.
-RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
-#: Job states in which a job waits in the queue.
-PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 #: Node states (base) whose GPUs may be handed out, and flags that take a node out.
 NODE_USABLE = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
 NODE_BAD_FLAGS = frozenset({

@@ -30,21 +30,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hadar_slurm.runtime.tracker import PROGRESS_FILE
 from hadar_slurm.slurm import RunAs, SlurmJob
+from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
 
 #: The comment of every component of a fork of job J: ``hadar-copy-of=J``.
 COPY_OF = "hadar-copy-of="
 #: The tracker directory of job J under a root: ``<root>/.hadar-tracker/<J>``.
 TRACKER_SUBDIR = ".hadar-tracker"
-PROGRESS_FILE = "progress.json"
 SCRIPT_FILE = "job.sh"
 HINTS_FILE = "hints"
 PLAN_FILE = "fork.sbatch"
-#: Component states of a fork that still runs or waits (the backend's PENDING_STATES and
-#: RUNNING_STATES together).
-LIVE_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RUNNING",
-                         "CONFIGURING", "SUSPENDED"})
-RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
+#: Component states of a fork that still runs or waits.
+LIVE_STATES = PENDING_STATES | RUNNING_STATES
 _MAX_PROGRESS_BYTES = 1 << 20
 _COPY_OF = re.compile(r"^hadar-copy-of=([0-9]+)$")
 _DEP_JOB = re.compile(r"^[a-z]+:([0-9]+)")

@@ -48,6 +48,12 @@ class Gres:
     count: int
 
 
+#: Job states in which a job holds its GPUs.
+RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
+#: Job states in which a job waits in the queue.
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+
 @dataclass(frozen=True)
 class SlurmJob:
     job_id: int
