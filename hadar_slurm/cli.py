@@ -95,15 +95,17 @@ def parse_policies(spec: str) -> list[Policy]:
     return policies
 
 
-def parse_seconds(text: str, what: str) -> float:
-    """A number of seconds >= 0 given on the command line as ``--WHAT``."""
+def parse_seconds(text: str, what: str, *, positive: bool = False,
+                  example: str = "2") -> float:
+    """A number of seconds given on the command line as ``--WHAT`` (> 0 when ``positive``,
+    else >= 0)."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise InputError(f"expected a number of seconds >= 0, got {text!r}", field=what,
-                         fix=f"e.g. --{what} 2")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise InputError(f"expected a number of seconds {'>' if positive else '>='} 0, "
+                         f"got {text!r}", field=what, fix=f"e.g. --{what} {example}")
     return value
 
 
@@ -119,14 +121,7 @@ def parse_copies(text: str) -> int:
 
 
 def parse_round(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise InputError(f"expected a number of seconds > 0, got {text!r}",
-                         field="round-seconds", fix="e.g. --round-seconds 360")
-    return value
+    return parse_seconds(text, "round-seconds", positive=True, example="360")
 
 
 # -- output ---------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Table (tests/conftest.py): ``toy`` does 1 step/s on a v100 and 0.5 step/s on a k
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -250,7 +251,6 @@ def test_simulate_cli_runs_hadare_and_plots_copies(tmp_path: Path) -> None:
                    "--plots", str(out), "--json", str(tmp_path / "r.json"))
     assert proc.returncode == 0, proc.stderr
     assert (out / "copies.png").stat().st_size > 0
-    import json
     rows = {r["policy"]: r for r in json.loads((tmp_path / "r.json").read_text())}
     assert rows["hadar"]["max_copies"] == 1 and rows["hadare"]["max_copies"] == 3
     assert rows["hadare"]["forked_jobs"] >= 3

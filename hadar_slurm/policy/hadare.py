@@ -273,7 +273,7 @@ class HadarEPolicy:
                 rate += gpus * float(min(worker[i, h] for h in types))
                 nodes |= {nd for nd, _ in rs}
             state[i] = (len(cps), rate, nodes)
-        next_key = {i: max(k for ii, k, _, _ in rows if ii == i) + 1 for i in state}
+        next_key = {i: k for i, (k, _rate, _nodes) in state.items()}  # copies are 0..k-1
         while True:
             best: tuple[float, int, list[tuple[int, int]], float] | None = None
             for i, (k, rate, nodes) in state.items():
