@@ -319,11 +319,14 @@ def test_sidecar_crash_and_slurmctld_restart(work: Workdir) -> None:
                      if e.get("event") == "action" and e.get("action") == "place"}
     assert placed_before and int(str(resume["epoch"])) >= 1  # picked up after the crash epoch
     # The new sidecar does not place again where the crashed one placed (the record in the
-    # AdminComment says it is done); the policy may still move a pending job elsewhere.
+    # AdminComment says it is done): its first change to such a job is not that same place.
+    # The policy may still move a pending job elsewhere, or preempt a running one and later
+    # place it back on the same nodes (a new decision, after a requeue).
     for j, nodes in placed_before.items():
-        again = [e for e in events if e.get("event") == "action" and e.get("job") == j
-                 and e.get("action") == "place"]
-        assert not again or again[0]["nodes"] != nodes, (j, nodes, again)
+        acts = [e for e in events if e.get("event") == "action" and e.get("job") == j]
+        first = acts[0] if acts else None
+        assert first is None or first["action"] != "place" or first["nodes"] != nodes, (
+            j, nodes, acts)
 
 
 def test_dry_run_changes_nothing(work: Workdir) -> None:
