@@ -1,11 +1,12 @@
 """The sidecar's configuration: one TOML file, every key validated.
 
-The file has four sections::
+The file has five sections::
 
     [slurm]       how to reach Slurm (slurm.conf, backend, partition, command timeout)
     [scheduler]   what to decide (policy, epoch length, preemption, throughput tables)
     [hadare]      forked jobs (where their job trackers live)
     [sidecar]     how to run (dry run, state directory, logs)
+    [metrics]     the Prometheus endpoint (address; loopback only unless allow_remote)
 
 :data:`CONFIG_SCHEMA` is the one description of the keys: :func:`parse_config` validates against
 it, :func:`default_config` takes its defaults from it, ``slurm_conf/hadar-slurm.toml`` lists it
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import json
 import math
 import os
@@ -37,7 +39,7 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.policy import REGISTRY
 from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
 
-SECTIONS = ("slurm", "scheduler", "hadare", "sidecar")
+SECTIONS = ("slurm", "scheduler", "hadare", "sidecar", "metrics")
 DEFAULTS_SOURCE = "<defaults>"
 OVERRIDES_SOURCE = "<overrides>"
 
@@ -247,6 +249,51 @@ def _throughput_files(value: object, base: Path) -> tuple[str, ...]:
     return tuple(paths)
 
 
+_HOST_PORT = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>\d{1,5})$")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` (``"[::1]:PORT"`` for IPv6) as ``(host, port)``; port 0 picks a free
+    one.  Raises :class:`ValueError` with the problem."""
+    m = _HOST_PORT.match(text.strip())
+    if m is None:
+        raise ValueError(f"must be HOST:PORT such as \"127.0.0.1:9810\", got {_show(text)}")
+    host = m.group("v6") or m.group("host")
+    port = int(m.group("port"))
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range (0-65535)")
+    if m.group("v6"):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host} is not an IPv6 address") from None
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback IP literal (names are not resolved)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _metrics_address(value: object, _base: Path) -> str:
+    if not isinstance(value, str):
+        raise _InvalidValueError(f"must be HOST:PORT (a string), got {_show(value)}",
+                                 'write it quoted, e.g. "127.0.0.1:9810", or "" to disable')
+    if not value.strip():
+        return ""
+    try:
+        parse_address(value)
+    except ValueError as exc:
+        raise _InvalidValueError(str(exc), 'e.g. "127.0.0.1:9810", or "" to disable') from None
+    return value.strip()
+
+
 # -- the schema ------------------------------------------------------------------------------
 
 CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
@@ -343,6 +390,18 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         'Least severe level logged: "debug", "info", "warning" or "error".',
         check=_choice(LOG_LEVELS),
     ),
+    ConfigKey(
+        "metrics", "address", "string", '""',
+        'Where the sidecar serves its Prometheus metrics (/metrics), as HOST:PORT, e.g. '
+        '"127.0.0.1:9810"; port 0 picks a free port (logged in the start event). "" (the '
+        "default) serves none. Only loopback hosts unless allow_remote is true.",
+        attr="metrics_address", check=_metrics_address,
+    ),
+    ConfigKey(
+        "metrics", "allow_remote", "bool", "false",
+        "Allow a metrics address that is not loopback (the endpoint has no authentication).",
+        attr="metrics_allow_remote", check=_bool,
+    ),
 )
 
 _BY_SECTION: dict[str, dict[str, ConfigKey]] = {s: {} for s in SECTIONS}
@@ -375,6 +434,8 @@ class SidecarConfig:
     log_format: str
     log_file: str | None
     log_level: str
+    metrics_address: str
+    metrics_allow_remote: bool
 
     def with_overrides(self, **kw: object) -> SidecarConfig:
         """A copy with some fields replaced (e.g. from command line flags), validated as in the
@@ -396,7 +457,22 @@ class SidecarConfig:
                 continue
             key = _BY_FIELD[name]
             values[name] = _checked(key, value, base, source=OVERRIDES_SOURCE, line=None)
-        return dataclasses.replace(self, **values)  # type: ignore[arg-type]
+        config = dataclasses.replace(self, **values)  # type: ignore[arg-type]
+        _check_metrics_host(config, OVERRIDES_SOURCE, None)
+        return config
+
+
+def _check_metrics_host(config: SidecarConfig, source: str, line: int | None) -> None:
+    """A metrics address that is not loopback needs ``allow_remote = true``."""
+    if not config.metrics_address or config.metrics_allow_remote:
+        return
+    host, port = parse_address(config.metrics_address)
+    if not is_loopback(host):
+        raise InputError(
+            f"{host} is not a loopback address: the metrics (no authentication) would be "
+            "served to the network", source=source, line=line, field="[metrics] address",
+            fix=f'use "127.0.0.1:{port}" (scrape it through a local agent or an SSH tunnel), '
+            "or set [metrics] allow_remote = true to serve it on purpose")
 
 
 def _checked(
@@ -513,7 +589,9 @@ def parse_config(text: str, source: str, base_dir: Path) -> SidecarConfig:
                 )
             values[key.field_name] = _checked(key, value, base_dir, source=source,
                                               line=key_lines.get(label))
-    return _build(values, source)
+    config = _build(values, source)
+    _check_metrics_host(config, source, key_lines.get("[metrics] address"))
+    return config
 
 
 def load_config(path: str | Path) -> SidecarConfig:
@@ -566,8 +644,10 @@ __all__ = [
     "ConfigKey",
     "SidecarConfig",
     "default_config",
+    "is_loopback",
     "load_config",
     "load_table_for",
+    "parse_address",
     "parse_config",
     "render_config_reference",
 ]
