@@ -238,6 +238,12 @@ def log_event(
     logger.log(level, event, extra={_FIELDS_ATTR: fields})
 
 
+def event_name(record: logging.LogRecord) -> str:
+    """The event a log record is (``"epoch"``, ``"action_failed"``, ...); ``"log"`` for a plain
+    ``logging`` call, as the formatters write it."""
+    return _event_and_fields(record)[0]
+
+
 # -- reading logs back -----------------------------------------------------------------------
 
 
@@ -296,6 +302,7 @@ __all__ = [
     "JsonFormatter",
     "JsonLinesReader",
     "TextFormatter",
+    "event_name",
     "jsonable",
     "log_event",
     "read_events",

@@ -11,6 +11,11 @@ a sidecar that was killed mid-epoch neither places a job twice nor forgets one. 
 cannot be reached (slurmctld restarting), the epoch is logged as failed and retried after
 ``epoch_seconds``; nothing is decided on stale data.  SIGTERM/SIGINT stop it after the
 current epoch (the wait between epochs is cut short).
+
+Metrics (:mod:`hadar_slurm.sidecar.metrics`): with ``[metrics] address`` set, ``/metrics`` is
+served there while :meth:`Sidecar.run` runs (dry runs too); each epoch's summary updates them
+and extends the ``epoch`` log line (GPUs busy per type, queue, jobs seen finished and their
+JCTs), which ``hadar-slurm report`` plots.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
+from hadar_slurm.sidecar.metrics import FinishTracker, SidecarMetrics, summarize_epoch
 from hadar_slurm.sidecar.pyslurm_api import make_api
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmRunner
 
@@ -90,6 +96,8 @@ class Sidecar:
         )
         self.loop = EpochLoop(self.backend, self.policy, StopClock(self.stop),
                               round_s=config.epoch_seconds, on_epoch=self._on_epoch)
+        self.metrics = SidecarMetrics(config.policy, dry_run=config.dry_run)
+        self.finishes = FinishTracker()
 
     def _should_stop(self) -> bool:
         return self.stop.is_set() or (
@@ -112,9 +120,20 @@ class Sidecar:
         """Run epochs until stopped (or ``max_epochs`` ran).  Returns the exit status."""
         self.max_epochs = max_epochs
         c = self.config
+        if c.metrics_address:
+            self.metrics.start(c.metrics_address, source=c.source)
+        self.logger.addHandler(self.metrics.error_handler)
+        try:
+            return self._run()
+        finally:
+            self.logger.removeHandler(self.metrics.error_handler)
+            self.metrics.stop()
+
+    def _run(self) -> int:
+        c = self.config
         log_event(self.logger, "start", policy=c.policy, epoch_seconds=c.epoch_seconds,
                   dry_run=c.dry_run, backend=self.api.name, config=c.source,
-                  pid=os.getpid())
+                  pid=os.getpid(), metrics=self.metrics.address)
         while not self.stop.is_set():
             try:
                 self.loop.epoch = self.recover_epoch()
@@ -141,14 +160,18 @@ class Sidecar:
     def _on_epoch(self, record: EpochRecord) -> None:
         self._epochs_run += 1
         st = self.backend.stats
+        snapshot, decision = self.loop.last_snapshot, self.loop.last_decision
+        summary = summarize_epoch(record, time.time() - record.start, snapshot, decision,
+                                  self.backend, self.finishes)
         log_event(
-            self.logger, "epoch", epoch=record.epoch, jobs=record.num_jobs,
+            self.logger, "epoch", logging.INFO, epoch=record.epoch, jobs=record.num_jobs,
             placed=record.num_placed, changes=len(st.applied), unsteered=len(
                 self.backend.unsteered), read_s=round(st.read_s, 4),
             decide_s=round(record.decision_s, 4), apply_s=round(st.apply_s, 4),
             slurm_commands=st.commands_read + st.commands_apply, dry_run=self.config.dry_run,
+            **summary.log_fields(),
         )
-        snapshot, decision = self.loop.last_snapshot, self.loop.last_decision
+        self.metrics.observe(summary)
         if snapshot is not None and decision is not None:
             try:
                 write_state(self.config, self.backend, snapshot, decision)
