@@ -1,0 +1,125 @@
+"""``hadar-slurm throughputs``: list, import and export the throughput store.
+
+::
+
+    hadar-slurm throughputs list [--db PATH] [--source S] [--json]
+    hadar-slurm throughputs import FILE [--db PATH] [--source S]
+    hadar-slurm throughputs export FILE [--db PATH] [--format json|csv|gavel]
+
+``--db`` defaults to :func:`~hadar_slurm.store.default_store_path` (``$HADAR_THROUGHPUT_DB``,
+else ``~/.local/state/hadar-slurm/throughputs.db``).  ``import`` creates the database where
+needed; ``list`` and ``export`` want an existing one.  Problems are
+:class:`~hadar_slurm.errors.InputError`, which the main CLI prints as one line (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from hadar_slurm.errors import InputError
+from hadar_slurm.store import EXPORT_FORMATS, SOURCES, Entry, ThroughputStore, default_store_path
+
+__all__ = ["format_entries", "register"]
+
+_HEADER = ("job type", "GPUs", "GPU type", "steps/s", "source", "samples", "updated (UTC)")
+
+
+def format_entries(entries: Sequence[Entry]) -> str:
+    """A plain-text table, one entry per line, columns aligned."""
+    rows = [_HEADER] + [
+        (e.job_type, str(e.scale_factor), e.gpu_type, f"{e.rate:.4g}", e.source, str(e.samples),
+         time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.updated)))
+        for e in entries
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
+    right = {1, 3, 5}
+    lines = [
+        "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                  for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _db(args: argparse.Namespace) -> Path:
+    return Path(args.db) if args.db is not None else default_store_path()
+
+
+def _existing(args: argparse.Namespace) -> ThroughputStore:
+    path = _db(args)
+    if not path.exists():
+        raise InputError("no such throughput database", source=str(path), field="--db",
+                         fix="import a table first (hadar-slurm throughputs import FILE) or "
+                         "give --db")
+    return ThroughputStore(path)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _existing(args) as store:
+        entries = store.entries(args.source)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(e) for e in entries], indent=1))
+    elif entries:
+        print(format_entries(entries), end="")
+    else:
+        print("no entries" + (f" of source {args.source}" if args.source else ""))
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    path = _db(args)
+    with ThroughputStore(path) as store:
+        written = store.import_file(args.file, source=args.source)
+        total = len(store.entries())
+    print(f"{written} entries written from {args.file} to {path} ({total} entries in all)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with _existing(args) as store:
+        written = store.export(args.file, fmt=args.format)
+    print(f"{written} entries written to {args.file} ({args.format})")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``throughputs list|import|export`` to the main parser's subcommands."""
+    top = subparsers.add_parser(
+        "throughputs", help="list, import and export the throughput store",
+        description="The throughput store: measured, learned, imported and estimated rates "
+        "(steps/s of the whole job) per job type, GPU count and GPU type.")
+    sub = top.add_subparsers(dest="throughputs_command", required=True,
+                             metavar="{list,import,export}")
+    db_help = "the store's database (default: $HADAR_THROUGHPUT_DB, else " \
+        "~/.local/state/hadar-slurm/throughputs.db)"
+    sources = ", ".join(SOURCES)
+
+    lst = sub.add_parser("list", help="print the stored throughputs")
+    lst.add_argument("--db", metavar="PATH", help=db_help)
+    lst.add_argument("--source", metavar="S", help=f"only entries of this source ({sources})")
+    lst.add_argument("--json", action="store_true", help="print a JSON list of entries")
+    lst.set_defaults(func=cmd_list)
+
+    imp = sub.add_parser(
+        "import", help="import Gavel's JSON, our CSV or our JSON export",
+        description="Import a throughput file. Measured and learned values are kept over "
+        "imported ones; an estimate is stored only where no real value exists.")
+    imp.add_argument("file", metavar="FILE", help="a .json (Gavel's or our export) or .csv file")
+    imp.add_argument("--db", metavar="PATH", help=db_help)
+    imp.add_argument("--source", metavar="S", default=None,
+                     help=f"store the rates as this source ({sources}; default: imported, or "
+                     "each entry's own for our export)")
+    imp.set_defaults(func=cmd_import)
+
+    exp = sub.add_parser("export", help="write the stored throughputs to a file")
+    exp.add_argument("file", metavar="FILE", help="the file to write (replaced)")
+    exp.add_argument("--db", metavar="PATH", help=db_help)
+    exp.add_argument("--format", default="json", metavar="|".join(EXPORT_FORMATS),
+                     help="json: ours, every field (default); csv: job_type,scale_factor,"
+                     "gpu_type,steps_per_second; gavel: Gavel's simulation_throughputs.json")
+    exp.set_defaults(func=cmd_export)
