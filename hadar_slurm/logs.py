@@ -24,6 +24,7 @@ same format with ``event`` ``"log"`` and the text in ``msg``.
 from __future__ import annotations
 
 import enum
+import gzip
 import json
 import logging
 import logging.handlers
@@ -263,8 +264,13 @@ def _parse_lines(lines: list[str]) -> list[dict[str, object]]:
 
 
 def read_events(path: str | Path) -> list[dict[str, object]]:
-    """Every JSON object line of the log at ``path`` (other lines are skipped)."""
-    return _parse_lines(Path(path).read_text(encoding="utf-8", errors="replace").splitlines())
+    """Every JSON object line of the log at ``path`` (other lines are skipped); a ``.gz``
+    file (rotated by logrotate) is decompressed."""
+    p = Path(path)
+    if p.suffix == ".gz":
+        with gzip.open(p, "rt", encoding="utf-8", errors="replace") as f:
+            return _parse_lines(f.read().splitlines())
+    return _parse_lines(p.read_text(encoding="utf-8", errors="replace").splitlines())
 
 
 class JsonLinesReader:
