@@ -9,6 +9,10 @@ Subcommands::
     hadar-slurm status [--config FILE] [--all] [--json]
     hadar-slurm explain JOBID [--config FILE]
     hadar-slurm hints check "hadar: model=... steps=..." [--gpus N] | hints lua
+    hadar-slurm throughputs list|import FILE|export FILE [--db PATH]
+    hadar-slurm gpus [--json] | gres-conf [--node NAME]
+    hadar-slurm profile --model M --batch-size B [--gpu-type T] [--slurm] [--db PATH]
+    hadar-slurm report (--config FILE | --log FILE) [--since 24h] [--out report.png|.html]
 
 Any problem with the input is an :class:`~hadar_slurm.errors.InputError`: it is printed as one
 line, ``hadar-slurm: error: ...``, and the exit status is 2.
@@ -28,7 +32,7 @@ from typing import TextIO
 
 import numpy as np
 
-from hadar_slurm import __version__, cli_hints
+from hadar_slurm import __version__, cli_hints, cli_nvml, cli_report, cli_store
 from hadar_slurm.cluster import load_cluster
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.errors import InputError
@@ -407,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     expl.set_defaults(func=cmd_explain)
 
     cli_hints.register(sub)
+    cli_store.register(sub)
+    cli_nvml.register(sub)
+    cli_report.register(sub)
     return parser
 
 
