@@ -337,7 +337,8 @@ def figure(report: DailyReport) -> Figure:
     ax_q.set_ylabel("jobs waiting")
     ax_q.set_title("Queue length (hadar jobs waiting after each epoch's decision)", loc="left",
                    fontsize=10)
-    ax_q.set_ylim(bottom=0)
+    top = float(np.nanmax(queue)) if np.isfinite(queue).any() else 0.0
+    ax_q.set_ylim(0, max(1.0, top) * 1.08)
     for ax in (ax_gpu, ax_q):
         ax.grid(True, alpha=0.3)
         locator = mdates.AutoDateLocator(tz=UTC)
