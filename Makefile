@@ -9,10 +9,13 @@ DEMO_POLICIES ?= hadar,hadare,gavel-las,gavel-makespan,fifo
 DEMO_TRACE ?= static_32_seed0
 DEMO_CLUSTER ?= 4:4:4
 LINT_PATHS := hadar_slurm tests $(wildcard bench)
-SLURM_PACKAGES := munge slurmctld slurmd slurm-client slurmrestd libslurm-dev
+# Debian packages for the Slurm integration tests and the docker-compose check, each with what
+# shows it is installed (a command, or a file): package:probe
+DEB_DEPS := munge:munged slurmctld:slurmctld slurmd:slurmd slurm-client:sinfo \
+	slurmrestd:slurmrestd libslurm-dev:/usr/include/slurm/slurm.h docker-compose:docker-compose
 
 .PHONY: venv deps demo test lint typecheck pytest clean distclean cluster-up cluster-down \
-	cluster-status cluster-demo
+	cluster-status cluster-demo dist compose-file
 
 venv: $(STAMP)
 
@@ -32,16 +35,25 @@ $(STAMP): setup.py pyproject.toml $(wildcard cython_core/*.pyx cython_core/*.pxd
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# Slurm and munge from Debian, for the Slurm integration tests; skipped when already there.
+# Slurm, munge and docker-compose from Debian, for the Slurm integration tests and the check of
+# docker-compose.yml; only the missing ones are installed, nothing when all are there.
 deps:
-	@if command -v slurmctld >/dev/null 2>&1; then \
-		echo "deps: slurmctld found, nothing to install"; \
+	@missing=""; \
+	for dep in $(DEB_DEPS); do \
+		pkg=$${dep%%:*}; probe=$${dep#*:}; \
+		case $$probe in \
+			/*) [ -e "$$probe" ] || missing="$$missing $$pkg" ;; \
+			*) command -v "$$probe" >/dev/null 2>&1 || missing="$$missing $$pkg" ;; \
+		esac; \
+	done; \
+	if [ -z "$$missing" ]; then \
+		echo "deps: all found, nothing to install"; \
 	elif [ "$$(id -u)" != 0 ]; then \
-		echo "deps: not root, skipping install of $(SLURM_PACKAGES)"; \
+		echo "deps: not root, skipping install of$$missing"; \
 	else \
+		echo "deps: installing$$missing"; \
 		DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-			$(SLURM_PACKAGES); \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
 demo: venv
@@ -79,6 +91,16 @@ cluster-status:
 # Local cluster + a small hinted workload + the sidecar over it; prints its decisions; stops.
 cluster-demo: venv
 	bash slurm_conf/cluster-demo.sh
+
+# The sdist and the wheel (with the compiled core) in dist/, built in an isolated environment
+# with pyproject.toml's build requirements from PyPI (the wheel is built from the sdist).
+dist: venv
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+
+# docker-compose.yml is generated from slurm_conf/nodes.conf (tests/test_compose.py checks it).
+compose-file:
+	python3 slurm_conf/render.py compose-file
 
 clean:
 	rm -rf build dist *.egg-info out .mypy_cache .ruff_cache .pytest_cache

@@ -10,11 +10,15 @@
 #   dev-cluster.sh restart-ctld
 #                           stop slurmctld (SIGTERM: it saves its state) and start it again with
 #                           that state; jobs keep running (a fault drill for the sidecar)
+#   dev-cluster.sh render   only write slurm.conf, gres.conf (and job_submit.lua) into $DIR/etc/,
+#                           as `up` does; starts nothing, needs no root
 #
 # Typical use:   eval "$(slurm_conf/dev-cluster.sh up)"; sinfo; ...; slurm_conf/dev-cluster.sh down
 #
 # The nodes are listed once, in slurm_conf/nodes.conf; slurm.conf and gres.conf are rendered from
-# slurm_conf/slurm.conf.in and slurm_conf/gres.conf.in into $DIR/etc/.
+# slurm_conf/slurm.conf.in and slurm_conf/gres.conf.in into $DIR/etc/ by slurm_conf/render.py
+# (target "local"), which also renders the docker-compose cluster's (target "compose").  It needs
+# python3 (>= 3.11, standard library only).
 #
 # How it works: one munged for slurmctld and the clients, and one `slurmd -D -N NODE` per node,
 # each inside `unshare --mount --uts` with its own hostname, a private /etc/hosts (every node
@@ -40,6 +44,7 @@ PORT=${HADAR_DEVCLUSTER_PORT:-17810}
 UP_TIMEOUT=${HADAR_DEVCLUSTER_UP_TIMEOUT:-60}
 CONF=$DIR/etc/slurm.conf
 PKGS=(munge slurmctld slurmd slurm-client)
+PYTHON=${HADAR_DEVCLUSTER_PYTHON:-python3}
 export SLURM_CONF=$CONF
 
 log() { printf '[dev-cluster %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
@@ -55,22 +60,13 @@ esac
 
 # ------------------------------------------------------------------ the node list (nodes.conf)
 NODE_NAMES=() NODE_TYPES=() NODE_GPUS=() NODE_CPUS=() NODE_MEM=()
-read_nodes() {
-  local f=$SRC/nodes.conf line n t g c m extra lineno=0
-  [ -r "$f" ] || die "missing $f"
-  while IFS= read -r line || [ -n "$line" ]; do
-    lineno=$((lineno + 1))
-    line=${line%%#*}
-    [[ "$line" =~ [^[:space:]] ]] || continue
-    read -r n t g c m extra <<<"$line"
-    [ -z "${extra:-}" ] && [ -n "${m:-}" ] || die "$f:$lineno: want 5 fields 'name gpu_type gpus cpus mem_mb'"
-    [[ "$n" =~ ^[a-z][a-z0-9-]*$ ]] || die "$f:$lineno: bad node name '$n'"
-    [[ "$t" =~ ^[a-z0-9_]+$ ]] || die "$f:$lineno: bad gpu_type '$t' (lower case letters, digits, _)"
-    [[ "$g" =~ ^[1-9][0-9]*$ && "$c" =~ ^[1-9][0-9]*$ && "$m" =~ ^[1-9][0-9]*$ ]] \
-      || die "$f:$lineno: gpus, cpus and mem_mb must be positive integers"
+read_nodes() {  # render.py validates nodes.conf (its errors name the line and field)
+  local out n t g c m
+  command -v "$PYTHON" >/dev/null || die "'$PYTHON' not found: slurm_conf/render.py needs python3"
+  out=$("$PYTHON" "$SRC/render.py" nodes) || die "cannot read the node list ($SRC/nodes.conf)"
+  while read -r n t g c m; do
     NODE_NAMES+=("$n") NODE_TYPES+=("$t") NODE_GPUS+=("$g") NODE_CPUS+=("$c") NODE_MEM+=("$m")
-  done <"$f"
-  [ ${#NODE_NAMES[@]} -gt 0 ] || die "$f lists no nodes"
+  done <<<"$out"
 }
 read_nodes
 NNODES=${#NODE_NAMES[@]}
@@ -108,14 +104,12 @@ check_tools() {
 }
 
 # ------------------------------------------------------------------ config
-render() {  # template -> stdout, filling @DIR@ @CTLD_PORT@ @SLURMD_PORT@ and the given KEY=VALUE
-  local text; text=$(<"$1"); shift
-  text=${text//@DIR@/$DIR}
-  text=${text//@CTLD_PORT@/$CTLD_PORT}
-  text=${text//@SLURMD_PORT@/$((PORT + 1))}
-  local kv
-  for kv in "$@"; do text=${text//@${kv%%=*}@/${kv#*=}}; done
-  printf '%s\n' "$text"
+render_config() {  # slurm.conf, gres.conf (and job_submit.lua) -> $DIR/etc/
+  local lua=()
+  [ "${HADAR_DEVCLUSTER_LUA:-0}" = 1 ] && lua=(--lua)   # Slurm reads job_submit.lua beside slurm.conf
+  "$PYTHON" "$SRC/render.py" local --dir "$DIR" --port "$PORT" "${lua[@]}" --out "$DIR/etc" \
+    || die "rendering the configuration into $DIR/etc failed"
+  [ -n "${lua[*]}" ] || rm -f "$DIR/etc/job_submit.lua"
 }
 
 write_config() {
@@ -130,21 +124,14 @@ write_config() {
   echo "127.0.0.1 localhost $(hostname) ${NODE_NAMES[*]}" >"$DIR/etc/hosts"
   printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$DIR/etc/resolv.conf"
 
-  local i n g nodes="" gres="" js=""
+  local i n g
   for ((i = 0; i < NNODES; i++)); do
     n=${NODE_NAMES[$i]} g=${NODE_GPUS[$i]}
-    nodes+="NodeName=$n NodeAddr=127.0.0.1 Port=$(node_port "$i") CPUs=${NODE_CPUS[$i]} RealMemory=${NODE_MEM[$i]} Gres=gpu:${NODE_TYPES[$i]}:$g Feature=${NODE_TYPES[$i]} State=UNKNOWN"$'\n'
-    gres+="NodeName=$n Name=gpu Type=${NODE_TYPES[$i]} File=$DIR/dev/$n/nvidia[0-$((g - 1))]"$'\n'
     rm -rf "${DIR:?}/dev/$n"; mkdir -p "$DIR/dev/$n" "$DIR/state/$n" "$DIR/run/munge-$n"
     chmod 755 "$DIR/run/munge-$n"
     local k; for ((k = 0; k < g; k++)); do ln -s /dev/null "$DIR/dev/$n/nvidia$k"; done
   done
-  if [ "${HADAR_DEVCLUSTER_LUA:-0}" = 1 ]; then
-    cp "$SRC/job_submit.lua" "$DIR/etc/job_submit.lua"   # Slurm reads it beside slurm.conf
-    js="JobSubmitPlugins=lua"
-  fi
-  render "$SRC/slurm.conf.in" "NODES=${nodes%$'\n'}" "JOB_SUBMIT=$js" >"$CONF"
-  render "$SRC/gres.conf.in" "GRES=${gres%$'\n'}" >"$DIR/etc/gres.conf"
+  render_config
 }
 
 # ------------------------------------------------------------------ processes
@@ -366,12 +353,18 @@ cmd_status() {
 
 cmd_env() { echo "export SLURM_CONF=$CONF"; }
 
-[ "$(id -u)" = 0 ] || die "must run as root (it starts slurmd in private mount/UTS namespaces)"
+cmd_render() { mkdir -p "$DIR/etc"; render_config; log "rendered $DIR/etc/"; }
+
 case "${1:-}" in
+  render|env) ;;
+  *) [ "$(id -u)" = 0 ] || die "must run as root (it starts slurmd in private mount/UTS namespaces)" ;;
+esac
+case "${1:-}" in
+  render) cmd_render ;;
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
   restart-ctld) cmd_restart_ctld ;;
-  *) echo "usage: $0 up|down|status|env|restart-ctld" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|restart-ctld|render" >&2; exit 2 ;;
 esac
