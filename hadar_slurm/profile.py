@@ -734,7 +734,9 @@ class SlurmProfile:
     entry: Entry | None = None
 
     def summary(self) -> str:
-        job = f"job {self.job_id}" if self.job_id is not None else "not submitted"
+        if self.job_id is None:
+            return f"{self.gpu_type}: not submitted: {self.error}"
+        job = f"job {self.job_id}"
         if self.result is None:
             return f"{self.gpu_type}: {job} {self.state}: {self.error}"
         r = self.result
@@ -855,8 +857,8 @@ def profile_on_slurm(
             continue
         result, why = _job_result(*files[kind])
         if result is None:
-            code = "" if exit_code is None else f" (exit {exit_code})"
-            outcomes[kind] = SlurmProfile(kind, job_id, state, error=f"{state}{code}: {why}")
+            code = "" if exit_code is None else f"exit status {exit_code}: "
+            outcomes[kind] = SlurmProfile(kind, job_id, state, error=f"{code}{why}")
             continue
         entry = record_result(store, result, kind) if store is not None else None
         outcomes[kind] = SlurmProfile(kind, job_id, state, result=result, entry=entry)
