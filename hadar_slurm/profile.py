@@ -20,8 +20,10 @@ training job (exit 75).  What the runtime does not give — per-iteration times 
 on the CPU with :func:`time.perf_counter` around each iteration; on CUDA with CUDA events
 recorded after each iteration (no synchronization inside the timed loop, so the host keeps
 queueing work as in training) and :func:`torch.cuda.synchronize` before the timer starts and
-after the last timed iteration, so the wall time covers exactly the timed GPU work.  The round's
-commit (a checkpoint write) comes after the last timed iteration and is not timed.
+after the last timed iteration, so the wall time covers exactly the timed GPU work.  The
+profile then leaves the round without committing it (there is nothing to keep), so no
+checkpoint is written.  The runtime has no reusable per-iteration timing (its round rates
+include everything between two yields of ``steps()``), hence the clock here.
 
 Benchmark models (proxies)
 --------------------------
@@ -202,8 +204,10 @@ def check_gpu_type(gpu_type: str) -> str:
 class ProfileResult:
     """One profiling run.  ``steps_per_second``: timed iterations over the wall time of the
     timed region (the whole job's rate with ``scale_factor`` GPUs); ``iter_ms_*``: the
-    distribution of single iteration times; ``gpu_usage``: per sampled GPU (empty when not
-    sampled, ``gpu_note`` then says why)."""
+    distribution of single iteration times; ``gpu_usage``: per sampled GPU, utilization and
+    memory used by all processes as NVML reports it (empty when not sampled, ``gpu_note`` then
+    says why); ``torch_peak_mib``: the most memory torch allocated on the (first) GPU in the
+    timed region (None on the CPU)."""
 
     model: str
     job_type: str
@@ -222,6 +226,7 @@ class ProfileResult:
     gpu_note: str | None = None
     torch_version: str = ""
     threads: int | None = None
+    torch_peak_mib: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -253,6 +258,8 @@ class ProfileResult:
         bs = "" if self.batch_size is None else f" bs={self.batch_size}"
         usage = "".join(f", GPU {u.index} {u.util_mean:.0f}% busy (max {u.util_max:.0f}%) "
                         f"{u.memory_used_max_mib:.0f} MiB" for u in self.gpu_usage)
+        if self.torch_peak_mib is not None:
+            usage += f", torch peak {self.torch_peak_mib:.0f} MiB"
         note = f" ({self.gpu_note})" if self.gpu_note else ""
         return (f"{self.model}{bs} x{self.scale_factor} on {self.device} ({self.device_name}): "
                 f"{self.steps_per_second:.3f} steps/s over {self.timed_iters} iterations "
@@ -459,27 +466,39 @@ def _build(name: str, batch: int, device: torch.device,
 # ---------------------------------------------------------------------------------- profiling
 
 class _Clock:
-    """Per-iteration times: perf_counter on the CPU; CUDA events on a GPU (synchronized only
-    at the start and the end of the timed region)."""
+    """Per-iteration times: perf_counter on the CPU; on CUDA, events recorded on the stream
+    the model runs on (``device``'s current stream), with every GPU of the job (``gpus``
+    devices from ``device`` on) synchronized only at the start and the end of the timed
+    region."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, gpus: int = 1) -> None:
         import torch
 
         self.cuda = device.type == "cuda"
         self.device = device
+        first = device.index if device.index is not None else (
+            torch.cuda.current_device() if self.cuda else 0)
+        self.sync_devices = list(range(first, first + gpus))
         self.cpu_times: list[float] = []
         self.events: list[torch.cuda.Event] = []
         self.t0 = 0.0
-        self.t_end = 0.0
         self._last = 0.0
         self._torch = torch
 
+    def _sync(self) -> None:
+        for index in self.sync_devices:
+            self._torch.cuda.synchronize(index)
+
+    def _event(self) -> None:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record(self._torch.cuda.current_stream(self.device))
+        self.events.append(event)
+
     def start(self) -> None:
         if self.cuda:
-            self._torch.cuda.synchronize(self.device)
-            event = self._torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.events.append(event)
+            self._sync()
+            self._torch.cuda.reset_peak_memory_stats(self.device)
+            self._event()
         self.t0 = self._last = time.perf_counter()
 
     def tick(self) -> float:
@@ -487,9 +506,7 @@ class _Clock:
         view, which may run ahead of the GPU by the queued work)."""
         now = time.perf_counter()
         if self.cuda:
-            event = self._torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.events.append(event)
+            self._event()
         else:
             self.cpu_times.append(now - self._last)
         self._last = now
@@ -498,13 +515,19 @@ class _Clock:
     def stop(self) -> tuple[float, list[float]]:
         """Wall seconds of the timed region and the iteration times in ms."""
         if self.cuda:
-            self._torch.cuda.synchronize(self.device)
-        self.t_end = time.perf_counter()
+            self._sync()
+        t_end = time.perf_counter()
         if self.cuda:
             times = [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:], strict=False)]
         else:
             times = [t * 1000.0 for t in self.cpu_times]
-        return self.t_end - self.t0, times
+        return t_end - self.t0, times
+
+    def peak_memory_mib(self) -> float | None:
+        """The most memory torch held on ``device`` in the timed region (None on the CPU)."""
+        if not self.cuda:
+            return None
+        return float(self._torch.cuda.max_memory_allocated(self.device)) / (1024 * 1024)
 
 
 def _cpu_name() -> str:
@@ -631,7 +654,7 @@ def profile_model(
             except NvmlUnavailable as exc:
                 note = f"no GPU sampled: {exc}"
 
-        clock = _Clock(dev)
+        clock = _Clock(dev, gpus)
         elapsed = 0.0
         times: list[float] = []
         done = 0
@@ -660,7 +683,7 @@ def profile_model(
                             elapsed, times = clock.stop()
                             break
             finally:
-                steps.close()  # in --seconds mode: leave the round without committing it
+                steps.close()  # leave the round uncommitted: nothing to keep
                 if sampler is not None:
                     sampler.stop()
             rt.finish()
@@ -677,7 +700,8 @@ def profile_model(
             iter_ms_p50=_percentile(times, 50), iter_ms_p90=_percentile(times, 90),
             iter_ms_max=max(times) if times else math.nan, gpu_usage=usage, gpu_note=note,
             torch_version=str(torch.__version__),
-            threads=torch.get_num_threads() if dev.type == "cpu" else None)
+            threads=torch.get_num_threads() if dev.type == "cpu" else None,
+            torch_peak_mib=clock.peak_memory_mib())
 
 
 def record_result(store: ThroughputStore, result: ProfileResult, gpu_type: str,
