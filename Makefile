@@ -8,7 +8,9 @@ STAMP := $(VENV)/.installed
 DEMO_POLICIES ?= hadar,hadare,gavel-las,gavel-makespan,fifo
 DEMO_TRACE ?= static_32_seed0
 DEMO_CLUSTER ?= 4:4:4
-LINT_PATHS := hadar_slurm tests $(wildcard bench)
+LINT_PATHS := hadar_slurm tests slurm_conf $(wildcard bench)
+# slurm_conf/render.py is a standalone script (no hadar_slurm imports): type-checked beside it
+TYPECHECK_PATHS := hadar_slurm slurm_conf/render.py
 # Debian packages for the Slurm integration tests and the docker-compose check, each with what
 # shows it is installed (a command, or a file): package:probe
 DEB_DEPS := munge:munged slurmctld:slurmctld slurmd:slurmd slurm-client:sinfo \
@@ -64,7 +66,7 @@ lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
 
 typecheck: venv
-	$(BIN)/mypy hadar_slurm
+	$(BIN)/mypy $(TYPECHECK_PATHS)
 
 pytest: venv
 	$(BIN)/pytest -q tests
@@ -74,7 +76,7 @@ pytest: venv
 # also when a test fails; they are skipped without root or Slurm, except on CI.
 test: venv deps
 	$(BIN)/ruff check $(LINT_PATHS)
-	$(BIN)/mypy hadar_slurm
+	$(BIN)/mypy $(TYPECHECK_PATHS)
 	$(BIN)/pytest -q tests
 
 # A dev cluster to work with by hand (default state dir /tmp/hadar-devcluster):
