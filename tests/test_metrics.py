@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hadar_slurm.cli import main as cli_main
 from hadar_slurm.cli_report import main as report_main
 from hadar_slurm.cli_report import parse_duration
 from hadar_slurm.errors import InputError
@@ -388,7 +389,8 @@ def test_report_cli_writes_png_and_html(tmp_path: Path,
     width, height = png_size(png.read_bytes())
     assert (width, height) == (900, 1000)  # 9 x 10 inches at 100 dpi
     page = tmp_path / "report.html"
-    assert report_main(["--log", str(log), "--since", "3h", "--out", str(page)]) == 0
+    # the same through the main command line: hadar-slurm report
+    assert cli_main(["report", "--log", str(log), "--since", "3h", "--out", str(page)]) == 0
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>") and "</html>" in text
     assert "<tr><th>jobs finished</th><td>3 COMPLETED, 1 FAILED</td></tr>" in text

@@ -10,8 +10,6 @@ report from the sidecar's log.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -165,14 +163,10 @@ def test_metrics_endpoint_and_report_on_the_dev_cluster(work: Workdir) -> None: 
     except urllib.error.URLError:
         pass
 
-    # the report of the sidecar's log (hadar-slurm report; also python -m ...cli_report)
+    # the report of the sidecar's log: hadar-slurm report, as an admin runs it
     logged = [e for e in sidecar.events() if e.get("event") == "epoch"]
     png = work.path / "report.png"
-    out = subprocess.run(
-        [sys.executable, "-m", "hadar_slurm.cli_report", "--log", str(sidecar.log),
-         "--since", "1h", "--out", str(png)],
-        env=work.env(MPLBACKEND="Agg"), capture_output=True, text=True, timeout=120,
-        check=False)
+    out = work.cli("report", "--log", str(sidecar.log), "--since", "1h", "--out", str(png))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (
         f"report: {png} ({len(logged)} epochs, {len(ids)} jobs finished)")
@@ -180,10 +174,7 @@ def test_metrics_endpoint_and_report_on_the_dev_cluster(work: Workdir) -> None: 
     assert data[:8] == PNG_MAGIC and len(data) > 10_000
     page = work.path / "report.html"
     config = work.path / "sidecar-0.toml"  # the running sidecar's config names its log
-    out = subprocess.run(
-        [sys.executable, "-m", "hadar_slurm.cli_report", "--config", str(config),
-         "--out", str(page)],
-        env=work.env(), capture_output=True, text=True, timeout=120, check=False)
+    out = work.cli("report", "--config", str(config), "--out", str(page))
     assert out.returncode == 0, out.stderr
     text = Path(page).read_text()
     assert f"<tr><th>jobs finished</th><td>{len(ids)} COMPLETED</td></tr>" in text
