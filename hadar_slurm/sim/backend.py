@@ -16,6 +16,13 @@ Progress of a job in a round: per-worker rate ``r[h] = rate[h] / scale``; a sync
 runs at ``workers * min r over the types it uses`` (the slowest worker sets the pace) times
 ``spread_factor`` when its workers span several nodes; an asynchronous one at ``sum r``.
 
+What the policy sees: ``policy_table``, when given, is the throughput table the policy plans
+with (the ``rate`` of each :class:`~hadar_slurm.policy.base.Snapshot`), e.g. one where some
+entries were never measured and are estimates (:mod:`hadar_slurm.estimate`).  Progress,
+finish times, forked copies' rates and fairness always follow the true ``table``.  A job placed
+on GPUs whose true rate is 0 (the policy's table said it runs there) holds them for the round
+without progress; rounds where nothing placed makes progress count as idle epochs.
+
 HadarE: a job forked into copies (rows with different ``Placement.copy`` indices) progresses at
 the sum of its copies' rates, each copy computed as above; the job tracker adds up their
 iterations.  Every round a job runs forked it first spends ``consolidation.seconds(job type)``
@@ -72,6 +79,7 @@ class SimulatedCluster:
         migration_cost_s: float = 0.0,
         idle_epochs_limit: int = 3,
         consolidation: ConsolidationCost | None = None,
+        policy_table: ThroughputTable | None = None,
     ) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
         self.cluster = cluster
@@ -91,6 +99,12 @@ class SimulatedCluster:
         self.sync = np.array([j.sync for j in self.jobs], dtype=np.bool_)
         self.rate = np.array(
             [[table.rate(j.job_type, j.scale_factor, g) for g in self.gpu_types]
+             for j in self.jobs],
+            dtype=np.float64,
+        ).reshape(n, h)
+        #: What the policy is told (the truth unless ``policy_table`` is given).
+        self.policy_rate = self.rate if policy_table is None else np.array(
+            [[policy_table.rate(j.job_type, j.scale_factor, g) for g in self.gpu_types]
              for j in self.jobs],
             dtype=np.float64,
         ).reshape(n, h)
@@ -126,7 +140,7 @@ class SimulatedCluster:
             job_types=tuple(self.jobs[i].job_type for i in active.tolist()),
             arrival=self.arrival[active], total=self.total[active],
             remaining=self.state.remaining[active], scale=self.scale[active],
-            weight=self.weight[active], sync=self.sync[active], rate=self.rate[active],
+            weight=self.weight[active], sync=self.sync[active], rate=self.policy_rate[active],
             attained=self.state.attained[active], current=self.current,
             policy_state=policy_state,
         )
@@ -146,7 +160,7 @@ class SimulatedCluster:
     def next_epoch_start(self, now: float, round_s: float) -> float | None:
         ttf = [self._time_to_finish(j, copies)
                for j, copies in self.current.by_job_copies().items()]
-        if ttf:
+        if ttf and max(ttf) > 0:  # 0: the job makes no progress where it is (true rate 0)
             self._idle_epochs = 0
             return now + min(round_s, max(ttf))
         waiting = bool(np.isnan(self.state.finish[: self._admitted]).any())

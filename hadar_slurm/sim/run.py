@@ -118,14 +118,19 @@ def simulate(
     migration_cost_s: float = 0.0,
     consolidation: ConsolidationCost | None = None,
     on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
+    policy_table: ThroughputTable | None = None,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
 
     ``consolidation``: what one consolidation of a forked job costs (HadarE); the default
     :class:`~hadar_slurm.consolidation.ConsolidationCost` when None.
+
+    ``policy_table``: the table the policy plans with (its snapshots' ``rate``), when it differs
+    from the true ``table`` (e.g. with estimated entries); progress and every figure follow
+    ``table``.
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
-                               consolidation=consolidation)
+                               consolidation=consolidation, policy_table=policy_table)
     start = float(backend.arrival.min()) if len(jobs) else 0.0
     hook = None if on_epoch is None else (lambda rec: on_epoch(rec, backend))
     loop = EpochLoop(backend, policy, SimClock(start), round_s=round_s, on_epoch=hook)
