@@ -103,12 +103,14 @@ this process ran, ``reason`` when exited, ``host``, ``pid``, ``time``).
      "copy_rates": [{"copy": 0, "gpu_type": "v100", "iters": 160, "seconds": 2.01,
                      "iters_per_s": 79.6}, ...],
      "iters_per_s": 231.4, "complete": false, "stop": null, "run": "4242.0",
-     "checkpoint": "consolidated-000007.pt", "updated_at": 1700000000.0}
+     "run_rounds": 2, "checkpoint": "consolidated-000007.pt", "updated_at": 1700000000.0}
 
 ``copy_rates`` are the last round's (``iters``/``seconds`` null for a copy that did not report;
 ``iters_per_s`` then the previous one, or null); ``iters_per_s`` is their sum (the whole job's
 rate); ``stop``: why the copies stopped after this commit ("signal USR1", "time limit"), null
-while they go on; ``updated_at``: seconds since the epoch.  One human line per commit goes to
+while they go on; ``run_rounds``: rounds this run committed (its first round is warm-up: the
+sidecar's online learning of throughputs leaves it out); ``updated_at``: seconds since the
+epoch.  One human line per commit goes to
 stdout, e.g. ``hadar: job 4242 copy 0/3: round 7: 1200/3000 iterations (40.0%), 3 copies at
 79.6, 70.1, 81.7 it/s (total 231.4 it/s)``.
 

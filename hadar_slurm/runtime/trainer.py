@@ -280,6 +280,7 @@ class JobRuntime:
         self._deadline: float | None = None
         self._t_steps: float | None = None
         self._seconds = 0.0
+        self._run_rounds = 0  # rounds this run (this process's group of copies) committed
         self._closed = False
         self._label = (f"job {config.job_key}" if config.copies == 1
                        else f"job {config.job_key} copy {config.index}/{config.copies}")
@@ -635,11 +636,14 @@ class JobRuntime:
                 "iters_per_s": None if rates[k] is None else round(rates[k] or 0.0, 6),
             })
         total_rate = sum(r_ for r_ in rates if r_ is not None)
+        if reports:
+            self._run_rounds += 1
         progress = {
             "format": FORMAT, "job": cfg.job_key, "work": cfg.work, "done": done,
             "remaining": cfg.work - done, "rounds": r, "copies": cfg.copies,
             "copy_rates": per_copy, "iters_per_s": round(total_rate, 6),
             "complete": done >= cfg.work, "stop": stop, "run": cfg.run_id,
+            "run_rounds": self._run_rounds,
             "checkpoint": checkpoint, "updated_at": state.updated_at,
         }
         atomic_write_json(self.paths.progress, progress)

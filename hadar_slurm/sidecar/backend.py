@@ -48,6 +48,7 @@ from hadar_slurm.policy.base import Decision, Placement, Snapshot
 from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.fork import CopyGroup, ForkError, Progress
+from hadar_slurm.sidecar.learn import Knowledge
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
@@ -99,6 +100,9 @@ class JobView:
     fork_blocked: str = ""  # why it cannot be forked now ("" when it can, or did not ask)
     tracker: str = ""  # its tracker directory ("" when it did not ask to be forked)
     progress: Progress | None = None  # the tracker's progress.json, when there is one
+    # where each of ``rates`` came from (Knowledge.source: table/imported/measured/learned/
+    # estimated; "" for no rate)
+    rate_sources: tuple[str, ...] = ()
 
     @property
     def job_id(self) -> int:
@@ -171,9 +175,13 @@ class SlurmBackend:
         partition: str | None = None, preempt_grace_s: float = 30.0,
         preempt_signal: str = "USR1", sleep: Callable[[float], object] = time.sleep,
         should_stop: Callable[[], bool] = lambda: False, tracker_root: str | None = None,
+        knowledge: Knowledge | None = None,
     ) -> None:
+        """``table``: the base throughput table; ``knowledge``: what the sidecar knows over it
+        (a store, online learning, estimates; :mod:`hadar_slurm.sidecar.learn`), by default
+        ``table`` with in-memory estimates."""
         self.api = api
-        self.table = table
+        self.knowledge = knowledge if knowledge is not None else Knowledge(table)
         self.catalog = catalog if catalog is not None else ModelCatalog.from_table(table)
         self.partition = partition
         self.preempt_grace_s = preempt_grace_s
@@ -195,6 +203,11 @@ class SlurmBackend:
         self.writes = 0
         crash = os.environ.get(CRASH_ENV, "")
         self._crash_after = int(crash) if crash.isdigit() else None
+
+    @property
+    def table(self) -> ThroughputTable:
+        """The throughputs the policy plans with this epoch."""
+        return self.knowledge.table
 
     # -- reading -------------------------------------------------------------------------
 
@@ -234,6 +247,9 @@ class SlurmBackend:
             if n.gpu_type not in types:
                 types.append(n.gpu_type)
         self.gpu_types = tuple(types)
+        # what was learned up to the last epoch plans this one (and estimates fill the gaps)
+        self.knowledge.gpu_types = tuple(types)
+        self.knowledge.refresh()
         self.node_names = tuple(n.name for n in nodes)
         self.node_type_names = tuple(n.gpu_type or "" for n in nodes)
         node_index = {name: k for k, name in enumerate(self.node_names)}
@@ -272,6 +288,7 @@ class SlurmBackend:
                     hadar_on_node[k] += c
             views[job.job_id] = view
         self.views = views
+        self.knowledge.forget(j.job_id for j in self.jobs)
 
         # GPUs the policy may hand out: a usable node's GPUs minus those other jobs hold.  The
         # node's count of used GPUs less the hadar jobs' is the other jobs' use; so is the sum
@@ -417,13 +434,33 @@ class SlurmBackend:
             rows = [(node_index[n], c) for n, c in record.place if n in node_index]
         if progress is not None:
             done = progress.done  # the tracker counts every iteration, forked or not
+        if self.knowledge.store is not None and self.knowledge.learn and (
+                running or group is not None):
+            self._learn(job, hints.job_type, gpus, rows, group, progress)
         blocked = self._fork_blocked(job, hints, record, group) if hints.fork > 1 else ""
         order = sorted(range(len(rows)), key=lambda k: (row_copy[k] if row_copy else 0, rows[k]))
         return JobView(
             job, hints, record, gpus, running, tuple(rows[k] for k in order), done, attained,
             rates, row_copy=tuple(row_copy[k] for k in order) if row_copy else (),
             group=group, max_copies=hints.fork if hints.fork > 1 and not blocked else 1,
-            fork_blocked=blocked, tracker=tracker, progress=progress)
+            fork_blocked=blocked, tracker=tracker, progress=progress,
+            rate_sources=tuple(self.knowledge.source(hints.job_type, gpus, t)
+                               for t in self.gpu_types))
+
+    def _learn(self, job: SlurmJob, job_type: str, gpus: int, rows: Sequence[tuple[int, int]],
+               group: CopyGroup | None, progress: Progress | None) -> None:
+        """Fold what a running job (or its copies) achieved into the store: its runtime's
+        progress.json, in its tracker dir (a fork's: under ``tracker_root``; an unforked job's:
+        under its working directory, where the runtime writes it)."""
+        if group is None:
+            try:
+                progress = hadare.read_progress(hadare.tracker_dir(job, None))
+            except ForkError:
+                return
+        if progress is None:
+            return
+        used = [self.node_type_names[k] for k, _ in rows]
+        self.knowledge.observe(job.job_id, job_type, gpus, progress, used)
 
     def _fork_gone(self, job: SlurmJob, record: JobRecord) -> JobRecord:
         """The record of a job whose fork no longer waits or runs.  Its copies ended by

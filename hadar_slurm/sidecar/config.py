@@ -354,6 +354,22 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_throughput_files,
     ),
     ConfigKey(
+        "scheduler", "throughput_db", "path", '""',
+        "The throughput store (an SQLite file, shared with `hadar-slurm profile` and "
+        "`hadar-slurm throughputs`): measured, learned, imported and estimated throughputs, "
+        'used over the tables above. "" (the default) uses <state_dir>/throughputs.db. Keep '
+        "it on a local file system (SQLite's locking is not safe over NFS). Relative paths are "
+        "resolved against this file's directory.",
+        check=_optional_path,
+    ),
+    ConfigKey(
+        "scheduler", "learn_throughputs", "bool", "true",
+        "Online learning: fold the iterations per second that running jobs achieve (reported "
+        "by the training runtime in their tracker's progress.json) into the store, and plan "
+        "with them from the next epoch on.",
+        check=_bool,
+    ),
+    ConfigKey(
         "hadare", "tracker_root", "path", '""',
         "Where the job trackers of forked jobs (hint fork=N) live: job J's is "
         "<root>/.hadar-tracker/J, a directory the nodes share; the copies' progress, J's saved "
@@ -428,6 +444,8 @@ class SidecarConfig:
     migration_s: float
     preempt_signal: str
     throughputs: tuple[str, ...]
+    throughput_db: str | None
+    learn_throughputs: bool
     tracker_root: str | None
     dry_run: bool
     state_dir: str
@@ -436,6 +454,11 @@ class SidecarConfig:
     log_level: str
     metrics_address: str
     metrics_allow_remote: bool
+
+    @property
+    def store_path(self) -> Path:
+        """The throughput store: ``throughput_db``, else ``<state_dir>/throughputs.db``."""
+        return Path(self.throughput_db or os.path.join(self.state_dir, "throughputs.db"))
 
     def with_overrides(self, **kw: object) -> SidecarConfig:
         """A copy with some fields replaced (e.g. from command line flags), validated as in the

@@ -40,9 +40,11 @@ from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
+from hadar_slurm.sidecar.learn import Knowledge
 from hadar_slurm.sidecar.metrics import FinishTracker, SidecarMetrics, summarize_epoch
 from hadar_slurm.sidecar.pyslurm_api import make_api
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmRunner
+from hadar_slurm.store import ThroughputStore
 
 STATE_FILE = "state.json"
 
@@ -68,6 +70,17 @@ class StopClock:
             self.stop.wait(delay)
 
 
+def open_store(config: SidecarConfig) -> ThroughputStore:
+    """The config's throughput store, opened (created when missing)."""
+    try:
+        return ThroughputStore(config.store_path)
+    except InputError as exc:
+        raise InputError(f"cannot open the throughput store {config.store_path}: {exc.problem}",
+                         source=config.source, field="[scheduler] throughput_db",
+                         fix="give a path in a writable directory on a local file system, "
+                         "or create the state_dir") from None
+
+
 class Sidecar:
     """The controller: config in, epochs out, until stopped."""
 
@@ -88,11 +101,14 @@ class Sidecar:
             self.policy = dataclasses.replace(
                 self.policy, multi_node_copies=False,
                 hadar=dataclasses.replace(self.policy.hadar, migration_s=config.migration_s))
+        table = load_table_for(config)
+        self.store = open_store(config)
         self.backend = SlurmBackend(
-            self.api, load_table_for(config), partition=config.partition,
+            self.api, table, partition=config.partition,
             preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,
             should_stop=self._should_stop,  # (the grace period is not cut short by a stop)
             tracker_root=config.tracker_root,
+            knowledge=Knowledge(table, self.store, learn=config.learn_throughputs),
         )
         self.loop = EpochLoop(self.backend, self.policy, StopClock(self.stop),
                               round_s=config.epoch_seconds, on_epoch=self._on_epoch)
@@ -128,12 +144,14 @@ class Sidecar:
         finally:
             self.logger.removeHandler(self.metrics.error_handler)
             self.metrics.stop()
+            self.store.close()
 
     def _run(self) -> int:
         c = self.config
         log_event(self.logger, "start", policy=c.policy, epoch_seconds=c.epoch_seconds,
                   dry_run=c.dry_run, backend=self.api.name, config=c.source,
-                  pid=os.getpid(), metrics=self.metrics.address)
+                  pid=os.getpid(), metrics=self.metrics.address,
+                  throughput_db=str(self.store.path), learn=c.learn_throughputs)
         while not self.stop.is_set():
             try:
                 self.loop.epoch = self.recover_epoch()
@@ -198,6 +216,7 @@ def epoch_state(
             "remaining_est": round(float(snapshot.remaining[i]), 1),
             "rates": {t: round(float(snapshot.rate[i, h]), 4)
                       for h, t in enumerate(snapshot.gpu_types)},
+            "rate_sources": dict(zip(snapshot.gpu_types, view.rate_sources, strict=False)),
             "reason": code.name, "reason_text": code.text, "component": code.component,
             "detail": decision.detail.get(job_id, ""),
             "placed": [[snapshot.node_names[k], c] for k, c in rows],

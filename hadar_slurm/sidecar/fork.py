@@ -27,7 +27,7 @@ import pwd
 import re
 import subprocess
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hadar_slurm.runtime.tracker import PROGRESS_FILE
@@ -234,6 +234,11 @@ class Progress:
     rounds: int | None
     complete: bool
     updated_at: float | None
+    #: the copies that reported in the last round: copy index -> (iterations, seconds)
+    measured: dict[int, tuple[float, float]] = field(default_factory=dict)
+    run: str | None = None
+    #: rounds the current run committed (None from a runtime that does not say)
+    run_rounds: int | None = None
 
     @property
     def total_rate(self) -> float:
@@ -261,6 +266,7 @@ def read_progress(directory: str) -> Progress | None:
         return None
     rates: dict[int, float] = {}
     types: dict[int, str] = {}
+    measured: dict[int, tuple[float, float]] = {}
     raw = data.get("copy_rates")
     for k, entry in enumerate(raw if isinstance(raw, list) else []):
         if not isinstance(entry, dict):
@@ -273,11 +279,18 @@ def read_progress(directory: str) -> Progress | None:
             rates[index] = rate
         if isinstance(entry.get("gpu_type"), str):
             types[index] = entry["gpu_type"]
+        iters, seconds = _number(entry.get("iters")), _number(entry.get("seconds"))
+        if iters is not None and seconds is not None and iters > 0 and seconds > 0:
+            measured[index] = (iters, seconds)
     rounds = _number(data.get("rounds"))
+    run_rounds = _number(data.get("run_rounds"))
+    run = data.get("run")
     return Progress(done=done, work=_number(data.get("work")), rates=rates, gpu_types=types,
                     rounds=int(rounds) if rounds is not None else None,
                     complete=data.get("complete") is True,
-                    updated_at=_number(data.get("updated_at")))
+                    updated_at=_number(data.get("updated_at")), measured=measured,
+                    run=run if isinstance(run, str) else None,
+                    run_rounds=int(run_rounds) if run_rounds is not None else None)
 
 
 def _number(value: object) -> float | None:

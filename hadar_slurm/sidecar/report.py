@@ -82,9 +82,22 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
             "job": str(job.job_id), "name": job.name, "user": job.user, "state": job.state,
             "model": _model(info, job), "gpus": str(job.gpus_per_node * max(
                 1, len(job.node_names))) if job.gpus_per_node else "-",
-            "type": gpu_type or "-", "nodes": job.nodes or "-", "why": why,
+            "type": (gpu_type or "-") + (ESTIMATE_MARK if _estimated(info, gpu_type) else ""),
+            "nodes": job.nodes or "-", "why": why,
         })
     return rows
+
+
+#: After a GPU type in ``status``: the job's throughput there is an estimate, not a measurement.
+ESTIMATE_MARK = "*"
+
+
+def _estimated(info: Mapping[str, Any] | None, gpu_type: str) -> bool:
+    """Whether the throughput the sidecar planned ``gpu_type`` with is an estimate."""
+    if not info or not gpu_type:
+        return False
+    sources = info.get("rate_sources") or {}
+    return any(sources.get(t) == "estimated" for t in gpu_type.split("|"))
 
 
 def _forked_text(rec: JobRecord) -> str:
@@ -112,6 +125,9 @@ def format_status(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
     lines.append("  ".join(c.upper().ljust(width[c]) for c in cols[:-1]) + "  WHY")
     for r in rows:
         lines.append("  ".join(r[c][:40].ljust(width[c]) for c in cols[:-1]) + "  " + r["why"])
+    if any(r["type"].endswith(ESTIMATE_MARK) for r in rows):
+        lines.append(f"{ESTIMATE_MARK} the job's throughput on that GPU type is an estimate (never "
+                     "measured; see `hadar-slurm explain JOBID`)")
     return "\n".join(lines)
 
 
@@ -165,13 +181,18 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
         if info.get("detail"):
             out.append(f"  note: {info['detail']}")
         rates: Mapping[str, float] = info.get("rates", {})
+        sources: Mapping[str, str] = info.get("rate_sources", {})
         best = max(rates.values(), default=0.0)
         if best > 0:
             speed = ", ".join(
-                f"{t} {r:.3g} it/s ({r / best:.2f}x)"
+                f"{t} {r:.3g} it/s ({r / best:.2f}x"
+                + (f", {sources[t]}" if sources.get(t) not in (None, "", "table") else "") + ")"
                 for t, r in sorted(rates.items(), key=lambda kv: -kv[1]))
             out.append(f"throughput of {info.get('job_type')} on {info.get('gpus')} GPU(s): "
                        f"{speed}")
+            if "estimated" in sources.values():
+                out.append("  estimated: never measured on that GPU type; estimated from the "
+                           "rest of the table until a run or `hadar-slurm profile` measures it")
         out.extend(_fork_lines(job, rec, info, jobs))
         progress = info.get("progress")
         if isinstance(progress, Mapping):

@@ -1,0 +1,168 @@
+"""The sidecar's throughput knowledge: online learning from the runtime's progress, estimates
+for what was never measured, and their use by the backend from the next epoch on.
+
+The store is the real SQLite store, the estimates the real completion; the progress files come
+from the real training runtime (torch, on the CPU) where a test needs them to be real, and are
+written by hand in the runtime's documented format where a test needs exact numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hadar_slurm.sidecar.backend import SlurmBackend
+from hadar_slurm.sidecar.fork import Progress, read_progress
+from hadar_slurm.sidecar.learn import Knowledge
+from hadar_slurm.store import ThroughputStore
+from hadar_slurm.throughputs import ThroughputTable, default_table
+from tests.test_sidecar_backend import FakeSlurm, job, node
+
+RESNET = "ResNet-50 (batch size 64)"
+
+
+def progress(rounds: int, run_rounds: int | None, copies: list[tuple[str | None, float, float]],
+             run: str = "7.0") -> Progress:
+    """A Progress as fork.read_progress returns it, from (gpu_type, iters, seconds) per copy."""
+    return Progress(
+        done=float(rounds * 100), work=10_000.0,
+        rates={k: it / s for k, (_, it, s) in enumerate(copies)},
+        gpu_types={k: t for k, (t, _, _) in enumerate(copies) if t is not None},
+        rounds=rounds, complete=False, updated_at=0.0,
+        measured={k: (it, s) for k, (_, it, s) in enumerate(copies)}, run=run,
+        run_rounds=run_rounds)
+
+
+def test_observe_skips_warm_up_and_folds_each_round_once(tmp_path: Path) -> None:
+    with ThroughputStore(tmp_path / "t.db") as store:
+        k = Knowledge(default_table(), store)
+        # the first round of a run is warm-up
+        assert k.observe(7, RESNET, 1, progress(1, 1, [(None, 10.0, 10.0)]), ["v100"]) == []
+        learned = k.observe(7, RESNET, 1, progress(2, 2, [(None, 300.0, 10.0)]), ["v100"])
+        assert [(e.gpu_type, e.rate, e.source) for e in learned] == [("v100", 30.0, "learned")]
+        # the same committed round seen again next epoch is not folded again
+        assert k.observe(7, RESNET, 1, progress(2, 2, [(None, 300.0, 10.0)]), ["v100"]) == []
+        entry = store.get(RESNET, 1, "v100")
+        assert entry is not None and entry.samples == 1
+        # a runtime that does not say which round of its run it is: not learned from
+        assert k.observe(8, RESNET, 1, progress(5, None, [(None, 50.0, 1.0)]), ["v100"]) == []
+        # an unforked job on two GPU types: no one type's rate
+        assert k.observe(9, RESNET, 2, progress(3, 3, [(None, 50.0, 1.0)]),
+                         ["v100", "p100"]) == []
+        # a fork: each copy on its own type
+        fork = progress(4, 2, [("a100", 400.0, 10.0), ("k80", 50.0, 10.0)], run="11.0")
+        got = {e.gpu_type: e.rate for e in k.observe(10, RESNET, 1, fork, [])}
+        assert got == {"a100": 40.0, "k80": 5.0}
+        # without a store nothing is learned
+        assert Knowledge(default_table()).observe(
+            7, RESNET, 1, progress(3, 3, [(None, 300.0, 10.0)]), ["v100"]) == []
+
+
+def test_learned_rate_converges_through_outliers_and_is_used(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    true_rate = 12.5
+    with ThroughputStore(tmp_path / "t.db") as store:
+        k = Knowledge(default_table(), store, gpu_types=("v100", "p100", "k80"))
+        before = k.table.rate(RESNET, 1, "v100")
+        assert k.source(RESNET, 1, "v100") == "table"
+        for r in range(2, 40):
+            seconds = 10.0
+            rate = true_rate * rng.uniform(0.95, 1.05)
+            if r % 7 == 0:
+                rate = true_rate * 0.1  # a round with a stall
+            if r % 11 == 0:
+                rate = true_rate * 8  # a bogus clock
+            k.observe(7, RESNET, 1, progress(r, r, [(None, rate * seconds, seconds)]),
+                      ["v100"])
+        k.refresh()
+        learned = k.table.rate(RESNET, 1, "v100")
+        assert learned != pytest.approx(before, rel=0.05)
+        assert learned == pytest.approx(true_rate, rel=0.03)
+        assert k.source(RESNET, 1, "v100") == "learned"
+        # other entries keep the table's values
+        assert k.table.rate(RESNET, 1, "p100") == default_table().rate(RESNET, 1, "p100")
+
+
+def test_missing_types_are_estimated_marked_and_replaced_by_a_measurement(
+        tmp_path: Path) -> None:
+    base = default_table()
+    assert base.rate(RESNET, 1, "a100") == 0.0  # Gavel never measured an A100
+    with ThroughputStore(tmp_path / "t.db") as store:
+        # one job type measured on an A100: the rest of the table's rows get A100 estimates
+        store.record("Transformer (batch size 64)", 1, "a100",
+                     3 * base.rate("Transformer (batch size 64)", 1, "v100"))
+        k = Knowledge(base, store, gpu_types=("v100", "p100", "k80", "a100"))
+        est = k.table.rate(RESNET, 1, "a100")
+        assert est > 0 and k.source(RESNET, 1, "a100") == "estimated"
+        entry = store.get(RESNET, 1, "a100")
+        assert entry is not None and entry.source == "estimated"
+        assert entry.rate == pytest.approx(est)
+        assert k.source("Transformer (batch size 64)", 1, "a100") == "measured"
+        assert k.source(RESNET, 1, "v100") == "table"
+        store.record(RESNET, 1, "a100", 2.0 * est)
+        k.refresh()
+        assert k.source(RESNET, 1, "a100") == "measured"
+        assert k.table.rate(RESNET, 1, "a100") == pytest.approx(2.0 * est)
+    # without a store the estimates are made in memory, for the cluster's types only
+    mem = Knowledge(ThroughputTable({(RESNET, 1): {"v100": 10.0, "p100": 5.0},
+                                     ("LM (batch size 20)", 1): {"v100": 4.0, "p100": 2.0,
+                                                                 "k80": 1.0}}),
+                    gpu_types=("v100", "p100", "k80"))
+    assert mem.source(RESNET, 1, "k80") == "estimated"
+    assert mem.table.rate(RESNET, 1, "k80") == pytest.approx(2.5, rel=0.05)
+
+
+def _train_unforked(tracker: Path, work: int, rounds_iters: int) -> dict[str, Any]:
+    """Run a real (tiny) model through the runtime, unforked, as a job's script would."""
+    torch = pytest.importorskip("torch")
+    from hadar_slurm.runtime import JobRuntime, RuntimeConfig
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cfg = RuntimeConfig(work=work, tracker_dir=tracker, round_iters=rounds_iters, device="cpu")
+    with open(os.devnull, "w") as quiet, JobRuntime(model, opt, cfg, log=quiet) as rt:
+        for _ in rt.steps():
+            x = torch.randn(16, 8)
+            loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        rt.finish()
+    data = json.loads((tracker / "progress.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_backend_learns_from_a_running_job_and_plans_the_next_epoch_with_it(
+        tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    data = _train_unforked(workdir / ".hadar-tracker" / "5", work=600, rounds_iters=200)
+    assert data["run_rounds"] == 3 and data["copy_rates"][0]["iters"] == 200
+    observed = data["copy_rates"][0]["iters"] / data["copy_rates"][0]["seconds"]
+    running = replace(job(5, state="RUNNING", reason="None", nodes=("n1",), start=1000,
+                          admin="hadar epoch=0 state=placed place=n1:1"),
+                      workdir=str(workdir))
+    api = FakeSlurm([running], [node("n1", "v100", 4, used=1), node("n2", "p100", 4)])
+    with ThroughputStore(tmp_path / "t.db") as store:
+        b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=lambda s: None,
+                         knowledge=Knowledge(default_table(), store))
+        table_rate = default_table().rate(RESNET, 1, "v100")
+        first = b.snapshot(0, 2000.0, 60.0, None)
+        assert first.rate[0, first.gpu_types.index("v100")] == pytest.approx(table_rate)
+        assert b.views[5].rate_sources[first.gpu_types.index("v100")] == "table"
+        entry = store.get(RESNET, 1, "v100")
+        assert entry is not None and entry.source == "learned"
+        assert entry.rate == pytest.approx(observed)
+        second = b.snapshot(1, 2060.0, 60.0, None)  # the next epoch plans with it
+        assert second.rate[0, second.gpu_types.index("v100")] == pytest.approx(observed)
+        assert b.views[5].rate_sources[second.gpu_types.index("v100")] == "learned"
+        # the reader the backend uses sees what the runtime wrote
+        p = read_progress(str(workdir / ".hadar-tracker" / "5"))
+        assert p is not None and p.run_rounds == 3 and p.measured[0][0] == 200
