@@ -109,6 +109,20 @@ class Completion:
         for job, sf, gpu in sorted(self.estimated):
             yield job, sf, gpu, self.table.rate(job, sf, gpu)
 
+    def optimistic(self, factor: float) -> ThroughputTable:
+        """The completed table with every estimate multiplied by ``factor`` (>= 1): what a
+        scheduler that learns the true rates once a job runs (the sidecar's online learning)
+        plans with, so that it tries the pairs never measured instead of never placing a job
+        where an estimate happens to be too low ("optimism in the face of uncertainty"; an
+        estimate that is too high is corrected after one round, one too low never is)."""
+        if not (math.isfinite(factor) and factor >= 1):
+            raise InputError(f"the optimism factor must be >= 1, got {factor}", field="factor",
+                             fix="use 1 (plain estimates) or more")
+        rates = {key: dict(per_gpu) for key, per_gpu in self.table.rates.items()}
+        for job, sf, gpu in self.estimated:
+            rates[(job, sf)][gpu] *= factor
+        return ThroughputTable(rates, f"{self.table.source}*optimism{factor:g}")
+
 
 @dataclass(frozen=True)
 class _Matrix:

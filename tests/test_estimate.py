@@ -252,3 +252,39 @@ def test_a_job_placed_where_it_truly_cannot_run_makes_no_progress_and_the_sim_en
     r = simulate(jobs, cluster, toy_table, make_policy("hadar"), policy_table=wrong_toy_table())
     assert r.num_completed == 0
     assert 1 <= r.epochs <= 10
+
+
+def test_learning_corrects_estimates_and_optimism_tries_the_type_an_estimate_undersells(
+    toy_table: ThroughputTable,
+) -> None:
+    # The wrong table undersells the v100 (0.25 for a true 1.0) and oversells the k80 (1.0 for
+    # a true 0.5).  With learning, the first round on the k80 shows its true 0.5 step/s, but the
+    # v100's 0.25 is never tried: the job stays on the k80 (1440 s).  With the estimates planned
+    # at 3x (0.75 on the v100) the job moves to the v100 once the k80's truth is known, learns
+    # that it runs at 1.0 there and finishes at 360 + (720 - 180) / 1.0 = 900 s.
+    cluster = parse_counts("v100=1:k80=1")
+    jobs = [make_job(0, 720, 0)]
+    learned = simulate(jobs, cluster, toy_table, make_policy("hadar"),
+                       policy_table=wrong_toy_table(), learn_rates=True)
+    assert learned.finish.tolist() == [1440.0]
+    optimistic = ThroughputTable({("toy", 1): {"v100": 0.75, "k80": 1.0},
+                                  ("v100only", 1): {"v100": 1.0, "k80": 1.0}}, "optimistic")
+    explored = simulate(jobs, cluster, toy_table, make_policy("hadar"),
+                        policy_table=optimistic, learn_rates=True)
+    assert explored.finish.tolist() == [900.0]
+    # Without learning the same optimistic table keeps it on the k80 (1.0 > 0.75 forever).
+    static = simulate(jobs, cluster, toy_table, make_policy("hadar"), policy_table=optimistic)
+    assert static.finish.tolist() == [1440.0]
+
+
+def test_optimistic_multiplies_only_the_estimates() -> None:
+    table, _ = rank1_table()
+    c = complete(without(table, HIDDEN), gpu_types=GPUS)
+    up = c.optimistic(3.0)
+    for job, sf in ROWS:
+        for g in GPUS:
+            factor = 3.0 if (job, sf, g) in HIDDEN else 1.0
+            assert up.rate(job, sf, g) == pytest.approx(factor * c.table.rate(job, sf, g))
+    with pytest.raises(InputError) as err:
+        c.optimistic(0.5)
+    assert err.value.field == "factor"

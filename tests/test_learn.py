@@ -166,3 +166,24 @@ def test_backend_learns_from_a_running_job_and_plans_the_next_epoch_with_it(
         # the reader the backend uses sees what the runtime wrote
         p = read_progress(str(workdir / ".hadar-tracker" / "5"))
         assert p is not None and p.run_rounds == 3 and p.measured[0][0] == 200
+
+
+def test_estimates_are_planned_with_the_optimism_factor_and_stored_plain(
+        tmp_path: Path) -> None:
+    base = default_table()
+    with ThroughputStore(tmp_path / "t.db") as store:
+        store.record("Transformer (batch size 64)", 1, "a100",
+                     3 * base.rate("Transformer (batch size 64)", 1, "v100"))
+        types = ("v100", "p100", "k80", "a100")
+        measured = ThroughputTable({("Transformer (batch size 64)", 1): {
+            "a100": 3 * base.rate("Transformer (batch size 64)", 1, "v100")}})
+        plain = Knowledge(base.merged(measured), None, gpu_types=types)
+        k = Knowledge(base, store, optimism=3.0, gpu_types=types)
+        entry = store.get(RESNET, 1, "a100")
+        assert entry is not None and entry.source == "estimated"
+        assert entry.rate == pytest.approx(plain.table.rate(RESNET, 1, "a100"))
+        assert k.table.rate(RESNET, 1, "a100") == pytest.approx(3.0 * entry.rate)
+        # real values are planned as they are
+        assert k.table.rate(RESNET, 1, "v100") == base.rate(RESNET, 1, "v100")
+        assert k.table.rate("Transformer (batch size 64)", 1, "a100") == pytest.approx(
+            3 * base.rate("Transformer (batch size 64)", 1, "v100"))

@@ -128,6 +128,16 @@ def _seconds(*, allow_zero: bool) -> Check:
     return check
 
 
+def _factor(value: object, _base: Path) -> float:
+    problem = f"must be a number >= 1, got {_show(value)}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _InvalidValueError(problem, "e.g. 3 (the default), or 1 for the plain estimates")
+    factor = float(value)
+    if not math.isfinite(factor) or factor < 1:
+        raise _InvalidValueError(problem, "e.g. 3 (the default), or 1 for the plain estimates")
+    return factor
+
+
 def _bool(value: object, _base: Path) -> bool:
     if not isinstance(value, bool):
         raise _InvalidValueError(f"must be true or false, got {_show(value)}",
@@ -370,6 +380,15 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_bool,
     ),
     ConfigKey(
+        "scheduler", "estimate_optimism", "number", "3",
+        "While learn_throughputs is on, estimated throughputs (a job type never measured on a "
+        "GPU type) are planned with this many times the estimate (>= 1), so that the policy "
+        "tries the type and learns the true rate, rather than keeping jobs off it for good "
+        "when the estimate is too low. 1 plans with the estimates as they are (also what is "
+        "used when learning is off).",
+        check=_factor,
+    ),
+    ConfigKey(
         "hadare", "tracker_root", "path", '""',
         "Where the job trackers of forked jobs (hint fork=N) live: job J's is "
         "<root>/.hadar-tracker/J, a directory the nodes share; the copies' progress, J's saved "
@@ -446,6 +465,7 @@ class SidecarConfig:
     throughputs: tuple[str, ...]
     throughput_db: str | None
     learn_throughputs: bool
+    estimate_optimism: float
     tracker_root: str | None
     dry_run: bool
     state_dir: str

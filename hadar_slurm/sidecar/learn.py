@@ -29,7 +29,12 @@ types but not on others gets the missing ones estimated from the whole table
 (:func:`hadar_slurm.estimate.complete`, low rank in log space), marked ``estimated``, and written
 to the store with :meth:`~hadar_slurm.store.ThroughputStore.estimate`, which never overwrites a
 real value; a later measurement or learned rate replaces the estimate (the store's precedence).
-Without a store the estimates live in memory only.
+Without a store the estimates live in memory only.  While learning, the policy plans with
+``optimism`` times each estimate (``[scheduler] estimate_optimism``, 3 by default): an estimate
+that is too high is corrected by what the job then achieves, one that is too low would keep jobs
+off that GPU type for good, so the uncertain pairs are tried ("optimism in the face of
+uncertainty"; ``bench/estimation.py`` measures what each choice costs a schedule).  The store
+keeps the plain estimate.
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ class Knowledge:
     store: ThroughputStore | None = None
     #: fold what running jobs achieve into the store (needs a store)
     learn: bool = True
+    #: estimates are planned with this many times their value (see the module docstring)
+    optimism: float = 1.0
     gpu_types: tuple[str, ...] = ()
     table: ThroughputTable = field(init=False)
     _sources: dict[Key, str] = field(init=False, default_factory=dict)
@@ -125,7 +132,7 @@ class Knowledge:
             estimates = self._estimates(real)
             estimated: dict[tuple[str, int], dict[str, float]] = {}
             for key, rate in sorted(estimates.items()):
-                estimated.setdefault((key[0], key[1]), {})[key[2]] = rate
+                estimated.setdefault((key[0], key[1]), {})[key[2]] = rate * self.optimism
                 sources[key] = "estimated"
                 written = self._written.get(key)
                 if self.store is not None and (

@@ -21,7 +21,11 @@ with (the ``rate`` of each :class:`~hadar_slurm.policy.base.Snapshot`), e.g. one
 entries were never measured and are estimates (:mod:`hadar_slurm.estimate`).  Progress,
 finish times, forked copies' rates and fairness always follow the true ``table``.  A job placed
 on GPUs whose true rate is 0 (the policy's table said it runs there) holds them for the round
-without progress; rounds where nothing placed makes progress count as idle epochs.
+without progress; rounds where nothing placed makes progress count as idle epochs.  With
+``learn_rates`` the policy's table learns as the sidecar's does (:mod:`hadar_slurm.sidecar.learn`:
+the rate a job's runtime reports replaces the table's from the next epoch on): once any job of a
+(job type, scale factor) has run on a GPU type, every job of that kind is planned with its true
+rate there from the next snapshot on.
 
 HadarE: a job forked into copies (rows with different ``Placement.copy`` indices) progresses at
 the sum of its copies' rates, each copy computed as above; the job tracker adds up their
@@ -80,6 +84,7 @@ class SimulatedCluster:
         idle_epochs_limit: int = 3,
         consolidation: ConsolidationCost | None = None,
         policy_table: ThroughputTable | None = None,
+        learn_rates: bool = False,
     ) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
         self.cluster = cluster
@@ -108,6 +113,11 @@ class SimulatedCluster:
              for j in self.jobs],
             dtype=np.float64,
         ).reshape(n, h)
+        self.learn_rates = learn_rates and policy_table is not None
+        kinds: dict[tuple[str, int], int] = {}
+        self._kind = np.array([kinds.setdefault((j.job_type, j.scale_factor), len(kinds))
+                               for j in self.jobs], dtype=np.int64)
+        self._learned = np.zeros((len(kinds), h), dtype=np.bool_)  # (kind, type) run so far
         self.node_type = np.array(
             [self.gpu_types.index(nd.gpu_type) for nd in cluster.nodes], dtype=np.int64)
         self.node_gpus = np.array([nd.gpus for nd in cluster.nodes], dtype=np.int64)
@@ -130,6 +140,12 @@ class SimulatedCluster:
 
     def snapshot(self, epoch: int, now: float, round_s: float, policy_state: object) -> Snapshot:
         self._advance(now)
+        if self.learn_rates:
+            ran = self.state.attained > 0
+            rows, cols = np.nonzero(ran)
+            self._learned[self._kind[rows], cols] = True
+            known = self._learned[self._kind]
+            self.policy_rate[known] = self.rate[known]
         while self._admitted < len(self.jobs) and self.arrival[self._admitted] <= now + 1e-9:
             self._admitted += 1
         active = np.nonzero(np.isnan(self.state.finish[: self._admitted]))[0]

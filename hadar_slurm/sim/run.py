@@ -119,6 +119,7 @@ def simulate(
     consolidation: ConsolidationCost | None = None,
     on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
     policy_table: ThroughputTable | None = None,
+    learn_rates: bool = False,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
 
@@ -127,10 +128,13 @@ def simulate(
 
     ``policy_table``: the table the policy plans with (its snapshots' ``rate``), when it differs
     from the true ``table`` (e.g. with estimated entries); progress and every figure follow
-    ``table``.
+    ``table``.  ``learn_rates``: the policy's table learns the true rate of a (job type, scale
+    factor) on a GPU type once a job of that kind has run there, as the sidecar learns from the
+    runtime's reports (see :class:`~hadar_slurm.sim.backend.SimulatedCluster`).
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
-                               consolidation=consolidation, policy_table=policy_table)
+                               consolidation=consolidation, policy_table=policy_table,
+                               learn_rates=learn_rates)
     start = float(backend.arrival.min()) if len(jobs) else 0.0
     hook = None if on_epoch is None else (lambda rec: on_epoch(rec, backend))
     loop = EpochLoop(backend, policy, SimClock(start), round_s=round_s, on_epoch=hook)
