@@ -13,7 +13,13 @@
    rounds as in ``bench.quality``) the ``hadar`` policy plans once with the full table and once,
    per seed, with a table where a third of the entries were hidden (seeded, at least one kept per
    row) and estimated; progress always follows the true table.  Makespan and average JCT of
-   each run and their ratios to the full-table run; the worst ratio over the seeds.
+   each run and their ratios to the full-table run; the worst ratio over the seeds.  Three
+   ways to plan with the estimates, each seed: the estimates as they are (``seeds[*]``); with
+   online learning as the sidecar does it (``learning``: once a job of a kind has run on a GPU
+   type, its true rate replaces the estimate; ``simulate(learn_rates=True)``); and learning with
+   the estimates multiplied by ``OPTIMISM`` (``learning_optimistic``: what the sidecar plans
+   with by default, ``[scheduler] estimate_optimism``), so that an estimate that is too low does
+   not keep a job off a GPU type for good.
 
 Goals (issue #5): LOO median relative error at most 10%; makespan and average JCT within 5% of
 the full-table run.  The JSON object has exactly ``median_rel_error``, ``p90_rel_error`` and
@@ -46,6 +52,8 @@ from hadar_slurm.trace import BUNDLED_TRACES, load_trace
 
 MEDIAN_GOAL = 0.10
 SCHEDULE_GOAL = 1.05
+#: What the sidecar multiplies estimates by while it learns (``[scheduler] estimate_optimism``).
+OPTIMISM = 3.0
 
 
 def loo_figures(table: ThroughputTable) -> dict[str, Any]:
@@ -70,12 +78,13 @@ def schedule_rows(table: ThroughputTable, cluster_spec: str, seeds: list[int],
                   fraction: float) -> list[dict[str, Any]]:
     """Per trace: ``hadar`` with the full table vs with a third hidden and estimated."""
     cluster = load_cluster(cluster_spec)
-    estimated: list[tuple[int, int, float, ThroughputTable]] = []
+    estimated: list[tuple[int, int, float, ThroughputTable, ThroughputTable]] = []
     for seed in seeds:
         hidden = hide_random(table, fraction, seed=seed)
         c = complete(without(table, hidden), gpu_types=cluster.gpu_types)
         rel = [abs(c.table.rate(*k) - table.rate(*k)) / table.rate(*k) for k in hidden]
-        estimated.append((seed, len(hidden), float(np.median(rel)), c.table))
+        estimated.append((seed, len(hidden), float(np.median(rel)), c.table,
+                          c.optimistic(OPTIMISM)))
         print(f"seed {seed}: hid {len(hidden)} entries; rank {c.rank}, reg {c.reg}, "
               f"row_reg {c.row_reg}; their median rel error {np.median(rel):.3f}, "
               f"p90 {np.percentile(rel, 90):.3f}")
@@ -84,8 +93,12 @@ def schedule_rows(table: ThroughputTable, cluster_spec: str, seeds: list[int],
         jobs = load_trace(trace, table)
         full = simulate(jobs, cluster, table, make_policy("hadar"))
         runs = []
-        for seed, n_hidden, med, est_table in estimated:
+        for seed, n_hidden, med, est_table, opt_table in estimated:
             r = simulate(jobs, cluster, table, make_policy("hadar"), policy_table=est_table)
+            learn = simulate(jobs, cluster, table, make_policy("hadar"), policy_table=est_table,
+                             learn_rates=True)
+            opt = simulate(jobs, cluster, table, make_policy("hadar"), policy_table=opt_table,
+                           learn_rates=True)
             runs.append({
                 "seed": seed, "hidden_entries": n_hidden,
                 "hidden_median_rel_error": round(med, 4),
@@ -93,9 +106,17 @@ def schedule_rows(table: ThroughputTable, cluster_spec: str, seeds: list[int],
                 "makespan_ratio": round(r.makespan_s / full.makespan_s, 4),
                 "avg_jct_ratio": round(r.avg_jct_s / full.avg_jct_s, 4),
                 "num_completed": r.num_completed,
+                "learning": _ratios(learn, full),
+                "learning_optimistic": _ratios(opt, full),
             })
         worst_mk = max(float(x["makespan_ratio"]) for x in runs)
         worst_jct = max(float(x["avg_jct_ratio"]) for x in runs)
+        variants = {}
+        for name in ("learning", "learning_optimistic"):
+            mk = max(float(x[name]["makespan_ratio"]) for x in runs)
+            jct = max(float(x[name]["avg_jct_ratio"]) for x in runs)
+            variants[name] = {"worst_makespan_ratio": mk, "worst_avg_jct_ratio": jct,
+                              "goal_met": mk <= SCHEDULE_GOAL and jct <= SCHEDULE_GOAL}
         rows.append({
             "trace": trace, "cluster": cluster_spec, "policy": "hadar",
             "hidden_fraction": round(fraction, 4),
@@ -104,8 +125,16 @@ def schedule_rows(table: ThroughputTable, cluster_spec: str, seeds: list[int],
             "seeds": runs,
             "worst_makespan_ratio": worst_mk, "worst_avg_jct_ratio": worst_jct,
             "goal_met": worst_mk <= SCHEDULE_GOAL and worst_jct <= SCHEDULE_GOAL,
+            **variants,
         })
     return rows
+
+
+def _ratios(run: Any, full: Any) -> dict[str, Any]:
+    return {"makespan_s": round(run.makespan_s, 1), "avg_jct_s": round(run.avg_jct_s, 1),
+            "makespan_ratio": round(run.makespan_s / full.makespan_s, 4),
+            "avg_jct_ratio": round(run.avg_jct_s / full.avg_jct_s, 4),
+            "num_completed": run.num_completed}
 
 
 def print_report(loo: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -131,7 +160,18 @@ def print_report(loo: dict[str, Any], rows: list[dict[str, Any]]) -> None:
                   f"{s['avg_jct_s']:10,.0f} {s['avg_jct_ratio']:7.4f}")
         print(f"{'':26s} worst: makespan x{r['worst_makespan_ratio']:.4f}, avg JCT "
               f"x{r['worst_avg_jct_ratio']:.4f}: goal (<= {SCHEDULE_GOAL}) "
-              f"{'met' if r['goal_met'] else 'NOT met'}")
+              f"{'met' if r['goal_met'] else 'NOT met'}  [estimates only]")
+        for name, label in (("learning", "+ online learning"),
+                            ("learning_optimistic", f"+ learning, estimates x{OPTIMISM:g}")):
+            for s in r["seeds"]:
+                v = s[name]
+                print(f"{'':26s} {s['seed']:>4d} {v['makespan_s']:11,.0f} "
+                      f"{v['makespan_ratio']:7.4f} {v['avg_jct_s']:10,.0f} "
+                      f"{v['avg_jct_ratio']:7.4f}  {label}")
+            w = r[name]
+            print(f"{'':26s} worst: makespan x{w['worst_makespan_ratio']:.4f}, avg JCT "
+                  f"x{w['worst_avg_jct_ratio']:.4f}: goal {'met' if w['goal_met'] else 'NOT met'}"
+                  f"  [{label}]")
 
 
 def main(argv: list[str] | None = None) -> int:
