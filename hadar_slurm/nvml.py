@@ -159,15 +159,21 @@ def _unavailable(pynvml: ModuleType, exc: BaseException) -> NvmlUnavailable:
     return NvmlUnavailable("error", f"NVML failed: {text}")
 
 
-@contextlib.contextmanager
-def _nvml() -> Iterator[ModuleType]:
-    """``pynvml`` between ``nvmlInit()`` and ``nvmlShutdown()``; NVML errors (also those raised
-    inside the block) become :class:`NvmlUnavailable`."""
+def _init() -> ModuleType:
+    """``pynvml``, initialised (``nvmlInit``); :class:`NvmlUnavailable` when it cannot be."""
     pynvml = _import_pynvml()
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         raise _unavailable(pynvml, exc) from None
+    return pynvml
+
+
+@contextlib.contextmanager
+def _nvml() -> Iterator[ModuleType]:
+    """``pynvml`` between ``nvmlInit()`` and ``nvmlShutdown()``; NVML errors (also those raised
+    inside the block) become :class:`NvmlUnavailable`."""
+    pynvml = _init()
     try:
         yield pynvml
     except pynvml.NVMLError as exc:
@@ -338,11 +344,7 @@ class GpuSampler:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("GpuSampler already started")
-        pynvml = _import_pynvml()
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            raise _unavailable(pynvml, exc) from None
+        pynvml = _init()
         try:
             count = int(pynvml.nvmlDeviceGetCount())
             wanted = range(count) if self.indices is None else self.indices

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -103,3 +104,15 @@ def submitted(dev_cluster: DevCluster) -> Iterator[list[int]]:
     yield ids
     if ids:
         dev_cluster.runner.run(commands.scancel(ids), check=False)
+
+
+@pytest.fixture
+def clean_logger() -> Iterator[None]:
+    """Leaves the "hadar_slurm" logger as it found it (setup_logging adds handlers to it)."""
+    yield
+    logger = logging.getLogger("hadar_slurm")
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+        h.close()
+    logger.propagate = True
+    logger.setLevel(logging.NOTSET)

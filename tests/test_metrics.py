@@ -18,7 +18,6 @@ import struct
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,16 +48,6 @@ from hadar_slurm.slurm.parse import Gres
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-
-@pytest.fixture
-def clean_logger() -> Iterator[None]:
-    yield
-    logger = logging.getLogger("hadar_slurm")
-    for h in list(logger.handlers):
-        logger.removeHandler(h)
-        h.close()
-    logger.propagate = True
-    logger.setLevel(logging.NOTSET)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -6,7 +6,6 @@ import json
 import logging
 import re
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -384,16 +383,6 @@ def test_service_unit_essentials() -> None:
 
 # -- logs ------------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def clean_logger() -> Iterator[None]:
-    yield
-    logger = logging.getLogger("hadar_slurm")
-    for h in list(logger.handlers):
-        logger.removeHandler(h)
-        h.close()
-    logger.propagate = True
-    logger.setLevel(logging.NOTSET)
 
 
 @pytest.mark.usefixtures("clean_logger")
