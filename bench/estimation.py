@@ -102,10 +102,7 @@ def schedule_rows(table: ThroughputTable, cluster_spec: str, seeds: list[int],
             runs.append({
                 "seed": seed, "hidden_entries": n_hidden,
                 "hidden_median_rel_error": round(med, 4),
-                "makespan_s": round(r.makespan_s, 1), "avg_jct_s": round(r.avg_jct_s, 1),
-                "makespan_ratio": round(r.makespan_s / full.makespan_s, 4),
-                "avg_jct_ratio": round(r.avg_jct_s / full.avg_jct_s, 4),
-                "num_completed": r.num_completed,
+                **_ratios(r, full),
                 "learning": _ratios(learn, full),
                 "learning_optimistic": _ratios(opt, full),
             })

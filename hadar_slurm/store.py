@@ -49,7 +49,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,6 +68,7 @@ __all__ = [
     "SOURCES",
     "Entry",
     "ThroughputStore",
+    "as_table",
     "default_store_path",
 ]
 
@@ -110,6 +111,14 @@ CREATE TABLE IF NOT EXISTS observation (
 
 _COLUMNS = "job_type, scale_factor, gpu_type, rate, source, samples, updated"
 _ENTRY_FIELDS = ("job_type", "scale_factor", "gpu_type", "rate", "source", "samples", "updated")
+
+
+def as_table(entries: Iterable[Entry], source: str) -> ThroughputTable:
+    """The rates of ``entries`` as a :class:`ThroughputTable` named ``source``."""
+    rates: dict[tuple[str, int], dict[GpuType, float]] = {}
+    for e in entries:
+        rates.setdefault((e.job_type, e.scale_factor), {})[e.gpu_type] = e.rate
+    return ThroughputTable(rates, source)
 
 
 def default_store_path() -> Path:
@@ -512,10 +521,7 @@ class ThroughputStore:
 
     def table(self, base: ThroughputTable | None = None) -> ThroughputTable:
         """``base`` (e.g. the bundled Gavel table) with the store's entries merged over it."""
-        rates: dict[tuple[str, int], dict[GpuType, float]] = {}
-        for e in self.entries():
-            rates.setdefault((e.job_type, e.scale_factor), {})[e.gpu_type] = e.rate
-        mine = ThroughputTable(rates, f"store:{self._where}")
+        mine = as_table(self.entries(), f"store:{self._where}")
         return mine if base is None else base.merged(mine)
 
     def sources(self) -> dict[Key, str]:

@@ -436,7 +436,7 @@ class SlurmBackend:
             done = progress.done  # the tracker counts every iteration, forked or not
         if self.knowledge.store is not None and self.knowledge.learn and (
                 running or group is not None):
-            self._learn(job, hints.job_type, gpus, rows, group, progress)
+            self._learn(job, hints.job_type, gpus, rows, group, tracker, progress)
         blocked = self._fork_blocked(job, hints, record, group) if hints.fork > 1 else ""
         order = sorted(range(len(rows)), key=lambda k: (row_copy[k] if row_copy else 0, rows[k]))
         return JobView(
@@ -448,15 +448,18 @@ class SlurmBackend:
                                for t in self.gpu_types))
 
     def _learn(self, job: SlurmJob, job_type: str, gpus: int, rows: Sequence[tuple[int, int]],
-               group: CopyGroup | None, progress: Progress | None) -> None:
+               group: CopyGroup | None, tracker: str, progress: Progress | None) -> None:
         """Fold what a running job (or its copies) achieved into the store: its runtime's
         progress.json, in its tracker dir (a fork's: under ``tracker_root``; an unforked job's:
-        under its working directory, where the runtime writes it)."""
+        under its working directory, where the runtime writes it).  ``tracker``/``progress``:
+        the dir the view already read (if any), not read again."""
         if group is None:
             try:
-                progress = hadare.read_progress(hadare.tracker_dir(job, None))
+                own = hadare.tracker_dir(job, None)
             except ForkError:
                 return
+            if own != tracker:
+                progress = hadare.read_progress(own)
         if progress is None:
             return
         used = [self.node_type_names[k] for k, _ in rows]

@@ -108,9 +108,8 @@ class Sidecar:
             preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,
             should_stop=self._should_stop,  # (the grace period is not cut short by a stop)
             tracker_root=config.tracker_root,
-            knowledge=Knowledge(
-                table, self.store, learn=config.learn_throughputs,
-                optimism=config.estimate_optimism if config.learn_throughputs else 1.0),
+            knowledge=Knowledge(table, self.store, learn=config.learn_throughputs,
+                                optimism=config.estimate_optimism),
         )
         self.loop = EpochLoop(self.backend, self.policy, StopClock(self.stop),
                               round_s=config.epoch_seconds, on_epoch=self._on_epoch)

@@ -47,7 +47,7 @@ from hadar_slurm.estimate import complete
 from hadar_slurm.logs import log_event
 from hadar_slurm.model import normalize_gpu_type
 from hadar_slurm.sidecar.fork import Progress
-from hadar_slurm.store import Entry, ThroughputStore
+from hadar_slurm.store import Entry, ThroughputStore, as_table
 from hadar_slurm.throughputs import ThroughputTable
 
 __all__ = ["TABLE_SOURCE", "Knowledge", "Observation"]
@@ -85,7 +85,8 @@ class Knowledge:
     store: ThroughputStore | None = None
     #: fold what running jobs achieve into the store (needs a store)
     learn: bool = True
-    #: estimates are planned with this many times their value (see the module docstring)
+    #: while learning (``learn`` and a store), estimates are planned with this many times their
+    #: value (see the module docstring); without learning nothing would correct them: 1
     optimism: float = 1.0
     gpu_types: tuple[str, ...] = ()
     table: ThroughputTable = field(init=False)
@@ -107,32 +108,24 @@ class Knowledge:
             return ""
         return self._sources.get((job_type, scale_factor, gpu_type), TABLE_SOURCE)
 
-    def set_gpu_types(self, gpu_types: Iterable[str]) -> None:
-        """The cluster's GPU types: estimates are made for these (the backend's nodes)."""
-        types = tuple(sorted({normalize_gpu_type(t) for t in gpu_types}))
-        if types != self.gpu_types:
-            self.gpu_types = types
-            self.refresh()
-
     def refresh(self) -> None:
         """Rebuild :attr:`table` from the base table and the store, then estimate what the
         cluster's GPU types lack."""
-        sources: dict[Key, str] = {}
-        table = self.base
-        if self.store is not None:
-            entries = self.store.entries()
-            table = self.store.table(self.base)
-            sources = {(e.job_type, e.scale_factor, e.gpu_type): e.source for e in entries}
+        entries = self.store.entries() if self.store is not None else []
+        real_entries = [e for e in entries if e.source != "estimated"]
+        real = self.base.merged(as_table(real_entries, "store"))
+        sources: dict[Key, str] = {e.key: e.source for e in real_entries}
+        # estimates the store holds (e.g. for GPU types this cluster lacks), where nothing real is
+        stored = [e for e in entries if e.source == "estimated"
+                  and e.gpu_type not in real.rates.get((e.job_type, e.scale_factor), {})]
+        table = real.merged(as_table(stored, "store estimates")) if stored else real
+        sources.update((e.key, e.source) for e in stored)
         if self.gpu_types:
-            real = ThroughputTable(
-                {key: {g: r for g, r in per_gpu.items()
-                       if sources.get((key[0], key[1], g)) != "estimated"}
-                 for key, per_gpu in table.rates.items()},
-                table.source)
             estimates = self._estimates(real)
+            factor = self.optimism if self.learn and self.store is not None else 1.0
             estimated: dict[tuple[str, int], dict[str, float]] = {}
             for key, rate in sorted(estimates.items()):
-                estimated.setdefault((key[0], key[1]), {})[key[2]] = rate * self.optimism
+                estimated.setdefault((key[0], key[1]), {})[key[2]] = rate * factor
                 sources[key] = "estimated"
                 written = self._written.get(key)
                 if self.store is not None and (
@@ -163,9 +156,9 @@ class Knowledge:
             # while the table changes by what is learned (a fraction of a second each time)
             rank, reg, row_reg = self._settings if self._settings else (None, None, None)
             filled = complete(real, gpu_types=cols, rank=rank, reg=reg, row_reg=row_reg)
-            if self._settings is None and filled.rank <= len(cols):
+            if self._settings is None:
                 self._settings = (filled.rank, filled.reg, filled.row_reg)
-            estimated = {key: filled.table.rate(*key) for key in filled.estimated}
+            estimated = {(job, sf, gpu): rate for job, sf, gpu, rate in filled.estimates()}
         self._fingerprint, self._estimated = fingerprint, estimated
         return estimated
 
