@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -72,17 +73,22 @@ def _reap_stale(env: dict[str, str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def not_installed(msg: str) -> NoReturn:
+    """A test needs something `make deps` installs and it is missing: skip it here, fail it on
+    CI (env ``CI`` set), where every test must run."""
+    if os.environ.get("CI"):
+        pytest.fail(msg + "; on CI it must run")
+    pytest.skip(msg)
+
+
 def start_dev_cluster() -> Iterator[DevCluster]:
     """Generator behind the session fixture ``dev_cluster`` (tests/conftest.py)."""
-    on_ci = bool(os.environ.get("CI"))
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if os.geteuid() != 0:
         pytest.skip("Slurm integration tests need root (slurmd runs in private namespaces)")
     if missing:
-        msg = f"Slurm integration tests need {', '.join(missing)} (`make deps` installs them)"
-        if on_ci:
-            pytest.fail(msg + "; on CI they must run")
-        pytest.skip(msg)
+        not_installed(f"Slurm integration tests need {', '.join(missing)} (`make deps` installs "
+                      "them)")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HADAR_DEVCLUSTER_")}
     env["HADAR_DEVCLUSTER_LUA"] = "1"  # hints are validated at sbatch time by job_submit.lua

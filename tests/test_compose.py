@@ -30,13 +30,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.slurm_cluster import nodes_conf
+from tests.slurm_cluster import nodes_conf, not_installed
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_CONF_DIR = REPO / "slurm_conf"
 COMPOSE = REPO / "docker-compose.yml"
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
-ON_CI = bool(os.environ.get("CI"))
 
 # The documented target-specific keys (render.py's docstring, README "Try it with Docker").
 TARGET_KEYS = {"SlurmctldHost", "SlurmctldPort", "SlurmdPort"}
@@ -140,10 +139,7 @@ def test_compose_services_mount_slurm_conf_and_stay_on_their_network() -> None:
 def test_docker_compose_config_validates() -> None:
     tool = shutil.which("docker-compose")
     if tool is None:
-        msg = "docker-compose is not installed (`make deps` installs Debian's)"
-        if ON_CI:
-            pytest.fail(msg + "; on CI it must be")
-        pytest.skip(msg)
+        not_installed("docker-compose is not installed (`make deps` installs Debian's)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
     quiet = subprocess.run([tool, "-f", str(COMPOSE), "config", "-q"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=120, check=False)
@@ -326,10 +322,7 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedCompo
     if os.geteuid() != 0:
         pytest.skip("the emulated compose services need root (mount/UTS namespaces)")
     if missing:
-        msg = f"the emulated compose services need {', '.join(missing)} (`make deps`)"
-        if ON_CI:
-            pytest.fail(msg + "; on CI they must run")
-        pytest.skip(msg)
+        not_installed(f"the emulated compose services need {', '.join(missing)} (`make deps`)")
     top = tmp_path_factory.mktemp("compose")
     top.chmod(0o755)
     services: dict[str, Any] = _compose()["services"]
