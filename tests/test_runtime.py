@@ -273,6 +273,49 @@ def test_checkpoint_restores_model_and_optimizer(tmp_path: Path) -> None:
     assert "round 3: 50/50 iterations (100.0%)" in log.getvalue()
 
 
+def test_signal_at_a_round_boundary_is_committed(tmp_path: Path) -> None:
+    """In process: a preemption signal that lands while round 1 is being committed stops the
+    copy before its first iteration of round 2.  There is no new model to save, but state.json
+    and progress.json must still carry the stop (CI once caught the stop missing there), and a
+    resumed run does exactly the rest of the work."""
+    from hadar_slurm.runtime import JobRuntime, Preempted
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cfg = RuntimeConfig(work=50, tracker_dir=tmp_path / "t", round_iters=20,
+                        preempt_signals=("USR1",))
+    log = io.StringIO()
+    rt = JobRuntime(model, opt, cfg, log=log)
+    real_commit = rt._commit
+    signalled: list[int] = []
+
+    def commit_then_signal(*args: Any, **kwargs: Any) -> CommittedState:
+        state = real_commit(*args, **kwargs)
+        if not signalled:
+            signalled.append(state.round)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return state
+
+    rt._commit = commit_then_signal  # type: ignore[method-assign]
+    ran = 0
+    with pytest.raises(Preempted, match="stopped \\(signal USR1\\) after round 1: 20/50"):
+        for _ in rt.steps():
+            ran += 1
+    assert signalled == [1] and ran == 20
+    state = committed(cfg.tracker_dir)
+    assert state is not None and (state.round, state.done) == (1, 20)
+    assert state.stop == "signal USR1"
+    progress = read_progress(cfg.tracker_dir)
+    assert progress is not None and progress["stop"] == "signal USR1" and progress["done"] == 20
+    assert "round 1: nothing new since the last commit; stopping (signal USR1)" in log.getvalue()
+
+    rt2 = JobRuntime(torch.nn.Linear(3, 1), None, cfg, log=log)
+    assert rt2.done == 20
+    assert sum(1 for _ in rt2.steps()) == 30
+    assert rt2.finish().done == 50
+
+
 def test_settings_and_progress_need_no_torch(tmp_path: Path) -> None:
     (tmp_path / "progress.json").write_text('{"done": 3}')
     code = ("import sys; sys.modules['torch'] = None\n"

@@ -6,7 +6,6 @@ See :mod:`hadar_slurm.runtime` for the protocol and the files.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -472,8 +471,8 @@ class JobRuntime:
         cfg = self.config
         me = _Report(cfg.index, iters, seconds, stop, cfg.gpu_type, "")
         if cfg.copies == 1:
-            if iters == 0:  # stopped before its first iteration: nothing new to save
-                return dataclasses.replace(state, stop=stop)
+            if iters == 0:  # stopped before its first iteration: no new model, but the
+                return self._commit(state, None, [], stop)  # commit files carry the stop
             return self._commit(state, self._own_states(), [me], stop)
         if cfg.coordinator:
             return self._coordinate(state, quotas, me)
@@ -659,6 +658,8 @@ class JobRuntime:
             self._say(f"round {r}: {done}/{cfg.work} iterations ({100.0 * done / cfg.work:.1f}%),"
                       f" {cfg.copies} cop{'y' if cfg.copies == 1 else 'ies'} at {shown} it/s "
                       f"(total {total_rate:.1f} it/s){stopping}")
+        elif states is None:
+            self._say(f"round {r}: nothing new since the last commit{stopping}")
         else:
             self._say(f"round {r}: initial model committed for the {cfg.copies} copies")
         self._cleanup_reports(upto=r)
