@@ -6,7 +6,7 @@
     hadar-slurm gres-conf [--node NAME] [--full-type]
     hadar-slurm profile --model M [--batch-size B] [--gpus N] [--gpu-type T]
                         [--device cpu|cuda|cuda:N] [--warmup N] [--iters N | --seconds S]
-                        [--threads N] [--db PATH] [--no-record] [--json]
+                        [--threads N] [--db PATH | --config FILE] [--no-record] [--json]
     hadar-slurm profile --slurm --model M [--batch-size B] [--gpus N] [--gpu-type T[,T...]]
                         [--config sidecar.toml] [--workdir DIR] [--timeout S] ...
 
@@ -17,7 +17,8 @@ nvidia-ml-py, no driver or library) or without any GPU, both print one line on s
 with status 3 (:data:`EXIT_NO_GPU`).
 
 ``profile`` benchmarks a model (:mod:`hadar_slurm.profile`) and records its rate in the
-throughput store (``--db``, default :func:`hadar_slurm.store.default_store_path`) as
+throughput store (``--db``; else with ``--config`` the sidecar's own store; else
+:func:`hadar_slurm.store.default_store_path`: :func:`hadar_slurm.cli_store.store_path`) as
 ``measured`` under a GPU type: ``--gpu-type``, else on CUDA the short type of the GPU it ran on
 (``a100``).  On the CPU nothing is recorded unless ``--gpu-type`` names the type to record under
 (tests and dev clusters with fake GPUs do that); ``--no-record`` records nothing.  ``--slurm``
@@ -41,6 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hadar_slurm.cli_store import DB_HELP, store_path
 from hadar_slurm.errors import InputError
 from hadar_slurm.nvml import NvmlUnavailable, gres_conf, list_gpus, short_type_name
 from hadar_slurm.profile import (
@@ -52,7 +54,7 @@ from hadar_slurm.profile import (
     profile_on_slurm,
     record_result,
 )
-from hadar_slurm.store import ThroughputStore, default_store_path
+from hadar_slurm.store import ThroughputStore
 
 __all__ = ["EXIT_NO_GPU", "EXIT_SOME_FAILED", "main", "register"]
 
@@ -136,8 +138,8 @@ def _gpu_types(text: str) -> list[str]:
     return [check_gpu_type(t) for t in text.split(",")]
 
 
-def _store(path: str | None) -> ThroughputStore:
-    return ThroughputStore(path if path else default_store_path())
+def _store(args: argparse.Namespace) -> ThroughputStore:
+    return ThroughputStore(store_path(args.db, args.config))
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -147,8 +149,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if len(types) > 1:
         raise InputError("one GPU type to record under, not several", field="gpu-type",
                          fix="give several types only with --slurm")
-    if args.config is not None:
-        raise InputError("--config is for --slurm", field="config", fix="add --slurm")
     try:
         import torch  # noqa: F401  (profiling trains a model with it)
     except ImportError:
@@ -168,7 +168,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     elif gpu_type is None:
         note = "not recorded: on the CPU, give --gpu-type to record under a GPU type's name"
     else:
-        with _store(args.db) as store:
+        with _store(args) as store:
             entry = record_result(store, result, gpu_type)
             recorded = {"db": str(store.path), "job_type": entry.job_type,
                         "scale_factor": entry.scale_factor, "gpu_type": entry.gpu_type,
@@ -204,7 +204,7 @@ def _profile_slurm(args: argparse.Namespace, types: list[str]) -> int:
     def say(text: str) -> None:
         print(f"{PROG}: {text}", file=sys.stderr, flush=True)
 
-    store = None if args.no_record else _store(args.db)
+    store = None if args.no_record else _store(args)
     try:
         outcomes = profile_on_slurm(
             runner, request, store=store, workdir=workdir.absolute(), gpu_types=types or None,
@@ -277,17 +277,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="time iterations for this long instead")
     prof.add_argument("--threads", type=_positive_int("--threads"), metavar="N",
                       help="torch threads on the CPU (default: torch's)")
-    prof.add_argument("--db", metavar="PATH",
-                      help="the throughput store (default: $HADAR_THROUGHPUT_DB, else "
-                      "~/.local/state/hadar-slurm/throughputs.db)")
+    prof.add_argument("--db", metavar="PATH", help=DB_HELP)
     prof.add_argument("--no-record", action="store_true", help="measure only")
     prof.add_argument("--json", action="store_true",
                       help="print the result as one JSON object (--slurm: a list)")
     prof.add_argument("--slurm", action="store_true",
                       help="submit one profiling job per GPU type of the cluster and wait")
     prof.add_argument("--config", metavar="FILE",
-                      help="--slurm: the sidecar's TOML config ([slurm] conf, partition); "
-                      "default: $SLURM_CONF")
+                      help="the sidecar's TOML config: record into its throughput store "
+                      "and, with --slurm, submit with its [slurm] conf and partition "
+                      "(default: $SLURM_CONF)")
     prof.add_argument("--workdir", metavar="DIR",
                       help="--slurm: where the job script and output go, a directory the nodes "
                       "share (default: ./hadar-profile-<time>-<pid>)")

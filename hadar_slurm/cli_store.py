@@ -2,12 +2,14 @@
 
 ::
 
-    hadar-slurm throughputs list [--db PATH] [--source S] [--json]
-    hadar-slurm throughputs import FILE [--db PATH] [--source S]
-    hadar-slurm throughputs export FILE [--db PATH] [--format json|csv|gavel]
+    hadar-slurm throughputs list [--db PATH | --config FILE] [--source S] [--json]
+    hadar-slurm throughputs import FILE [--db PATH | --config FILE] [--source S]
+    hadar-slurm throughputs export FILE [--db PATH | --config FILE] [--format json|csv|gavel]
 
-``--db`` defaults to :func:`~hadar_slurm.store.default_store_path` (``$HADAR_THROUGHPUT_DB``,
-else ``~/.local/state/hadar-slurm/throughputs.db``).  ``import`` creates the database where
+The database (:func:`store_path`): ``--db``; else, with ``--config``, the sidecar's own store
+(``[scheduler] throughput_db``, else ``<state_dir>/throughputs.db``); else
+:func:`~hadar_slurm.store.default_store_path` (``$HADAR_THROUGHPUT_DB``, else
+``~/.local/state/hadar-slurm/throughputs.db``).  ``import`` creates the database where
 needed; ``list`` and ``export`` want an existing one.  Problems are
 :class:`~hadar_slurm.errors.InputError`, which the main CLI prints as one line (exit status 2).
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 from hadar_slurm.errors import InputError
 from hadar_slurm.store import EXPORT_FORMATS, SOURCES, Entry, ThroughputStore, default_store_path
 
-__all__ = ["format_entries", "register"]
+__all__ = ["DB_HELP", "format_entries", "register", "store_path"]
 
 _HEADER = ("job type", "GPUs", "GPU type", "steps/s", "source", "samples", "updated (UTC)")
 
@@ -46,16 +48,34 @@ def format_entries(entries: Sequence[Entry]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The help of ``--db`` and ``--config`` wherever the store is opened (here and ``profile``).
+DB_HELP = ("the store's database (default: the --config sidecar's store, else "
+           "$HADAR_THROUGHPUT_DB, else ~/.local/state/hadar-slurm/throughputs.db)")
+CONFIG_HELP = ("the sidecar's TOML config: use its throughput store ([scheduler] throughput_db, "
+               "else <state_dir>/throughputs.db)")
+
+
+def store_path(db: str | None, config: str | None) -> Path:
+    """``db`` if given; else the store of the sidecar config ``config``; else
+    :func:`~hadar_slurm.store.default_store_path`."""
+    if db is not None:
+        return Path(db)
+    if config is not None:
+        from hadar_slurm.sidecar.config import load_config
+        return load_config(config).store_path
+    return default_store_path()
+
+
 def _db(args: argparse.Namespace) -> Path:
-    return Path(args.db) if args.db is not None else default_store_path()
+    return store_path(args.db, args.config)
 
 
 def _existing(args: argparse.Namespace) -> ThroughputStore:
     path = _db(args)
     if not path.exists():
         raise InputError("no such throughput database", source=str(path), field="--db",
-                         fix="import a table first (hadar-slurm throughputs import FILE) or "
-                         "give --db")
+                         fix="import a table first (hadar-slurm throughputs import FILE), or "
+                         "give --db PATH or the sidecar's --config FILE")
     return ThroughputStore(path)
 
 
@@ -95,12 +115,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(steps/s of the whole job) per job type, GPU count and GPU type.")
     sub = top.add_subparsers(dest="throughputs_command", required=True,
                              metavar="{list,import,export}")
-    db_help = "the store's database (default: $HADAR_THROUGHPUT_DB, else " \
-        "~/.local/state/hadar-slurm/throughputs.db)"
     sources = ", ".join(SOURCES)
 
     lst = sub.add_parser("list", help="print the stored throughputs")
-    lst.add_argument("--db", metavar="PATH", help=db_help)
+    lst.add_argument("--db", metavar="PATH", help=DB_HELP)
+    lst.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     lst.add_argument("--source", metavar="S", help=f"only entries of this source ({sources})")
     lst.add_argument("--json", action="store_true", help="print a JSON list of entries")
     lst.set_defaults(func=cmd_list)
@@ -110,7 +129,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Import a throughput file. Measured and learned values are kept over "
         "imported ones; an estimate is stored only where no real value exists.")
     imp.add_argument("file", metavar="FILE", help="a .json (Gavel's or our export) or .csv file")
-    imp.add_argument("--db", metavar="PATH", help=db_help)
+    imp.add_argument("--db", metavar="PATH", help=DB_HELP)
+    imp.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     imp.add_argument("--source", metavar="S", default=None,
                      help=f"store the rates as this source ({sources}; default: imported, or "
                      "each entry's own for our export)")
@@ -118,7 +138,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     exp = sub.add_parser("export", help="write the stored throughputs to a file")
     exp.add_argument("file", metavar="FILE", help="the file to write (replaced)")
-    exp.add_argument("--db", metavar="PATH", help=db_help)
+    exp.add_argument("--db", metavar="PATH", help=DB_HELP)
+    exp.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     exp.add_argument("--format", default="json", metavar="|".join(EXPORT_FORMATS),
                      help="json: ours, every field (default); csv: job_type,scale_factor,"
                      "gpu_type,steps_per_second; gavel: Gavel's simulation_throughputs.json")

@@ -129,11 +129,12 @@ REGISTRY: dict[str, Where] = {
         "journal holds, one JSON line per event) as sidecar.log instead"),
     "hadar-slurm report --log sidecar.log --since 24h --out report.html": OnCluster(
         out="report: report.html (1 epoch"),
-    f"hadar-slurm throughputs import slurm_conf/dev-throughputs.csv --db {DB}": Here(
-        out="entries written from slurm_conf/dev-throughputs.csv", creates=DB),
-    f"hadar-slurm throughputs list --db {DB} --source imported": Here(
+    f"hadar-slurm throughputs import slurm_conf/dev-throughputs.csv --config {CONFIG}": Here(
+        out="entries written from slurm_conf/dev-throughputs.csv to", creates=DB),
+    f"hadar-slurm throughputs list --config {CONFIG} --source imported": Here(
         out="ResNet-50 (batch size 64)     1  a100"),
-    f"hadar-slurm throughputs export /etc/hadar-slurm/throughputs.csv --db {DB} --format csv":
+    "hadar-slurm throughputs export /etc/hadar-slurm/throughputs.csv --config "
+    f"{CONFIG} --format csv":
         Here(out="entries written to", creates="/etc/hadar-slurm/throughputs.csv"),
     "hadar-slurm gpus": Here(rc=(0, 3)),  # 3: no NVML (no NVIDIA driver), as here
     "hadar-slurm gres-conf --node node1": Here(rc=(0, 3)),
@@ -339,6 +340,10 @@ def test_commands_run_here(doc: str, tmp_path: Path, capsys: pytest.CaptureFixtu
         _check(cmd, want, rc, out)
         if want.creates:
             assert Path(rooted(want.creates, root)).exists(), f"{cmd.key}: no {want.creates}"
+        if want.creates == CONFIG:  # the installed config's state_dir, moved like /var/lib
+            path = Path(rooted(CONFIG, root))
+            path.write_text(path.read_text().replace('"/var/lib/hadar-slurm"',
+                                                     f'"{root}/var/lib/hadar-slurm"'))
         ran += 1
     assert copy.read_text() == (DOCS / "admins.md").read_text()
     assert ran == sum(isinstance(REGISTRY.get(c.key), Here) for c in shell_commands(doc))

@@ -66,6 +66,19 @@ def test_profile_records_positive_throughput(tmp_path: Path,
     assert "recorded" in err and "measured on cpu" in err
 
 
+def test_profile_config_records_into_the_sidecars_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f'[sidecar]\nstate_dir = "{tmp_path / "state"}"\n')
+    status = run(["profile", "--model", "digits", "--batch-size", "32", "--warmup", "2",
+                  "--iters", "5", "--threads", "1", "--device", "cpu", "--gpu-type", "k80",
+                  "--config", str(config)])
+    out, _ = capsys.readouterr()
+    assert status == 0 and str(tmp_path / "state" / "throughputs.db") in out
+    with ThroughputStore(tmp_path / "state" / "throughputs.db") as store:
+        assert [(e.gpu_type, e.source) for e in store.entries()] == [("k80", "measured")]
+
+
 def test_cpu_without_gpu_type_records_nothing(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "throughputs.db"

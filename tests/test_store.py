@@ -458,6 +458,38 @@ def test_cli_import_list_export(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert parse_csv(csv_path.read_text(), "x").rates == load_table(tmp_path / "o.csv").rates
 
 
+def test_cli_config_opens_the_sidecars_store(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--config``: the store the sidecar of that config uses (``<state_dir>/throughputs.db``,
+    or ``[scheduler] throughput_db``); ``--db`` still wins."""
+    state = tmp_path / "state"
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f'[sidecar]\nstate_dir = "{state}"\n')
+    csv_path = tmp_path / "in.csv"
+    csv_path.write_text(f"job_type,scale_factor,gpu_type,steps_per_second\n{RN},1,k80,1.5\n")
+    assert _cli("throughputs", "import", str(csv_path), "--config", str(config)) == 0
+    assert str(state / "throughputs.db") in capsys.readouterr().out
+    with ThroughputStore(state / "throughputs.db") as store:
+        assert [(e.gpu_type, e.rate) for e in store.entries()] == [("k80", 1.5)]
+    assert _cli("throughputs", "list", "--config", str(config), "--json") == 0
+    assert [r["rate"] for r in json.loads(capsys.readouterr().out)] == [1.5]
+
+    chosen = tmp_path / "chosen.db"
+    config.write_text(f'[sidecar]\nstate_dir = "{state}"\n'
+                      f'[scheduler]\nthroughput_db = "{chosen}"\n')
+    with pytest.raises(InputError, match="no such throughput database") as err:
+        _cli("throughputs", "list", "--config", str(config))
+    assert str(chosen) in str(err.value) and "--config" in str(err.value)
+    other = tmp_path / "other.db"
+    assert _cli("throughputs", "import", str(csv_path), "--config", str(config),
+                "--db", str(other)) == 0
+    assert other.exists() and not chosen.exists()
+    capsys.readouterr()
+    config.write_text("[scheduler]\nbogus = 1\n")
+    with pytest.raises(InputError, match="bogus"):
+        _cli("throughputs", "list", "--config", str(config))
+
+
 @pytest.mark.parametrize(("argv", "field"), [
     (["list", "--db", "{tmp}/none.db"], "--db"),
     (["export", "{tmp}/o.json", "--db", "{tmp}/none.db"], "--db"),
