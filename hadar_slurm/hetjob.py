@@ -119,8 +119,12 @@ class ForkPlan:
     absolute, shared by the nodes, where copies report; ``output``/``error``: the batch script's
     stdout/stderr (sbatch patterns such as ``%j`` allowed; relative to ``workdir``); ``env``:
     more variables exported to every copy (names must not start with ``HADAR_``);
-    ``partition`` and ``time_limit_min``: every component's ``--partition`` and ``--time`` (in
-    minutes), the original job's (None: Slurm's defaults).
+    ``partition``, ``time_limit_min``, ``account``, ``qos``, ``mem_per_node_mb`` (or
+    ``mem_per_cpu_mb``) and ``cpus_per_task``: every component's ``--partition``, ``--time`` (in
+    minutes), ``--account``, ``--qos``, ``--mem`` (or ``--mem-per-cpu``, in MB) and
+    ``--cpus-per-task``, the original job's, so that each copy is charged and sized as the job
+    was (None: Slurm's defaults).  A copy is a whole trainer on one node, so it asks for the
+    job's memory per node and CPUs per task, not a share of them.
     """
 
     original_job_id: int
@@ -134,6 +138,11 @@ class ForkPlan:
     error: str | None = None
     partition: str | None = None
     time_limit_min: int | None = None
+    account: str | None = None
+    qos: str | None = None
+    mem_per_node_mb: int | None = None
+    mem_per_cpu_mb: int | None = None
+    cpus_per_task: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int(self.original_job_id, "original_job_id")
@@ -174,11 +183,16 @@ class ForkPlan:
                 raise InputError(f"{path!r} is not an absolute path", source=_SOURCE,
                                  field=what, fix="give an absolute path the nodes can reach")
         _check_sbatch_value(self.workdir, "workdir")
-        for what in ("output", "error", "partition"):
+        for what in ("output", "error", "partition", "account", "qos"):
             if getattr(self, what) is not None:
                 _check_sbatch_value(getattr(self, what), what)
-        if self.time_limit_min is not None:
-            _positive_int(self.time_limit_min, "time_limit_min")
+        for what in ("time_limit_min", "mem_per_node_mb", "mem_per_cpu_mb", "cpus_per_task"):
+            if getattr(self, what) is not None:
+                _positive_int(getattr(self, what), what)
+        if self.mem_per_node_mb is not None and self.mem_per_cpu_mb is not None:
+            raise InputError("both memory per node and memory per CPU are given",
+                             source=_SOURCE, field="mem_per_cpu_mb",
+                             fix="give one of them (sbatch refuses --mem with --mem-per-cpu)")
 
         env: dict[str, str] = {}
         for key, value in dict(self.env).items():

@@ -291,3 +291,24 @@ def test_partition_and_time_limit_go_to_every_component() -> None:
         replace(THREE, partition="gpu debug")
     with pytest.raises(InputError, match="field 'time_limit_min'"):
         replace(THREE, time_limit_min=0)
+
+
+def test_account_qos_memory_and_cpus_go_to_every_component() -> None:
+    """A copy is charged and sized as the job was: its account, QOS, memory and CPUs per task."""
+    plan = replace(THREE, account="proj-7", qos="normal", mem_per_node_mb=16000, cpus_per_task=6)
+    comps = sbatch_components(render_hetjob(plan))
+    for comp in comps:
+        assert (comp["--account"], comp["--qos"], comp["--mem"], comp["--cpus-per-task"]) == (
+            "proj-7", "normal", "16000M", "6")
+        assert "--mem-per-cpu" not in comp
+    per_cpu = sbatch_components(render_hetjob(replace(THREE, mem_per_cpu_mb=512)))
+    assert [c.get("--mem-per-cpu") for c in per_cpu] == ["512M"] * 3
+    assert all("--mem" not in c for c in per_cpu)
+    plain = sbatch_components(render_hetjob(THREE))[0]
+    assert not {"--account", "--qos", "--mem", "--mem-per-cpu", "--cpus-per-task"} & set(plain)
+    err = refused("account", account="a b")
+    assert "account" in str(err) and "use letters, digits" in str(err)
+    refused("qos", qos="high\n#SBATCH --exclusive")
+    refused("mem_per_node_mb", mem_per_node_mb=0)
+    refused("cpus_per_task", cpus_per_task=-2)
+    refused("mem_per_cpu_mb", mem_per_node_mb=1000, mem_per_cpu_mb=100)

@@ -162,7 +162,8 @@ def held_job() -> SimpleNamespace:
         required_nodes="node3", constraints=["k80"], comment=None,
         admin_comment="hadar:placed=node3", gres_per_node={"gpu:k80": 1},
         submit_time=1_700_000_000, start_time=None, time_limit=60, priority=0,
-        cluster="linux")
+        cluster="linux", account="proj-7", qos="normal", memory_per_node=16000,
+        memory_per_cpu=None, min_cpus_per_node=6)
 
 
 def running_job() -> SimpleNamespace:
@@ -207,6 +208,8 @@ def test_read_jobs_maps_a_held_and_a_running_job(api: PyslurmApi) -> None:
     assert held.admin_comment == "hadar:placed=node3" and held.comment == ""
     assert held.submit_time == 1_700_000_000 and held.start_time is None
     assert held.time_limit_min == 60 and held.user == "alice"
+    assert (held.account, held.qos, held.mem_per_node_mb, held.mem_per_cpu_mb,
+            held.cpus_per_node) == ("proj-7", "normal", 16000, None, 6)
 
     run = jobs[7]
     assert run.state == "RUNNING" and not run.held
@@ -223,7 +226,9 @@ def test_job_mapping_equals_the_cli_parser_on_the_same_job(api: PyslurmApi) -> N
         "state_reason": "JobHeldAdmin", "partition": "gpu", "nodes": "",
         "tres_per_node": "gres:gpu:k80:1", "features": "k80", "comment": "",
         "admin_comment": "hadar:placed=node3", "priority": 0, "submit_time": 1_700_000_000,
-        "start_time": 0, "time_limit": 60, "user_id": 1000,
+        "start_time": 0, "time_limit": 60, "user_id": 1000, "account": "proj-7",
+        "qos": "normal", "memory_per_node": 16000, "memory_per_cpu": None,
+        "minimum_cpus_per_node": 6,
     }]}
     (cli,) = parse_squeue_json(squeue)
     mine = next(j for j in api.read_jobs() if j.job_id == 3)

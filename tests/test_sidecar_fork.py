@@ -122,6 +122,26 @@ def test_fork_submits_one_hetjob_for_the_owner_and_records_it(tmp_path: Path) ->
     assert snap.remaining[0] == pytest.approx(40000 - 160 * rates, rel=1e-6)
 
 
+def test_copies_are_charged_and_sized_as_the_job(tmp_path: Path) -> None:
+    """Each component asks for the job's account, QOS, memory per node and CPUs per task."""
+    j = replace(hinted(tmp_path), account="proj-7", qos="normal", mem_per_node_mb=16000,
+                mem_per_cpu_mb=None, cpus_per_node=4, partition="gpu", time_limit_min=90)
+    api = FakeSlurm([j], NODES)
+    step(backend(api), {J: THREE}, 0)
+    text = (tmp_path / ".hadar-tracker" / str(J) / "fork.sbatch").read_text()
+    for option in ("--account=proj-7", "--qos=normal", "--mem=16000M", "--cpus-per-task=4",
+                   "--partition=gpu", "--time=90"):
+        assert text.count(f"#SBATCH {option}\n") == 3, option
+    assert "--mem-per-cpu" not in text
+
+    per_cpu = replace(hinted(tmp_path, J + 1), mem_per_cpu_mb=256)  # DefMemPerCPU, as squeue
+    api = FakeSlurm([per_cpu], NODES)
+    step(backend(api), {J + 1: THREE}, 0)
+    text = (tmp_path / ".hadar-tracker" / str(J + 1) / "fork.sbatch").read_text()
+    assert text.count("#SBATCH --mem-per-cpu=256M\n") == 3
+    assert "--account" not in text and "--qos" not in text and "--cpus-per-task" not in text
+
+
 def crash_after_sbatch(api: FakeSlurm) -> None:
     """A sidecar that dies right after sbatch, before it records the fork on the job."""
 

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
@@ -98,13 +99,14 @@ log_file = "{self.path}/{name}.log"
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    def submit(self, script: str, workdir: Path, *, as_user: RunAs | None = None) -> int:
+    def submit(self, script: str, workdir: Path, *, as_user: RunAs | None = None,
+               **options: Any) -> int:
         path = workdir / "train.sh"
         path.write_text(script)
         path.chmod(0o755)
         argv = commands.sbatch(script=str(path), job_name="digits", gres="gpu:1", comment=HINT,
                                chdir=str(workdir), output=str(workdir / "job-%j.out"),
-                               script_args=[str(WORK)])
+                               script_args=[str(WORK)], **options)
         job_id = parse_sbatch_parsable(self.cluster.runner.run(argv, as_user=as_user).stdout)
         self.submitted.append(job_id)
         return job_id
@@ -141,7 +143,8 @@ def actions(events: list[dict[str, object]], job_id: int) -> list[str]:
 def test_forked_into_three_copies_then_completes(fork: Fork) -> None:
     work = fork.path / "work"
     work.mkdir()
-    job_id = fork.submit(TRAIN, work)
+    # (the account is free text without accounting storage, as on the dev cluster)
+    job_id = fork.submit(TRAIN, work, mem="300M", cpus_per_task=2, extra=["--account=proj-7"])
     assert jobs(fork.cluster)[job_id].held  # job_submit.lua holds it for the sidecar
 
     # epoch 0: forked into 3 copies, one heterogeneous job
@@ -151,6 +154,9 @@ def test_forked_into_three_copies_then_completes(fork: Fork) -> None:
     leader = comps[0].job_id
     assert len(comps) == 3 and all(c.het_job_id == leader for c in comps)
     assert [c.het_job_offset for c in comps] == [0, 1, 2]
+    # each copy is charged and sized as the job: its account, memory and CPUs on its node
+    assert [(c.account, c.mem_per_node_mb, c.cpus_per_node) for c in comps] == [
+        ("proj-7", 300, 2)] * 3, comps
     nodes = [c.required_nodes for c in comps]
     assert len(set(nodes)) == 3 and len({NODE_TYPE[n] for n in nodes}) == 3, nodes
     original = jobs(fork.cluster)[job_id]

@@ -142,6 +142,30 @@ def test_minimal_job_and_string_states() -> None:
     assert node.state == "IDLE" and node.state_flags == ("DRAIN",) and node.gpus == 0
 
 
+def test_account_qos_memory_and_cpus() -> None:
+    """What a fork copies to its components, in 22.05's plain numbers and newer number objects;
+    22.05 reports DefMemPerCPU as memory_per_cpu when the job asked for nothing, and the CPUs
+    per node in minimum_cpus_per_node (its cpus_per_task stays null even when asked)."""
+    jobs = {j.job_id: j for j in parse_squeue_json(load("squeue-22.05.json"))}
+    assert (jobs[1].account, jobs[1].qos, jobs[1].mem_per_node_mb) == ("", "", None)
+    assert jobs[1].mem_per_cpu_mb == 256 and jobs[1].cpus_per_node == 1
+    doc = {"jobs": [
+        {"job_id": 1, "job_state": "PENDING", "account": "proj-7", "qos": "normal",
+         "memory_per_node": 16000, "memory_per_cpu": None, "cpus_per_task": None,
+         "minimum_cpus_per_node": 6},
+        {"job_id": 2, "job_state": "PENDING", "memory_per_node": {"set": False, "number": 0},
+         "memory_per_cpu": {"set": True, "infinite": False, "number": 512},
+         "minimum_cpus_per_node": {"set": True, "infinite": False, "number": 2}},
+    ]}
+    a, b = parse_squeue_json(doc)
+    assert (a.account, a.qos, a.mem_per_node_mb, a.mem_per_cpu_mb, a.cpus_per_node) == (
+        "proj-7", "normal", 16000, None, 6)
+    assert (b.account, b.mem_per_node_mb, b.mem_per_cpu_mb, b.cpus_per_node) == ("", None, 512, 2)
+    with pytest.raises(SlurmParseError, match="field 'memory_per_node'"):
+        parse_squeue_json({"jobs": [{"job_id": 3, "job_state": "PENDING",
+                                     "memory_per_node": "lots"}]})
+
+
 @pytest.mark.parametrize(
     ("doc", "field"),
     [

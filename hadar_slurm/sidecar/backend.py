@@ -762,7 +762,10 @@ class SlurmBackend:
                          *hadare.script_args(job)),
                 copies=tuple(specs), workdir=job.workdir, tracker_dir=tracker,
                 output=os.path.join(tracker, "fork-%j.out"), partition=job.partition or None,
-                time_limit_min=job.time_limit_min or None)
+                time_limit_min=job.time_limit_min or None, account=job.account or None,
+                qos=job.qos or None, mem_per_node_mb=job.mem_per_node_mb,
+                mem_per_cpu_mb=None if job.mem_per_node_mb else job.mem_per_cpu_mb,
+                cpus_per_task=job.cpus_per_node if (job.cpus_per_node or 1) > 1 else None)
             text = render_hetjob(plan)
         except (ForkError, InputError) as exc:
             msg = exc.one_line() if isinstance(exc, InputError) else str(exc)

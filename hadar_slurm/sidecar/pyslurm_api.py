@@ -454,6 +454,11 @@ def _job(job: Any) -> SlurmJob:
         workdir=r.text("working_directory"),
         het_job_id=r.number("het_job_id") or None,
         het_job_offset=r.number("het_job_offset") if r.number("het_job_id") else None,
+        account=r.text("account"),
+        qos=r.text("qos"),
+        mem_per_node_mb=r.number("memory_per_node") or None,
+        mem_per_cpu_mb=r.number("memory_per_cpu") or None,
+        cpus_per_node=r.number("min_cpus_per_node") or None,
     )
 
 

@@ -83,6 +83,11 @@ class SlurmJob:
     het_job_id: int | None = None  # the leader's id of a heterogeneous job's component
     het_job_offset: int | None = None  # the component's index in its heterogeneous job
     exit_code: int | None = None  # the batch script's exit status once ended (None: signal)
+    account: str = ""  # --account ("" when none / no accounting)
+    qos: str = ""  # --qos ("" when none)
+    mem_per_node_mb: int | None = None  # --mem (None when not asked per node)
+    mem_per_cpu_mb: int | None = None  # --mem-per-cpu, or DefMemPerCPU when nothing was asked
+    cpus_per_node: int | None = None  # CPUs asked per node (--cpus-per-task x tasks per node)
 
     @property
     def gpus_per_node(self) -> int:
@@ -422,6 +427,12 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
         het_job_id=f.number("het_job_id") or None,
         het_job_offset=f.number("het_job_offset") if f.number("het_job_id") else None,
         exit_code=_exit_status(raw.get("exit_code") if isinstance(raw, Mapping) else None),
+        account=f.text("account"),
+        qos=f.text("qos"),
+        mem_per_node_mb=f.number("memory_per_node") or None,
+        mem_per_cpu_mb=f.number("memory_per_cpu") or None,
+        # (22.05 reports cpus_per_task as null even when asked; this one it fills in)
+        cpus_per_node=f.number("minimum_cpus_per_node") or None,
     )
 
 
