@@ -26,6 +26,7 @@ shaped after pyslurm's source (repository PySlurm/pyslurm), and only as far as t
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,6 +44,7 @@ from hadar_slurm.sidecar.pyslurm_api import (
 )
 from hadar_slurm.slurm import (
     Gres,
+    RunAs,
     SlurmCommandError,
     SlurmConfigError,
     SlurmError,
@@ -83,7 +85,7 @@ class FakeJobSubmitDescription:
     """The attributes of submission.pyx that matter here; others raise, as on a cdef class."""
 
     ATTRS = frozenset({"required_nodes", "constraints", "admin_comment", "gres_per_node",
-                       "nodes", "priority", "time_limit", "comment"})
+                       "nodes", "priority", "time_limit", "comment", "dependencies"})
 
     def __init__(self, **kwargs: object) -> None:
         for key in kwargs:
@@ -305,14 +307,15 @@ def test_unreadable_attribute_names_the_job_and_field() -> None:
 
 def test_update_job_maps_scontrol_fields(api: PyslurmApi, fake: FakePyslurm) -> None:
     api.update_job(7, {"NodeList": "node2", "Features": "p100", "AdminComment": "hadar:x",
-                       "TresPerNode": "gres:gpu:v100:2"})
+                       "TresPerNode": "gres:gpu:v100:2", "Dependency": "afterany:42"})
     assert api.commands == 1
     ((job_id, method, args, kwargs),) = fake.calls
     assert (job_id, method, kwargs) == (7, "modify", {})
     (desc,) = args
     assert isinstance(desc, FakeJobSubmitDescription)
     assert desc.kwargs == {"required_nodes": "node2", "constraints": "p100",
-                           "admin_comment": "hadar:x", "gres_per_node": {"gpu:v100": 2}}
+                           "admin_comment": "hadar:x", "gres_per_node": {"gpu:v100": 2},
+                           "dependencies": "afterany:42"}
 
 
 def test_update_job_untyped_gres(api: PyslurmApi, fake: FakePyslurm) -> None:
@@ -457,3 +460,56 @@ def uses_api(api: SlurmApi) -> tuple[str, int]:
 
 def test_pyslurm_api_satisfies_the_protocol(api: PyslurmApi) -> None:
     assert uses_api(api) == ("pyslurm", 0)
+
+
+def test_forks_go_through_the_slurm_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyslurm cannot submit as another user nor hand out a pending job's script: the pyslurm
+    backend forks through a CLI runner made on first use (stub ``scontrol``/``sbatch`` here),
+    counting its commands; without one it cannot fork, and says why."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for name, out in (("scontrol", "#!/bin/sh\\necho train\\n"), ("sbatch", "77")):
+        stub = bin_dir / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nprintf "{out}"\n')
+        stub.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    monkeypatch.setenv("PATH", path)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    made: list[SlurmRunner] = []
+
+    def factory() -> SlurmRunner:
+        made.append(SlurmRunner(conf))
+        return made[-1]
+
+    fake = FakePyslurm([held_job()])
+    api = PyslurmApi(module=fake, fork_runner=factory)
+    assert api.can_fork and made == []  # nothing made until a fork needs it
+    assert api.batch_script(3) == "#!/bin/sh\necho train\n"
+    me = RunAs(os.geteuid(), os.getegid(), (), {"PATH": path})
+    assert api.submit_as("/t/fork.sbatch", me, dependency="afterany:5") == 77
+    assert len(made) == 1 and api.commands == 2
+    assert calls.read_text().splitlines() == [
+        "scontrol write batch_script 3 -",
+        "sbatch --parsable --dependency=afterany:5 /t/fork.sbatch",
+    ]
+
+    bare = PyslurmApi(module=fake)
+    assert not bare.can_fork
+    with pytest.raises(PyslurmUnsupportedError, match="forks \\(HadarE\\) go through the CLI"):
+        bare.batch_script(3)
+    with pytest.raises(PyslurmUnsupportedError, match="make_api"):
+        bare.submit_as("/t/fork.sbatch", me)
+    assert bare.commands == 0
+
+
+def test_make_api_gives_pyslurm_a_runner_for_forks(
+    monkeypatch: pytest.MonkeyPatch, runner_factory: Runners,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyslurm", FakePyslurm())
+    made, factory = runner_factory
+    for backend in ("auto", "pyslurm"):
+        api = make_api(backend, factory)
+        assert isinstance(api, PyslurmApi) and api.can_fork
+    assert made == []

@@ -24,7 +24,8 @@ Mapping (each pyslurm object to what the CLI parsers of :mod:`hadar_slurm.slurm.
   ``{"gpu:v100": 2}``; ``gres/``/``gres:`` prefixes of newer Slurm are dropped), ``constraints``
   (a list, joined with ``,``), ``comment``, ``admin_comment``, ``priority``, ``submit_time``,
   ``start_time``, ``time_limit`` (minutes), ``user_id``, ``group_id``, ``working_directory``,
-  ``het_job_id``, ``het_job_offset``.
+  ``het_job_id``, ``het_job_offset``, ``account``, ``qos``, ``memory_per_node``,
+  ``memory_per_cpu``, ``min_cpus_per_node``.
 - Node: ``name``, ``state`` (``"MIXED+DRAIN"``: base and flags), ``configured_gres``,
   ``allocated_gres`` (values may be ``{"count": n, "indexes": ...}``), ``available_features``,
   ``active_features``, ``total_cpus``, ``allocated_cpus``, ``real_memory``, ``partitions``.
@@ -39,9 +40,14 @@ Known differences from the CLI, all from pyslurm itself:
   ``SIGNALING``, ``REVOKED``) stay as the state, as on Slurm 22.05.
 - ``Job.state_reason`` is the reason's description when Slurm set one (``state_desc``), else the
   reason code (``"JobHeldUser"``); ``squeue --json`` always gives the code.
-- It does not fork jobs (HadarE: :attr:`PyslurmApi.can_fork` is False, so the sidecar never
-  offers the policy more than one copy of a job); it can end forks made by the CLI backend
-  (``signal_steps`` is ``send_signal(steps="children")``, every step but the batch step).
+- pyslurm cannot submit a batch script as another user nor hand out a pending job's script,
+  so HadarE forks go through the Slurm CLI: :meth:`PyslurmApi.batch_script` and
+  :meth:`PyslurmApi.submit_as` are the :class:`~hadar_slurm.sidecar.api.CliApi`'s (``scontrol
+  write batch_script``, ``sbatch`` as the owner), over a runner made on first use from
+  ``fork_runner`` (:func:`make_api` passes its ``runner_factory``).  Without ``fork_runner``
+  :attr:`PyslurmApi.can_fork` is False and the sidecar never offers the policy more than one
+  copy of a job.  Ending a fork stays in pyslurm (``signal_steps`` is
+  ``send_signal(steps="children")``, every step but the batch step).
 - :meth:`PyslurmApi.update_job` cannot set ``NumNodes`` (``JobSubmitDescription`` ignores
   ``nodes`` on update) nor clear a field (an empty value means "unchanged" in pyslurm); both raise
   :class:`PyslurmUnsupportedError` before anything is sent.
@@ -91,6 +97,7 @@ _UPDATE_ATTRS = {
     "Features": "constraints",
     "AdminComment": "admin_comment",
     "TresPerNode": "gres_per_node",
+    "Dependency": "dependencies",  # a string as scontrol takes it ("afterany:42")
 }
 
 _VERSION_HINT = (
@@ -130,13 +137,16 @@ def make_api(backend: str, runner_factory: Callable[[], SlurmRunner]) -> SlurmAp
     """The :class:`SlurmApi` for ``backend``: ``"pyslurm"`` (:class:`PyslurmApi`; a
     :class:`SlurmConfigError` when pyslurm cannot be imported), ``"cli"`` (:class:`CliApi` over
     ``runner_factory()``) or ``"auto"`` (pyslurm when it imports, else the CLI).
-    ``runner_factory`` is called only when the CLI is chosen."""
+    ``runner_factory`` is called when the CLI is chosen, and by pyslurm's backend the first
+    time it forks a job (HadarE's forks go through the CLI)."""
     if backend == "pyslurm":
-        return PyslurmApi()
+        return PyslurmApi(fork_runner=runner_factory)
     if backend == "cli":
         return CliApi(runner_factory())
     if backend == "auto":
-        return PyslurmApi() if pyslurm_available() else CliApi(runner_factory())
+        if pyslurm_available():
+            return PyslurmApi(fork_runner=runner_factory)
+        return CliApi(runner_factory())
     raise ValueError(f"unknown Slurm backend {backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
@@ -150,14 +160,38 @@ class PyslurmApi:
     as :class:`SlurmCommandError` naming the call, e.g. ``("pyslurm", "Job.hold", "123")``."""
 
     name = "pyslurm"
-    #: HadarE forks need the batch script and a submission as the job's owner: use the CLI.
-    can_fork = False
 
-    def __init__(self, module: Any = None) -> None:
+    def __init__(self, module: Any = None,
+                 fork_runner: Callable[[], SlurmRunner] | None = None) -> None:
         self._pyslurm: Any = _import_pyslurm() if module is None else module
         self.commands = 0
         self.version = str(getattr(self._pyslurm, "__version__", "unknown"))
         self._errors = _error_types(self._pyslurm)
+        self._fork_runner = fork_runner
+        self._cli: CliApi | None = None
+
+    @property
+    def can_fork(self) -> bool:
+        """HadarE forks need the batch script and a submission as the job's owner, which go
+        through the CLI: possible when a runner for it was given."""
+        return self._fork_runner is not None
+
+    def _fork_cli(self, what: str) -> CliApi:
+        if self._fork_runner is None:
+            raise PyslurmUnsupportedError(
+                f"{what}: this pyslurm backend was made without a Slurm CLI runner, and forks "
+                "(HadarE) go through the CLI; use make_api() or the 'cli' backend")
+        if self._cli is None:
+            self._cli = CliApi(self._fork_runner())
+        return self._cli
+
+    def _through_cli(self, what: str, call: Callable[[CliApi], Any]) -> Any:
+        cli = self._fork_cli(what)
+        before = cli.commands
+        try:
+            return call(cli)
+        finally:
+            self.commands += cli.commands - before
 
     def _call(self, what: tuple[str, ...], fn: Callable[[], Any]) -> Any:
         self.commands += 1
@@ -234,14 +268,14 @@ class PyslurmApi:
             "steps=children")
 
     def batch_script(self, job_id: int) -> str:
-        raise PyslurmUnsupportedError(
-            f"batch_script {job_id}: the pyslurm backend does not fork jobs (HadarE); use the "
-            "'cli' backend")
+        script: str = self._through_cli(f"batch_script {job_id}",
+                                        lambda cli: cli.batch_script(job_id))
+        return script
 
     def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
-        raise PyslurmUnsupportedError(
-            f"submit {script}: the pyslurm backend does not fork jobs (HadarE); use the 'cli' "
-            "backend")
+        leader: int = self._through_cli(
+            f"submit {script}", lambda cli: cli.submit_as(script, owner, dependency=dependency))
+        return leader
 
     def _job_action(
         self, job_id: int, method: str, act: Callable[[Any], object], *args: str,
