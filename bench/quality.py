@@ -2,7 +2,7 @@
 
     python -m bench.quality [--traces NAME|FILE ...] [--cluster 4:4:4]
                             [--policies hadar,hadare,gavel-las,gavel-makespan,fifo]
-                            [--json bench/results/quality.json]
+                            [--json bench/results/quality.json] [--reschedule-on-finish]
 
 For each trace: the makespan lower bound of the fluid LP (every job on at most its scale factor
 of GPUs, :func:`hadar_slurm.bounds.fluid_makespan_bound`), then per policy the makespan, average
@@ -13,8 +13,13 @@ the bound and average JCT no worse than Gavel's max-min fairness (LAS).  Goals f
 :func:`hadar_slurm.bounds.fork_makespan_bound`), utilization at least that of every other
 policy on the trace, and average JCT no worse than ``hadar``'s.  Besides Gavel's three traces
 the default list has ``bench/traces/long_tail_seed0.trace`` (``bench.gen_long_tail``: a few long
-jobs dominate).  The JSON rows hold ``trace, cluster, policy, makespan_s, avg_jct_s,
+jobs dominate).  The JSON rows hold ``trace, cluster, policy, rounds, makespan_s, avg_jct_s,
 utilization, lower_bound_s, fork_bound_s`` and more.
+
+Rounds are fixed (360 s, as in Gavel's simulator, where Gavel's figures come from) unless
+``--reschedule-on-finish``: then a round also ends when a job ends, as the sidecar's epochs do
+by default (``[scheduler] reschedule_on_finish``); its default output is then
+``bench/results/quality_reschedule.json``.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ LONG_TAIL = str(Path(__file__).resolve().parent / "traces" / "long_tail_seed0.tr
 DEFAULT_TRACES = [*BUNDLED_TRACES, LONG_TAIL]
 
 
-def run(traces: list[str], cluster_spec: str, policies: list[str]) -> list[dict[str, Any]]:
+def run(traces: list[str], cluster_spec: str, policies: list[str],
+        reschedule_on_finish: bool = False) -> list[dict[str, Any]]:
     table = default_table()
     cluster = load_cluster(cluster_spec)
     capacity = np.array([cluster.capacity(g) for g in cluster.gpu_types], dtype=np.int64)
@@ -69,12 +75,14 @@ def run(traces: list[str], cluster_spec: str, policies: list[str]) -> list[dict[
         fork_bound = fork_makespan_bound(*args)
         for policy in policies:
             t0 = time.perf_counter()
-            res = simulate(jobs, cluster, table, make_policy(policy))
+            res = simulate(jobs, cluster, table, make_policy(policy),
+                           reschedule_on_finish=reschedule_on_finish)
             wall = time.perf_counter() - t0
             gavel_las = GAVEL.get(name, {}).get("max_min_fairness_perf")
             gavel_same = GAVEL.get(name, {}).get(OURS_TO_GAVEL.get(policy, ""))
             rows.append({
                 "trace": name, "cluster": cluster_spec, "policy": policy,
+                "rounds": "end on finish" if reschedule_on_finish else "fixed",
                 "makespan_s": round(res.makespan_s, 1), "avg_jct_s": round(res.avg_jct_s, 1),
                 "p95_jct_s": round(res.p95_jct_s, 1), "utilization": round(res.utilization, 4),
                 "lower_bound_s": round(bound, 1),
@@ -151,11 +159,18 @@ def main(argv: list[str] | None = None) -> int:
                          "and bench/traces/long_tail_seed0.trace)")
     ap.add_argument("--cluster", default="4:4:4", help="V100:P100:K80 counts or a cluster file")
     ap.add_argument("--policies", default="hadar,hadare,gavel-las,gavel-makespan,fifo")
-    ap.add_argument("--json", default="bench/results/quality.json", help="where to write rows")
+    ap.add_argument("--reschedule-on-finish", action="store_true",
+                    help="a round also ends when a job ends (the sidecar's default)")
+    ap.add_argument("--json", default=None,
+                    help="where to write rows (default: bench/results/quality.json, or "
+                    "quality_reschedule.json with --reschedule-on-finish)")
     args = ap.parse_args(argv)
-    rows = run(args.traces, args.cluster, [p for p in args.policies.split(",") if p])
+    out = args.json or ("bench/results/quality_reschedule.json" if args.reschedule_on_finish
+                        else "bench/results/quality.json")
+    rows = run(args.traces, args.cluster, [p for p in args.policies.split(",") if p],
+               args.reschedule_on_finish)
     print_table(rows)
-    write_rows(rows, args.json)
+    write_rows(rows, out)
     return 0
 
 

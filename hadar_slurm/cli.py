@@ -248,7 +248,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             progress.update if progress.enabled else None)
         try:
             results.append(simulate(jobs, cluster, table, policy, round_s=round_s,
-                                    consolidation=consolidation, on_epoch=hook))
+                                    consolidation=consolidation, on_epoch=hook,
+                                    reschedule_on_finish=args.reschedule_on_finish))
         finally:
             progress.close()
     print(result_table(results))
@@ -370,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--consolidation-s-per-gb", default="10", metavar="S",
                      help="hadare: seconds more per GB of model parameters "
                      "(default: %(default)s)")
+    sim.add_argument("--reschedule-on-finish", action="store_true",
+                     help="start the next round as soon as a job ends, as the sidecar does "
+                     "([scheduler] reschedule_on_finish), instead of at the end of the round "
+                     "(fixed rounds, as Gavel's simulator)")
     sim.add_argument("--json", metavar="OUT", help="write one JSON object per policy to OUT")
     sim.add_argument("--plots", metavar="DIR",
                      help="write jct_cdf.png, gpus_busy.png and, when a policy forked jobs, "

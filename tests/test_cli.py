@@ -70,6 +70,21 @@ def test_simulate_bundled_trace_on_gavel_cluster(tmp_path: Path) -> None:
     assert row["makespan_s"] > 0 and 0 < row["utilization"] <= 1
 
 
+def test_simulate_reschedule_on_finish(tmp_path: Path) -> None:
+    """--reschedule-on-finish: rounds also end when a job ends, as the sidecar's epochs do;
+    on static_32 that shortens hadar's schedule (bench/quality.py has the figures)."""
+    rows = {}
+    for flag in ((), ("--reschedule-on-finish",)):
+        out = tmp_path / f"out{len(flag)}.json"
+        proc = run_cli("simulate", "--trace", "static_32_seed0", "--cluster", "4:4:4",
+                       "--policy", "hadar", "--json", str(out), *flag)
+        assert proc.returncode == 0, proc.stderr
+        (rows[bool(flag)],) = json.loads(out.read_text())
+    assert rows[True]["num_completed"] == rows[False]["num_completed"] == 32
+    assert rows[True]["makespan_s"] < rows[False]["makespan_s"]
+    assert rows[True]["utilization"] > rows[False]["utilization"]
+
+
 def test_throughputs_merge_over_gavel_table_and_cluster_file(
     tmp_path: Path, write_trace: WriteTrace
 ) -> None:

@@ -21,7 +21,7 @@ from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
-from hadar_slurm.slurm.parse import Gres
+from hadar_slurm.slurm.parse import FINAL_STATES, Gres
 from hadar_slurm.throughputs import default_table
 
 HINT = "hadar: model=resnet50 bs=64 steps=40000"
@@ -77,6 +77,10 @@ class FakeSlurm:
     def read_nodes(self) -> list[SlurmNode]:
         self.commands += 1
         return list(self.nodes)
+
+    def live_job_ids(self) -> frozenset[int]:
+        self.commands += 1
+        return frozenset(j.job_id for j in self.jobs.values() if j.state not in FINAL_STATES)
 
     def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
         self._do("update", job_id)
@@ -346,3 +350,32 @@ def test_job_started_between_the_reads_is_not_held_and_stays_tracked() -> None:
     snap = b.snapshot(2, 2001.0, 60.0, None)
     assert snap.job_ids.tolist() == [1] and snap.current.rows_of(1) == [(1, 2)]
     assert snap.node_gpus.tolist() == [4, 4, 2]
+
+
+def test_jobs_that_end_after_the_epoch_are_seen_with_one_light_read() -> None:
+    """reschedule_on_finish: the jobs that held GPU nodes at the epoch (hadar's or not), minus
+    those the epoch itself stops, and those it placed are watched; one that has ended freed
+    its GPUs (a completing one not yet, a placed one that has not started is no reason)."""
+    rec = JobRecord(epoch=0, state="placed", place=(("node1", 1),), gpus=1)
+    other = job(3, state="RUNNING", reason="None", comment="", admin="", nodes=("node2",),
+                start=1900)
+    cpu_only = replace(job(4, state="RUNNING", reason="None", comment="", admin="",
+                           nodes=("cpu1",), start=1900), gres=())
+    api = FakeSlurm([job(1, state="RUNNING", reason="None", admin=rec.encode(),
+                         nodes=("node1",), start=1900),
+                     job(2, state="RUNNING", reason="None", admin=rec.encode(),
+                         nodes=("node3",), start=1900), other, cpu_only, job(5)], NODES)
+    b = backend(api)
+    assert b.ended_since_epoch() == [] and api.commands == 0  # nothing watched yet
+    decision, actions = decide(b, {1: [(0, 1)], 5: [(1, 1)]}, epoch=1)  # job 2 is preempted
+    b.apply(decision, actions, 2000.0)
+    assert b.watch == {1, 3, 5}  # not 2 (stopped by this epoch), not 4 (no GPU node)
+    before = api.commands
+    assert b.ended_since_epoch() == [] and api.commands == before + 1
+    api.jobs[3] = replace(api.jobs[3], state="COMPLETING")
+    assert b.ended_since_epoch() == []  # its GPUs are not free yet
+    api.jobs[3] = replace(api.jobs[3], state="COMPLETED")
+    api.jobs[1] = replace(api.jobs[1], state="FAILED")
+    assert b.ended_since_epoch() == [1, 3]  # job 5: released, still pending
+    api.jobs[5] = replace(api.jobs[5], state="CANCELLED")
+    assert b.ended_since_epoch() == [1, 3, 5]

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -353,3 +354,29 @@ def test_bad_config_stops_at_start(work: Workdir) -> None:
     bad.write_text("[scheduler]\nepoch_seconds = -1\n")
     out = work.cli("run", "--config", str(bad), "--once")
     assert out.returncode == 2 and "epoch_seconds" in out.stderr, out.stderr
+
+
+def test_epoch_starts_early_when_a_job_ends(work: Workdir) -> None:
+    """[scheduler] reschedule_on_finish (the default): with 60 s epochs, a job that ends 4 s
+    into the epoch frees its GPUs for an epoch a poll later, not 56 s later."""
+    work.config.write_text(work.config.read_text().replace(
+        "epoch_seconds = 3", "epoch_seconds = 60\nfinish_poll_s = 1"))
+    job_id = work.submit("short", 4, hints="hadar: model=resnet50 bs=64 steps=40000")
+    sidecar = work.start_sidecar()
+    deadline = time.monotonic() + 45
+    while True:
+        events = sidecar.events()
+        epochs = [e for e in events if e.get("event") == "epoch"]
+        if len(epochs) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(epochs) >= 2, events
+    ended = [e for e in events if e.get("event") == "jobs_ended"]
+    assert ended and job_id in ended[0]["jobs"], events  # type: ignore[operator]
+    placed = [e for e in events if e.get("event") == "action" and e.get("action") == "place"
+              and e.get("job") == job_id]
+    assert placed and placed[0]["epoch"] == epochs[0]["epoch"], events
+    assert jobs(work.cluster)[job_id].state in FINAL
+    t0, t1 = (datetime.fromisoformat(str(e["ts"]).replace("Z", "+00:00")) for e in epochs[:2])
+    gap = (t1 - t0).total_seconds()
+    assert gap < 30, (gap, events)  # 4 s of payload plus polls, far from the 60 s epoch

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
+import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -120,6 +123,8 @@ def test_all_keys_set() -> None:
         [scheduler]
         policy = "FIFO"
         epoch_seconds = 60.5
+        reschedule_on_finish = false
+        finish_poll_s = 2.5
         preempt_grace_s = 0
         preempt_signal = "SIGUSR2"
         [sidecar]
@@ -134,6 +139,7 @@ def test_all_keys_set() -> None:
     assert (c.backend, c.partition, c.command_timeout_s) == ("cli", "gpu", 5.0)
     assert (c.policy, c.epoch_seconds, c.preempt_grace_s) == ("fifo", 60.5, 0.0)
     assert c.preempt_signal == "USR2"
+    assert (c.reschedule_on_finish, c.finish_poll_s) == (False, 2.5)
     assert c.dry_run is True
     assert c.state_dir == "/etc/hadar-slurm/state"
     assert (c.log_format, c.log_file, c.log_level) == (
@@ -198,7 +204,8 @@ def test_unknown_key_suggests_the_closest() -> None:
     msg = error_of("[scheduler]\n\npolcy = 'hadar'\n")
     assert msg.startswith("test.toml:3: field '[scheduler] polcy': unknown key ("), msg
     assert "did you mean 'policy'?" in msg
-    assert "known: policy, epoch_seconds, preempt_grace_s, migration_s" in msg
+    assert "known: policy, epoch_seconds, reschedule_on_finish, finish_poll_s, preempt_grace_s" \
+        in msg
 
 
 def test_unknown_key_without_close_match() -> None:
@@ -225,6 +232,10 @@ def test_key_in_the_wrong_section_is_unknown() -> None:
         ("[scheduler]\nepoch_seconds = inf", "must be a number of seconds > 0, got inf"),
         ("[scheduler]\nepoch_seconds = nan", "must be a number of seconds > 0, got nan"),
         ("[scheduler]\nepoch_seconds = true", "must be a number of seconds > 0, got true"),
+        ("[scheduler]\nfinish_poll_s = 0",
+         "field '[scheduler] finish_poll_s': must be a number of seconds > 0, got 0"),
+        ('[scheduler]\nreschedule_on_finish = "no"',
+         "field '[scheduler] reschedule_on_finish': must be true or false"),
         ("[scheduler]\npreempt_grace_s = -1",
          "field '[scheduler] preempt_grace_s': must be a number of seconds >= 0, got -1"),
         ("[slurm]\ncommand_timeout_s = [1]", "must be a number of seconds > 0, got [1]"),
@@ -535,3 +546,39 @@ def test_hadare_tracker_root(tmp_path: Path) -> None:
 def test_hadare_policy_is_accepted() -> None:
     assert "hadare" in REGISTRY
     assert parse('[scheduler]\npolicy = "hadare"\n').policy == "hadare"
+
+
+def test_stop_clock_wakes_early_when_a_job_ended() -> None:
+    """[scheduler] reschedule_on_finish: the wait between epochs asks ``wake`` every poll and
+    ends when it says a job ended; a stop ends it at once; without ``wake`` it waits it out."""
+    from hadar_slurm.sidecar.controller import StopClock
+
+    stop = threading.Event()
+    asked: list[float] = []
+
+    def wake() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) == 3
+
+    clock = StopClock(stop, wake=wake, poll_s=0.05)
+    t0 = time.monotonic()
+    clock.sleep_until(time.time() + 30)
+    took = time.monotonic() - t0
+    assert len(asked) == 3 and took < 10  # three polls, not 30 s
+    assert all(b - a >= 0.04 for a, b in itertools.pairwise(asked))
+
+    never = StopClock(stop, wake=lambda: False, poll_s=0.05)
+    timer = threading.Timer(0.1, stop.set)
+    timer.start()
+    t0 = time.monotonic()
+    never.sleep_until(time.time() + 30)
+    assert time.monotonic() - t0 < 10 and stop.is_set()
+    timer.join()
+
+    stop.clear()
+    plain = StopClock(stop, poll_s=0.05)
+    t0 = time.monotonic()
+    plain.sleep_until(time.time() + 0.2)
+    assert time.monotonic() - t0 >= 0.19
+    with pytest.raises(ValueError, match="poll_s must be positive"):
+        StopClock(stop, poll_s=0)

@@ -89,6 +89,25 @@ def test_round_ends_when_its_last_job_finishes(toy_table: ThroughputTable) -> No
     assert r.usage[0].start == 0.0 and r.usage[0].end == 180.0
 
 
+def test_reschedule_on_finish_ends_the_round_at_the_first_finish(
+    toy_table: ThroughputTable,
+) -> None:
+    # Two v100s, three jobs at t=0: job 0 (100 steps) and job 1 (720 steps) run, job 2 (360
+    # steps) waits.  Fixed rounds: job 0's GPU idles from 100 to the round's end at 360, job 2
+    # runs [360, 720).  reschedule_on_finish: the round ends when job 0 does, at 100, and job 2
+    # runs [100, 460); job 1 keeps its GPU (fifo keeps running jobs) and ends at 720 as before.
+    jobs = [make_job(0, 100, 0), make_job(1, 720, 0), make_job(2, 360, 0)]
+    fixed = run_fifo(jobs, "v100=2", toy_table)
+    assert finish_times(fixed) == [100.0, 720.0, 720.0]
+    early = simulate(jobs, parse_counts("v100=2"), toy_table, make_policy("fifo"),
+                     round_s=360.0, reschedule_on_finish=True)
+    assert finish_times(early) == [100.0, 720.0, 460.0]
+    assert early.makespan_s == 720.0 and early.avg_jct_s == pytest.approx((100 + 720 + 460) / 3)
+    # busy 100 + 720 + 360 = 1180 of 2 x 720 GPU-seconds
+    assert early.utilization == pytest.approx(1180 / 1440)
+    assert [(u.start, u.end) for u in early.usage][:2] == [(0.0, 100.0), (100.0, 460.0)]
+
+
 def test_idle_gap_jumps_to_the_next_arrival(toy_table: ThroughputTable) -> None:
     # Job 0 runs [0, 100).  Nothing waits until job 1 arrives at 1000; it runs [1000, 1100).
     # Makespan 1100 s; busy 200 GPU-seconds of 1100: utilization 2/11.

@@ -20,11 +20,13 @@ from hadar_slurm.slurm import (
     commands,
     expand_hostlist,
     parse_gres,
+    parse_job_ids,
     parse_sbatch_parsable,
     parse_scontrol_show,
     parse_sinfo_json,
     parse_squeue_json,
 )
+from hadar_slurm.slurm.parse import FINAL_STATES
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
 
@@ -233,6 +235,18 @@ def test_expand_hostlist() -> None:
         expand_hostlist("node[1-")
     with pytest.raises(SlurmParseError):
         expand_hostlist("node[3-1]")
+
+
+def test_live_job_ids() -> None:
+    argv = commands.squeue_live_ids()
+    assert argv[:2] == ["squeue", "--noheader"] and argv[-1] == "--format=%A"
+    states = set(argv[2].removeprefix("--states=").split(","))
+    assert {"PENDING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"} <= states
+    assert not states & FINAL_STATES
+    assert parse_job_ids("12\n 7\n\n12\n") == frozenset({7, 12})
+    assert parse_job_ids("") == frozenset()
+    with pytest.raises(SlurmParseError, match=r"line 2.*expected a job id, got '12\+1'"):
+        parse_job_ids("11\n12+1\n")
 
 
 def test_sbatch_parsable() -> None:

@@ -16,7 +16,12 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from hadar_slurm.slurm import RunAs, SlurmJob, SlurmNode, SlurmRunner, commands
-from hadar_slurm.slurm.parse import parse_sbatch_parsable, parse_sinfo_json, parse_squeue_json
+from hadar_slurm.slurm.parse import (
+    parse_job_ids,
+    parse_sbatch_parsable,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
 
 #: Fields the sidecar sets with :meth:`SlurmApi.update_job` (``scontrol update`` names).
 UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "TresPerNode", "Dependency")
@@ -41,6 +46,11 @@ class SlurmApi(Protocol):
 
     def read_nodes(self) -> list[SlurmNode]:
         """All nodes, in one call."""
+        ...
+
+    def live_job_ids(self) -> frozenset[int]:
+        """The ids of the jobs that have not ended (pending, running, completing, ...): a
+        light read, for polling between epochs."""
         ...
 
     def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
@@ -103,6 +113,9 @@ class CliApi:
     def read_nodes(self) -> list[SlurmNode]:
         return list(parse_sinfo_json(self._run(commands.sinfo_json()), source="sinfo --json"))
 
+    def live_job_ids(self) -> frozenset[int]:
+        return parse_job_ids(self._run(commands.squeue_live_ids()))
+
     def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
         unknown = set(fields) - set(UPDATE_FIELDS)
         if unknown:
@@ -155,6 +168,9 @@ class DryRunApi:
 
     def read_nodes(self) -> list[SlurmNode]:
         return self.inner.read_nodes()
+
+    def live_job_ids(self) -> frozenset[int]:
+        return self.inner.live_job_ids()
 
     def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
         self.would.append(("update", job_id, " ".join(f"{k}={v}" for k, v in fields.items())))

@@ -51,7 +51,7 @@ from hadar_slurm.sidecar.fork import CopyGroup, ForkError, Progress
 from hadar_slurm.sidecar.learn import Knowledge
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
-from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
+from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES, RUNNING_STATES
 from hadar_slurm.throughputs import ThroughputTable
 
 #: Node states (base) whose GPUs may be handed out, and flags that take a node out.
@@ -60,9 +60,6 @@ NODE_BAD_FLAGS = frozenset({
     "DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "MAINTENANCE", "FAIL", "POWER_DOWN",
     "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED", "INVALID_REG",
 })
-#: Job states after which a job never runs again.
-FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                          "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
 #: The exit status with which a job says "checkpointed on the preemption signal, run me again"
 #: (EX_TEMPFAIL; hadar_slurm.runtime exits so).  A job the sidecar preempts that ends with it
@@ -201,6 +198,9 @@ class SlurmBackend:
         self.stats = EpochStats()
         self.epoch = -1
         self.writes = 0
+        #: Jobs whose end frees GPUs (:meth:`ended_since_epoch`): those on GPU nodes that ran
+        #: at the last epoch and were not stopped by it, and those it placed or forked.
+        self.watch: set[int] = set()
         crash = os.environ.get(CRASH_ENV, "")
         self._crash_after = int(crash) if crash.isdigit() else None
 
@@ -545,6 +545,12 @@ class SlurmBackend:
             else:
                 forks.append((view, copies, after))
 
+        stopping = {v.job_id for v in preempt} | {
+            c.job_id for e in ends for c in e.group.components}
+        gpu_nodes = {n.name for n in self.nodes if n.gpus > 0}
+        self.watch = {j.job_id for j in self.jobs if j.state in RUNNING_STATES
+                      and gpu_nodes.intersection(j.node_names) and j.job_id not in stopping}
+        self.watch.update(view.job_id for view, _ in place)
         for u in self.unsteered:
             self._release_unsteered(u, epoch)
         for view in keep:
@@ -562,6 +568,15 @@ class SlurmBackend:
 
     def next_epoch_start(self, now: float, round_s: float) -> float | None:
         return None if self._should_stop() else now + round_s
+
+    def ended_since_epoch(self) -> list[int]:
+        """The jobs of :attr:`watch` that have ended (one light ``squeue`` of the live jobs'
+        ids; none when nothing is watched): their GPUs are free now, which is worth an epoch
+        before the round is over (``[scheduler] reschedule_on_finish``).  A placed job that
+        has not started yet is live, so it is no reason."""
+        if not self.watch:
+            return []
+        return sorted(self.watch - self.api.live_job_ids())
 
     def _write(self, what: str, view_id: int, call: Callable[..., None], *args: object,
                **fields: object) -> bool:
@@ -815,6 +830,7 @@ class SlurmBackend:
             self._fork_failed(view, rows0, epoch, decision, f"fork failed: {exc}")
             return
         self._did("fork", job_id, group=leader, **detail)
+        self.watch.update(leader + k for k in range(len(specs)))  # the components' own ids
         rec = intent.with_(state="forked", group=leader)
         self._write("record", job_id, self.api.update_job,
                     {"AdminComment": rec.encode(), "Dependency": f"afterany:{leader}"},

@@ -341,6 +341,19 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_seconds(allow_zero=False),
     ),
     ConfigKey(
+        "scheduler", "reschedule_on_finish", "bool", "true",
+        "Start the next epoch early, as soon as a job that was running at the last epoch has "
+        "ended, rather than leave its GPUs idle until the epoch is over. The sidecar checks "
+        "every finish_poll_s seconds with one light squeue (job ids and states only).",
+        check=_bool,
+    ),
+    ConfigKey(
+        "scheduler", "finish_poll_s", "seconds", "15",
+        "How often, between epochs, the sidecar checks whether a running job has ended (> 0; "
+        "used with reschedule_on_finish). Epochs are never closer together than this.",
+        check=_seconds(allow_zero=False),
+    ),
+    ConfigKey(
         "scheduler", "preempt_grace_s", "seconds", "30",
         "Seconds between the checkpoint signal and the requeue of a preempted job (>= 0).",
         check=_seconds(allow_zero=True),
@@ -459,6 +472,8 @@ class SidecarConfig:
     command_timeout_s: float
     policy: str
     epoch_seconds: float
+    reschedule_on_finish: bool
+    finish_poll_s: float
     preempt_grace_s: float
     migration_s: float
     preempt_signal: str

@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -56,18 +57,32 @@ def slurm_api(config: SidecarConfig) -> SlurmApi:
 
 
 class StopClock:
-    """Wall-clock time whose waits end early when ``stop`` is set."""
+    """Wall-clock time whose waits end early when ``stop`` is set, or, with ``wake``, when
+    ``wake()`` (asked every ``poll_s`` seconds of the wait) says so."""
 
-    def __init__(self, stop: threading.Event) -> None:
+    def __init__(self, stop: threading.Event, *, wake: Callable[[], bool] | None = None,
+                 poll_s: float = 15.0) -> None:
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be positive, got {poll_s}")
         self.stop = stop
+        self.wake = wake
+        self.poll_s = poll_s
 
     def now(self) -> float:
         return time.time()
 
     def sleep_until(self, t: float) -> None:
-        delay = t - time.time()
-        if delay > 0:
-            self.stop.wait(delay)
+        while not self.stop.is_set():
+            delay = t - time.time()
+            if delay <= 0:
+                return
+            if self.wake is None:
+                self.stop.wait(delay)
+                return
+            if self.stop.wait(min(delay, self.poll_s)):
+                return
+            if time.time() < t and self.wake():
+                return
 
 
 def open_store(config: SidecarConfig) -> ThroughputStore:
@@ -111,10 +126,25 @@ class Sidecar:
             knowledge=Knowledge(table, self.store, learn=config.learn_throughputs,
                                 optimism=config.estimate_optimism),
         )
-        self.loop = EpochLoop(self.backend, self.policy, StopClock(self.stop),
+        clock = StopClock(self.stop, wake=self._job_ended if config.reschedule_on_finish
+                          else None, poll_s=config.finish_poll_s)
+        self.loop = EpochLoop(self.backend, self.policy, clock,
                               round_s=config.epoch_seconds, on_epoch=self._on_epoch)
         self.metrics = SidecarMetrics(config.policy, dry_run=config.dry_run)
         self.finishes = FinishTracker()
+
+    def _job_ended(self) -> bool:
+        """Whether a job that ran at the last epoch has ended since (its GPUs are free): then
+        the next epoch starts now.  A Slurm error only means no early epoch."""
+        try:
+            ended = self.backend.ended_since_epoch()
+        except SlurmError as exc:
+            log_event(self.logger, "finish_poll_failed", logging.WARNING, error=str(exc))
+            return False
+        if ended:
+            log_event(self.logger, "jobs_ended", jobs=ended, epoch=self.loop.epoch,
+                      early=True)
+        return bool(ended)
 
     def _should_stop(self) -> bool:
         return self.stop.is_set() or (

@@ -56,9 +56,10 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.logs import event_name
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.policy.base import Decision, Snapshot
-from hadar_slurm.sidecar.backend import FINAL_STATES, SlurmBackend
+from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.config import parse_address
 from hadar_slurm.slurm import SlurmJob
+from hadar_slurm.slurm.parse import FINAL_STATES
 
 #: States of :data:`hadar_jobs` (always exported, 0 when none).
 JOB_STATES = ("running", "starting", "waiting", "unsteered")

@@ -62,7 +62,14 @@ from typing import Any
 
 from hadar_slurm.sidecar.api import UPDATE_FIELDS, CliApi, SlurmApi
 from hadar_slurm.slurm.errors import SlurmCommandError, SlurmConfigError, SlurmParseError
-from hadar_slurm.slurm.parse import Gres, SlurmJob, SlurmNode, expand_hostlist, parse_gres
+from hadar_slurm.slurm.parse import (
+    FINAL_STATES,
+    Gres,
+    SlurmJob,
+    SlurmNode,
+    expand_hostlist,
+    parse_gres,
+)
 from hadar_slurm.slurm.runner import RunAs, SlurmRunner
 
 __all__ = [
@@ -209,6 +216,10 @@ class PyslurmApi:
     def read_nodes(self) -> list[SlurmNode]:
         nodes = self._call((SOURCE, "Nodes.load"), lambda: self._pyslurm.Nodes.load())
         return [_node(n) for n in _values(nodes)]
+
+    def live_job_ids(self) -> frozenset[int]:
+        # (pyslurm has no lighter query than loading every job; it is in-process, no fork)
+        return frozenset(j.job_id for j in self.read_jobs() if j.state not in FINAL_STATES)
 
     # actions
 

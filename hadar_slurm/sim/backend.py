@@ -85,7 +85,9 @@ class SimulatedCluster:
         consolidation: ConsolidationCost | None = None,
         policy_table: ThroughputTable | None = None,
         learn_rates: bool = False,
+        reschedule_on_finish: bool = False,
     ) -> None:
+        self.reschedule_on_finish = reschedule_on_finish
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
         self.cluster = cluster
         self.gpu_types = cluster.gpu_types
@@ -176,9 +178,12 @@ class SimulatedCluster:
     def next_epoch_start(self, now: float, round_s: float) -> float | None:
         ttf = [self._time_to_finish(j, copies)
                for j, copies in self.current.by_job_copies().items()]
-        if ttf and max(ttf) > 0:  # 0: the job makes no progress where it is (true rate 0)
+        ends = [t for t in ttf if t > 0]  # 0: the job makes no progress where it is
+        if ends:
             self._idle_epochs = 0
-            return now + min(round_s, max(ttf))
+            # the round ends early when every job ended, or (reschedule_on_finish) when the
+            # first one did: its GPUs are free for the next epoch instead of idle
+            return now + min(round_s, min(ends) if self.reschedule_on_finish else max(ends))
         waiting = bool(np.isnan(self.state.finish[: self._admitted]).any())
         if self._admitted < len(self.jobs):
             nxt = float(self.arrival[self._admitted])

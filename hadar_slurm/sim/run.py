@@ -120,6 +120,7 @@ def simulate(
     on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
     policy_table: ThroughputTable | None = None,
     learn_rates: bool = False,
+    reschedule_on_finish: bool = False,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
 
@@ -134,7 +135,8 @@ def simulate(
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
                                consolidation=consolidation, policy_table=policy_table,
-                               learn_rates=learn_rates)
+                               learn_rates=learn_rates,
+                               reschedule_on_finish=reschedule_on_finish)
     start = float(backend.arrival.min()) if len(jobs) else 0.0
     hook = None if on_epoch is None else (lambda rec: on_epoch(rec, backend))
     loop = EpochLoop(backend, policy, SimClock(start), round_s=round_s, on_epoch=hook)

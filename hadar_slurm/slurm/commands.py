@@ -35,6 +35,19 @@ def squeue_json() -> list[str]:
     return ["squeue", "--json"]
 
 
+#: Every job state that is not final, as ``squeue --states`` names them (Slurm 22.05+).
+LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "REQUEUED",
+               "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT", "STOPPED",
+               "SIGNALING", "STAGE_OUT", "RESIZING")
+
+
+def squeue_live_ids() -> list[str]:
+    """The ids of the jobs that have not ended (:data:`LIVE_STATES`), one per line: a light
+    read (no JSON, no other field) for polling between epochs.  A heterogeneous job's
+    components are listed by their own ids (``%A``)."""
+    return ["squeue", "--noheader", f"--states={','.join(LIVE_STATES)}", "--format=%A"]
+
+
 def sinfo_json() -> list[str]:
     """All nodes as JSON (22.05: a ``nodes`` list; 23.x+: a ``sinfo`` list of node groups)."""
     return ["sinfo", "--json"]

@@ -50,6 +50,9 @@ class Gres:
 
 #: Job states in which a job holds its GPUs.
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
+#: Job states after which a job never runs again.
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                          "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 #: Job states in which a job waits in the queue.
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 
@@ -554,6 +557,20 @@ def parse_sbatch_parsable(stdout: str) -> int:
     if not head.isdigit():
         raise SlurmParseError("sbatch --parsable", "job id", f"expected a job id, got {stdout!r}")
     return int(head)
+
+
+def parse_job_ids(stdout: str, *, source: str = "squeue --format=%A") -> frozenset[int]:
+    """Job ids, one per line (blank lines ignored), as :func:`commands.squeue_live_ids`
+    prints them."""
+    ids: set[int] = set()
+    for k, line in enumerate(stdout.splitlines(), 1):
+        word = line.strip()
+        if not word:
+            continue
+        if not word.isdigit():
+            raise SlurmParseError(source, f"line {k}", f"expected a job id, got {line!r}")
+        ids.add(int(word))
+    return frozenset(ids)
 
 
 _KEY = re.compile(r"^([A-Za-z][A-Za-z0-9_:/]*)=(.*)$")
