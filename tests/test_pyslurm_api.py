@@ -462,7 +462,8 @@ def test_pyslurm_api_satisfies_the_protocol(api: PyslurmApi) -> None:
     assert uses_api(api) == ("pyslurm", 0)
 
 
-def test_forks_go_through_the_slurm_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forks_go_through_the_slurm_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        runner_factory: Runners) -> None:
     """pyslurm cannot submit as another user nor hand out a pending job's script: the pyslurm
     backend forks through a CLI runner made on first use (stub ``scontrol``/``sbatch`` here),
     counting its commands; without one it cannot fork, and says why."""
@@ -475,14 +476,7 @@ def test_forks_go_through_the_slurm_cli(tmp_path: Path, monkeypatch: pytest.Monk
         stub.chmod(0o755)
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
     monkeypatch.setenv("PATH", path)
-    conf = tmp_path / "slurm.conf"
-    conf.write_text("")
-    made: list[SlurmRunner] = []
-
-    def factory() -> SlurmRunner:
-        made.append(SlurmRunner(conf))
-        return made[-1]
-
+    made, factory = runner_factory  # (a runner made now sees the stubs first on PATH)
     fake = FakePyslurm([held_job()])
     api = PyslurmApi(module=fake, fork_runner=factory)
     assert api.can_fork and made == []  # nothing made until a fork needs it
