@@ -6,7 +6,9 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
   at the next round boundary; its JCT still counts from its arrival.
 * A placed job runs the whole round, or until it finishes (the exact finish time is recorded).
   The round ends when its last job stops, so a round where every job finishes early is short.
-  A GPU freed mid-round stays idle until the round ends; nothing starts mid-round.
+  A GPU freed mid-round stays idle until the round ends; nothing starts mid-round.  With
+  ``reschedule_on_finish`` (the sidecar's ``[scheduler] reschedule_on_finish``) a round ends
+  as soon as its first job finishes instead, and the next epoch gives its GPUs out.
 * When nothing runs and nothing waits, time jumps to the next arrival.
 * No preemption or checkpoint cost unless ``migration_cost_s`` is set: then a job that is placed
   on GPUs other than those it held (or resumes after a pause) makes no progress for that long

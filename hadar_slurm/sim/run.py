@@ -132,6 +132,9 @@ def simulate(
     ``table``.  ``learn_rates``: the policy's table learns the true rate of a (job type, scale
     factor) on a GPU type once a job of that kind has run there, as the sidecar learns from the
     runtime's reports (see :class:`~hadar_slurm.sim.backend.SimulatedCluster`).
+    ``reschedule_on_finish``: a round ends when its first job finishes, as the sidecar's epochs
+    do by default, rather than after ``round_s`` or when all its jobs did (fixed rounds, as in
+    Gavel's simulator, the default here).
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
                                consolidation=consolidation, policy_table=policy_table,
