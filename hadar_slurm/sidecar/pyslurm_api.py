@@ -171,11 +171,16 @@ class PyslurmApi:
     def __init__(self, module: Any = None,
                  fork_runner: Callable[[], SlurmRunner] | None = None) -> None:
         self._pyslurm: Any = _import_pyslurm() if module is None else module
-        self.commands = 0
+        self._calls = 0  # pyslurm calls; the fork CLI's commands are counted by it
         self.version = str(getattr(self._pyslurm, "__version__", "unknown"))
         self._errors = _error_types(self._pyslurm)
         self._fork_runner = fork_runner
         self._cli: CliApi | None = None
+
+    @property
+    def commands(self) -> int:
+        """pyslurm calls plus the Slurm commands of forks (through the CLI)."""
+        return self._calls + (self._cli.commands if self._cli is not None else 0)
 
     @property
     def can_fork(self) -> bool:
@@ -192,16 +197,8 @@ class PyslurmApi:
             self._cli = CliApi(self._fork_runner())
         return self._cli
 
-    def _through_cli(self, what: str, call: Callable[[CliApi], Any]) -> Any:
-        cli = self._fork_cli(what)
-        before = cli.commands
-        try:
-            return call(cli)
-        finally:
-            self.commands += cli.commands - before
-
     def _call(self, what: tuple[str, ...], fn: Callable[[], Any]) -> Any:
-        self.commands += 1
+        self._calls += 1
         try:
             return fn()
         except self._errors as exc:
@@ -279,14 +276,11 @@ class PyslurmApi:
             "steps=children")
 
     def batch_script(self, job_id: int) -> str:
-        script: str = self._through_cli(f"batch_script {job_id}",
-                                        lambda cli: cli.batch_script(job_id))
-        return script
+        return self._fork_cli(f"batch_script {job_id}").batch_script(job_id)
 
     def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
-        leader: int = self._through_cli(
-            f"submit {script}", lambda cli: cli.submit_as(script, owner, dependency=dependency))
-        return leader
+        return self._fork_cli(f"submit {script}").submit_as(script, owner,
+                                                            dependency=dependency)
 
     def _job_action(
         self, job_id: int, method: str, act: Callable[[Any], object], *args: str,
