@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hadar_slurm.consolidation import model_name
 from hadar_slurm.throughputs import CSV_HEADER, ThroughputTable, default_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,16 +39,12 @@ A100_FACTOR: dict[str, float] = {
 }
 
 
-def family(job_type: str) -> str:
-    return job_type.split(" (", 1)[0].strip()
-
-
 def a100_rate(job_type: str, v100_rate: float) -> float:
     try:
-        factor = A100_FACTOR[family(job_type)]
+        factor = A100_FACTOR[model_name(job_type)]
     except KeyError:
         raise SystemExit(
-            f"no a100 factor for model family {family(job_type)!r} (job type {job_type!r}): "
+            f"no a100 factor for model family {model_name(job_type)!r} (job type {job_type!r}): "
             "add it to A100_FACTOR"
         ) from None
     return 0.0 if v100_rate == 0.0 else round(v100_rate * factor, 4)
