@@ -3,11 +3,16 @@
 ::
 
     hadar-slurm hints check "hadar: model=resnet50 bs=64 steps=40000" [--gpus N] [--json]
+    hadar-slurm hints check - [--gpus N] [--json] < comment.txt
     hadar-slurm hints lua
 
 ``check`` prints the parsed hints on one line (``--json``: one JSON object); bad hints raise
 :class:`~hadar_slurm.hints.HintError`, which the main CLI prints as ``hadar-slurm: error: ...``
-with exit status 2.  ``lua`` prints the catalog block of slurm_conf/job_submit.lua.
+with exit status 2.  ``-`` reads the comment from standard input (its bytes as they are, one
+trailing newline dropped; at most a little more than the comment bound is read), for comments
+an argv cannot hold (NUL bytes, more than 128 KiB).  No input makes ``check`` fail otherwise:
+every value is bounded before it is converted (hadar_slurm/hints.py).  ``lua`` prints the
+catalog block of slurm_conf/job_submit.lua.
 """
 
 from __future__ import annotations
@@ -15,9 +20,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
+import sys
 from typing import Any
 
-from hadar_slurm.hints import Hints, ModelCatalog, lua_catalog_block, parse_hints
+from hadar_slurm.errors import InputError
+from hadar_slurm.hints import (
+    MAX_COMMENT_BYTES,
+    Hints,
+    ModelCatalog,
+    lua_catalog_block,
+    parse_hints,
+    quote,
+)
 
 __all__ = ["format_hints", "register"]
 
@@ -27,18 +42,33 @@ def format_hints(hints: Hints) -> str:
     return f"{hints.to_comment()}  job_type={hints.job_type!r}"
 
 
+MAX_GPUS = 9999  # --gpus: more than any node or job has
+
+
 def _gpus(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a GPU count >= 1, got {text!r}")
-    return value
+    # ASCII digits only (int() takes '\u0663' and would take 5,000 digits slowly or not at all)
+    if re.fullmatch(r"[0-9]{1,9}", text) is None or not 1 <= int(text) <= MAX_GPUS:
+        raise argparse.ArgumentTypeError(
+            f"expected a GPU count from 1 to {MAX_GPUS}, got '{quote(text)}'")
+    return int(text)
+
+
+def _stdin_comment() -> str:
+    """The comment from standard input: bytes as they are (decoded as argv is, with
+    surrogateescape), one trailing newline dropped.  Only enough is read to know it is too
+    long; what is cut does not matter, parse_hints refuses it."""
+    data = sys.stdin.buffer.read(MAX_COMMENT_BYTES + 2)
+    if data.endswith(b"\n"):
+        data = data[:-1]
+    return data.decode("utf-8", "surrogateescape")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    hints = parse_hints(args.comment, ModelCatalog.default(), gpus=args.gpus)
+    if args.comment == "-" and sys.stdin.isatty():
+        raise InputError("'-' reads the comment from standard input, which is a terminal",
+                         field="COMMENT", fix="pipe the comment in, or give it as an argument")
+    comment = _stdin_comment() if args.comment == "-" else args.comment
+    hints = parse_hints(comment, ModelCatalog.default(), gpus=args.gpus)
     if args.json:
         data: dict[str, Any] = dataclasses.asdict(hints)
         if args.gpus is not None:
@@ -62,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "[sync=true|false] [weight=W]'.")
     sub = hints.add_subparsers(dest="hints_command", required=True, metavar="{check,lua}")
     check = sub.add_parser("check", help="parse and check a comment as job_submit.lua will")
-    check.add_argument("comment", help="the job's comment, e.g. 'hadar: model=a3c steps=1000'")
+    check.add_argument("comment", help="the job's comment, e.g. 'hadar: model=a3c steps=1000'; "
+                       "- reads it from standard input")
     check.add_argument("--gpus", type=_gpus, default=None,
                        help="the job's GPU count, checked against the model's GPU counts")
     check.add_argument("--json", action="store_true", help="print one JSON object")

@@ -27,6 +27,8 @@ from hadar_slurm.throughputs import ThroughputTable, default_table, parse_csv
 
 KNOWN = "a3c, cyclegan, lm, recommendation, resnet18, resnet50, transformer"
 KEYS = "keys: model, bs, steps, sync, weight, fork"
+STEPS_MSG = "steps must be a whole number of iterations from 1 to 1000000000000, got "
+WEIGHT_MSG = "weight must be a number from 0.001 to 1000, got "
 FORK_MSG = ("fork must be a whole number from 1 to 16, got '{}' (e.g. fork=3, the most copies "
             "the job may be forked into)")
 
@@ -137,31 +139,31 @@ BAD = [
     ("hadar: model=a3c", "steps",
      "missing hint steps (add steps=N, the number of training iterations)"),
     ("hadar: model=resnet50 bs=64 steps=-5", "steps",
-     "steps must be a positive whole number of iterations, got '-5' (e.g. steps=40000)"),
+     STEPS_MSG + "'-5' (e.g. steps=40000)"),
     ("hadar: model=a3c steps=0", "steps",
-     "steps must be a positive whole number of iterations, got '0' (e.g. steps=40000)"),
+     STEPS_MSG + "'0' (e.g. steps=40000)"),
     ("hadar: model=a3c steps=1.5", "steps",
-     "steps must be a positive whole number of iterations, got '1.5' (e.g. steps=40000)"),
+     STEPS_MSG + "'1.5' (e.g. steps=40000)"),
     ("hadar: model=a3c steps=1e4", "steps",
-     "steps must be a positive whole number of iterations, got '1e4' (e.g. steps=40000)"),
+     STEPS_MSG + "'1e4' (e.g. steps=40000)"),
     ("hadar: model=a3c steps=1__000", "steps",
-     "steps must be a positive whole number of iterations, got '1__000' (e.g. steps=40000)"),
+     STEPS_MSG + "'1__000' (e.g. steps=40000)"),
     ("hadar: model=a3c steps=_1", "steps",
-     "steps must be a positive whole number of iterations, got '_1' (e.g. steps=40000)"),
+     STEPS_MSG + "'_1' (e.g. steps=40000)"),
     ("hadar: model=a3c steps=1 sync=maybe", "sync",
      "sync must be true or false, got 'maybe' (true/false, yes/no or 1/0)"),
     ("hadar: model=a3c steps=1 weight=0", "weight",
-     "weight must be a positive number, got '0' (e.g. weight=2)"),
+     WEIGHT_MSG + "'0' (e.g. weight=2)"),
     ("hadar: model=a3c steps=1 weight=-1", "weight",
-     "weight must be a positive number, got '-1' (e.g. weight=2)"),
+     WEIGHT_MSG + "'-1' (e.g. weight=2)"),
     ("hadar: model=a3c steps=1 weight=inf", "weight",
-     "weight must be a positive number, got 'inf' (e.g. weight=2)"),
+     WEIGHT_MSG + "'inf' (e.g. weight=2)"),
     ("hadar: model=a3c steps=1 weight=0x10", "weight",
-     "weight must be a positive number, got '0x10' (e.g. weight=2)"),
+     WEIGHT_MSG + "'0x10' (e.g. weight=2)"),
     ("hadar: model=a3c steps=1 weight=1e999", "weight",
-     "weight must be a positive number, got '1e999' (e.g. weight=2)"),
+     WEIGHT_MSG + "'1e999' (e.g. weight=2)"),
     ("hadar: model=a3c steps=1 weight=.", "weight",
-     "weight must be a positive number, got '.' (e.g. weight=2)"),
+     WEIGHT_MSG + "'.' (e.g. weight=2)"),
     ("hadar: model=a3c steps=1 fork=0", "fork", FORK_MSG.format("0")),
     ("hadar: model=a3c steps=1 fork=17", "fork", FORK_MSG.format("17")),
     ("hadar: model=a3c steps=1 fork=2.0", "fork", FORK_MSG.format("2.0")),
