@@ -49,12 +49,12 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
@@ -66,10 +66,13 @@ __all__ = [
     "FILE_VERSION",
     "LEARN_WINDOW",
     "SOURCES",
+    "Decide",
     "Entry",
     "ThroughputStore",
+    "WindowRow",
     "as_table",
     "default_store_path",
+    "median_of_window",
 ]
 
 SOURCES: tuple[str, ...] = ("imported", "measured", "learned", "estimated")
@@ -105,9 +108,23 @@ CREATE TABLE IF NOT EXISTS observation (
     seq          INTEGER NOT NULL,
     rate         REAL    NOT NULL,
     seen         REAL    NOT NULL,
+    job          INTEGER,
+    seed         INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_type, scale_factor, gpu_type, seq)
 );
+CREATE TABLE IF NOT EXISTS anchor (
+    job_type     TEXT    NOT NULL,
+    scale_factor INTEGER NOT NULL,
+    gpu_type     TEXT    NOT NULL,
+    rate         REAL    NOT NULL,
+    source       TEXT    NOT NULL,
+    PRIMARY KEY (job_type, scale_factor, gpu_type)
+);
 """
+
+#: Columns a database written before per-job observations lacks (added on open; its windows,
+#: which say nothing of the job they came from, are dropped then).
+_OBSERVATION_COLUMNS = (("job", "INTEGER"), ("seed", "INTEGER NOT NULL DEFAULT 0"))
 
 _COLUMNS = "job_type, scale_factor, gpu_type, rate, source, samples, updated"
 _ENTRY_FIELDS = ("job_type", "scale_factor", "gpu_type", "rate", "source", "samples", "updated")
@@ -227,6 +244,42 @@ def _row_entry(row: Sequence[Any]) -> Entry:
                  int(row[5]), float(row[6]))
 
 
+def _migrate_observations(cur: sqlite3.Cursor) -> None:
+    """Give a database from before per-job observations the ``job`` and ``seed`` columns.  Its
+    windows are dropped: they do not say which job each observation came from, and nothing
+    checked them (the entries are kept; :class:`~hadar_slurm.sidecar.learn.Knowledge` checks a
+    learned entry against its prior before it uses it).  A database opened by an older
+    hadar-slurm afterwards still works (it writes observations without a job, which learning
+    with a quorum of jobs ignores)."""
+    have = {str(row[1]) for row in cur.execute("PRAGMA table_info(observation)")}
+    missing = [(name, decl) for name, decl in _OBSERVATION_COLUMNS if name not in have]
+    if missing:
+        cur.execute("DELETE FROM observation")
+    for name, decl in missing:
+        cur.execute(f"ALTER TABLE observation ADD COLUMN {name} {decl}")
+
+
+class WindowRow(NamedTuple):
+    """One observation in a key's learning window (:meth:`ThroughputStore.learn`)."""
+
+    rate: float
+    #: the job it came from; None when the caller did not say (or for a seed)
+    job: int | None
+    #: the stored measured or learned value the window started from, not an observation
+    seed: bool
+
+
+#: What :meth:`ThroughputStore.learn` asks to decide a key's learned rate: given the window
+#: (oldest first, the new observation last) and the stored entry, the rate to store, or None to
+#: leave the entry as it is (the observation stays in the window).
+Decide = Callable[[Sequence[WindowRow], "Entry | None"], "float | None"]
+
+
+def median_of_window(window: Sequence[WindowRow], old: Entry | None) -> float:
+    """The default decision: the median of the whole window, seed included."""
+    return float(statistics.median(r.rate for r in window))
+
+
 def _replaces(new: Entry, old: Entry | None) -> bool:
     """The precedence rule (module docstring): does ``new`` replace the stored ``old``?"""
     if old is None:
@@ -299,6 +352,7 @@ class ThroughputStore:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         cur.execute(statement)
+                _migrate_observations(cur)
                 if version < SCHEMA_VERSION:
                     cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
@@ -361,8 +415,11 @@ class ThroughputStore:
             return None
         cur.execute(f"INSERT OR REPLACE INTO entry ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (*new.key, new.rate, new.source, new.samples, new.updated))
-        cur.execute("DELETE FROM observation WHERE job_type = ? AND scale_factor = ? AND "
-                    "gpu_type = ?", new.key)
+        if RANK[new.source] == RANK["measured"]:
+            # a new measurement: learning starts again from it.  An import or estimate leaves
+            # the observations that wait for a quorum (learn) where they are
+            cur.execute("DELETE FROM observation WHERE job_type = ? AND scale_factor = ? AND "
+                        "gpu_type = ?", new.key)
         return new
 
     # -- writes ------------------------------------------------------------------------------
@@ -389,47 +446,67 @@ class ThroughputStore:
         return stored
 
     def learn(self, job_type: str, scale_factor: int, gpu_type: str, rate: float, *,
-              when: float | None = None) -> Entry:
+              when: float | None = None, job: int | None = None,
+              decide: Decide | None = None) -> Entry | None:
         """Fold one observed rate of a running job into the key's learned value.
 
-        The key keeps its last :data:`LEARN_WINDOW` observations; the learned rate is their
-        median, so outliers and slow first iterations (fewer than half of the window) do not
-        move it.  A stored measured or learned value without a window (recorded, or imported
-        from our JSON) is the window's first observation and its samples are carried on; an
-        imported or estimated value is replaced outright.  The entry's source becomes
-        ``learned``, ``samples`` grows by exactly one and ``updated`` is the latest of ``when``
-        and the stored time.  Always stored (learned ranks with measured).
+        The key keeps its last :data:`LEARN_WINDOW` observations (each with the ``job`` it came
+        from, when given).  ``decide`` (default :func:`median_of_window`: their median, so
+        outliers and slow first iterations, fewer than half of the window, do not move it)
+        says from the window what the learned rate is now, or None: not yet (the sidecar's
+        :class:`~hadar_slurm.sidecar.learn.Knowledge` waits for a quorum of jobs and bounds the
+        rate by a prior); the entry is then left as it is and the observation waits in the
+        window.  A stored measured or learned value is the window's first row (a *seed*, not
+        an observation) when the window is empty; an imported or estimated value is replaced
+        outright.  When the learned rate replaces a measured or imported value, that value is
+        kept as the key's anchor (:meth:`anchors`).  A written entry's source is ``learned``,
+        its ``samples`` the stored samples plus the observations since (one more per
+        observation once learned) and ``updated`` the latest of ``when`` and the stored time.
+        Returns the entry now stored (None where there is none).
         """
         key = self._key(job_type, scale_factor, gpu_type)
         value = _check_rate(rate, self._where)
         at = _check_when(when, self._where)
+        if job is not None and (isinstance(job, bool) or not isinstance(job, int)):
+            raise InputError(f"job must be a Slurm job id, got {job!r}", source=self._where,
+                             field="job", fix="give the job's id (an int) or None")
         where_key = "job_type = ? AND scale_factor = ? AND gpu_type = ?"
         with self._write() as cur:
             old = self._select(cur, key)
             live = old is not None and old.source in ("measured", "learned")
-            window = [(int(s), float(r)) for s, r in cur.execute(
-                f"SELECT seq, rate FROM observation WHERE {where_key} ORDER BY seq", key)]
-            if not live or (old is not None and old.source == "measured"):
-                cur.execute(f"DELETE FROM observation WHERE {where_key}", key)
-                window = []
-            if live and not window:
+            rows = [(int(q), WindowRow(float(r), None if j is None else int(j), bool(sd)))
+                    for q, r, j, sd in cur.execute(
+                        f"SELECT seq, rate, job, seed FROM observation WHERE {where_key} "
+                        "ORDER BY seq", key)]
+            insert = ("INSERT INTO observation (job_type, scale_factor, gpu_type, seq, rate, "
+                      "seen, job, seed) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+            if live and not rows:
                 assert old is not None
-                window = [(0, old.rate)]
-                cur.execute("INSERT INTO observation (job_type, scale_factor, gpu_type, seq, "
-                            "rate, seen) VALUES (?, ?, ?, ?, ?, ?)",
-                            (*key, 0, old.rate, old.updated))
-            seq = window[-1][0] + 1 if window else 0
-            cur.execute("INSERT INTO observation (job_type, scale_factor, gpu_type, seq, rate, "
-                        "seen) VALUES (?, ?, ?, ?, ?, ?)", (*key, seq, value, at))
-            window.append((seq, value))
-            if len(window) > LEARN_WINDOW:
+                rows = [(0, WindowRow(old.rate, None, True))]
+                cur.execute(insert, (*key, 0, old.rate, old.updated, None, 1))
+            seq = rows[-1][0] + 1 if rows else 0
+            cur.execute(insert, (*key, seq, value, at, job, 0))
+            rows.append((seq, WindowRow(value, job, False)))
+            if len(rows) > LEARN_WINDOW:
                 cur.execute(f"DELETE FROM observation WHERE {where_key} AND seq <= ?",
                             (*key, seq - LEARN_WINDOW))
-                window = window[-LEARN_WINDOW:]
-            samples = (old.samples if live and old is not None else 0) + 1
-            updated = max(at, old.updated) if live and old is not None else at
-            new = Entry(*key, float(statistics.median(r for _, r in window)), "learned",
-                        samples, updated)
+                rows = rows[-LEARN_WINDOW:]
+            window = [r for _, r in rows]
+            learned = (decide or median_of_window)(window, old)
+            if learned is None:
+                return old
+            learned = _check_rate(learned, self._where, "decide")
+            if old is not None and old.source == "learned":
+                samples, updated = old.samples + 1, max(at, old.updated)
+            else:
+                samples = (old.samples if live and old is not None else 0) + sum(
+                    not r.seed for r in window)
+                updated = max(at, old.updated) if live and old is not None else at
+            if old is not None and old.source in ("measured", "imported"):
+                cur.execute("INSERT OR REPLACE INTO anchor (job_type, scale_factor, gpu_type, "
+                            "rate, source) VALUES (?, ?, ?, ?, ?)",
+                            (*key, old.rate, old.source))
+            new = Entry(*key, learned, "learned", samples, updated)
             cur.execute(f"INSERT OR REPLACE INTO entry ({_COLUMNS}) VALUES "
                         "(?, ?, ?, ?, ?, ?, ?)",
                         (*key, new.rate, new.source, new.samples, new.updated))
@@ -523,6 +600,13 @@ class ThroughputStore:
         """``base`` (e.g. the bundled Gavel table) with the store's entries merged over it."""
         mine = as_table(self.entries(), f"store:{self._where}")
         return mine if base is None else base.merged(mine)
+
+    def anchors(self) -> dict[Key, tuple[float, str]]:
+        """Key -> (rate, source) of the measured or imported value a learned rate replaced
+        (:meth:`learn`): what learning is bounded by after its own value took that key's
+        place."""
+        rows = self._read("SELECT job_type, scale_factor, gpu_type, rate, source FROM anchor")
+        return {(str(j), int(sf), str(g)): (float(r), str(src)) for j, sf, g, r, src in rows}
 
     def sources(self) -> dict[Key, str]:
         """Key -> source of every entry (to mark measured/learned/estimated values in UIs)."""
