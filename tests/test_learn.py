@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,49 +21,62 @@ import pytest
 
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.fork import Progress, read_progress
-from hadar_slurm.sidecar.learn import Knowledge
+from hadar_slurm.sidecar.learn import Knowledge, SlurmRun
 from hadar_slurm.store import ThroughputStore
 from hadar_slurm.throughputs import ThroughputTable, default_table
 from tests.test_sidecar_backend import FakeSlurm, job, node
 
 RESNET = "ResNet-50 (batch size 64)"
+#: the sidecar's clock in these tests, and when Slurm started the jobs
+NOW = 100_000.0
+START = NOW - 3600.0
 
 
 def progress(rounds: int, run_rounds: int | None, copies: list[tuple[str | None, float, float]],
-             run: str = "7.0") -> Progress:
+             run: str = "7.0", updated_at: float = NOW - 1.0) -> Progress:
     """A Progress as fork.read_progress returns it, from (gpu_type, iters, seconds) per copy."""
     return Progress(
-        done=float(rounds * 100), work=10_000.0,
+        done=float(rounds * 1000), work=100_000.0,
         rates={k: it / s for k, (_, it, s) in enumerate(copies)},
         gpu_types={k: t for k, (t, _, _) in enumerate(copies) if t is not None},
-        rounds=rounds, complete=False, updated_at=0.0,
+        rounds=rounds, complete=False, updated_at=updated_at,
         measured={k: (it, s) for k, (_, it, s) in enumerate(copies)}, run=run,
         run_rounds=run_rounds)
+
+
+def on(*gpu_types: str, start: float = START) -> dict[int, SlurmRun]:
+    """What Slurm says of a job's copies: copy k runs on ``gpu_types[k]`` since ``start``."""
+    return {k: SlurmRun(t, start) for k, t in enumerate(gpu_types)}
 
 
 def test_observe_skips_warm_up_and_folds_each_round_once(tmp_path: Path) -> None:
     with ThroughputStore(tmp_path / "t.db") as store:
         k = Knowledge(default_table(), store)
         # the first round of a run is warm-up
-        assert k.observe(7, RESNET, 1, progress(1, 1, [(None, 10.0, 10.0)]), ["v100"]) == []
-        learned = k.observe(7, RESNET, 1, progress(2, 2, [(None, 300.0, 10.0)]), ["v100"])
-        assert [(e.gpu_type, e.rate, e.source) for e in learned] == [("v100", 30.0, "learned")]
+        assert k.observe(7, RESNET, 1, progress(1, 1, [(None, 10.0, 10.0)]), on("v100"),
+                         now=NOW) == []
+        learned = k.observe(7, RESNET, 1, progress(2, 2, [(None, 100.0, 10.0)]), on("v100"),
+                            now=NOW)
+        assert [(o.gpu_type, o.rate) for o in learned] == [("v100", 10.0)]
         # the same committed round seen again next epoch is not folded again
-        assert k.observe(7, RESNET, 1, progress(2, 2, [(None, 300.0, 10.0)]), ["v100"]) == []
-        entry = store.get(RESNET, 1, "v100")
-        assert entry is not None and entry.samples == 1
+        assert k.observe(7, RESNET, 1, progress(2, 2, [(None, 100.0, 10.0)]), on("v100"),
+                         now=NOW) == []
+        assert k.learned == 1
+        # one job's round waits for other jobs (tests/test_learn_trust.py): nothing stored yet
+        assert store.get(RESNET, 1, "v100") is None
         # a runtime that does not say which round of its run it is: not learned from
-        assert k.observe(8, RESNET, 1, progress(5, None, [(None, 50.0, 1.0)]), ["v100"]) == []
-        # an unforked job on two GPU types: no one type's rate
-        assert k.observe(9, RESNET, 2, progress(3, 3, [(None, 50.0, 1.0)]),
-                         ["v100", "p100"]) == []
-        # a fork: each copy on its own type
-        fork = progress(4, 2, [("a100", 400.0, 10.0), ("k80", 50.0, 10.0)], run="11.0")
-        got = {e.gpu_type: e.rate for e in k.observe(10, RESNET, 1, fork, [])}
-        assert got == {"a100": 40.0, "k80": 5.0}
+        assert k.observe(8, RESNET, 1, progress(5, None, [(None, 50.0, 10.0)]), on("v100"),
+                         now=NOW) == []
+        # an unforked job on two GPU types: the backend has no one type to say it ran on
+        assert k.observe(9, RESNET, 2, progress(3, 3, [(None, 50.0, 10.0)]), {}, now=NOW) == []
+        # a fork: each copy on its own type (a100: no prior, only the sanity bounds)
+        fork = progress(4, 2, [("a100", 400.0, 10.0), ("k80", 20.0, 10.0)], run="11.0")
+        got = {o.gpu_type: o.rate for o in k.observe(10, RESNET, 1, fork, on("a100", "k80"),
+                                                     now=NOW)}
+        assert got == {"a100": 40.0, "k80": 2.0}
         # without a store nothing is learned
         assert Knowledge(default_table()).observe(
-            7, RESNET, 1, progress(3, 3, [(None, 300.0, 10.0)]), ["v100"]) == []
+            7, RESNET, 1, progress(3, 3, [(None, 100.0, 10.0)]), on("v100"), now=NOW) == []
 
 
 def test_learned_rate_converges_through_outliers_and_is_used(tmp_path: Path) -> None:
@@ -78,8 +93,9 @@ def test_learned_rate_converges_through_outliers_and_is_used(tmp_path: Path) -> 
                 rate = true_rate * 0.1  # a round with a stall
             if r % 11 == 0:
                 rate = true_rate * 8  # a bogus clock
-            k.observe(7, RESNET, 1, progress(r, r, [(None, rate * seconds, seconds)]),
-                      ["v100"])
+            # two jobs, alternating rounds (one job alone does not set a rate)
+            k.observe(7 + r % 2, RESNET, 1,
+                      progress(r, r, [(None, rate * seconds, seconds)]), on("v100"), now=NOW)
         k.refresh()
         learned = k.table.rate(RESNET, 1, "v100")
         assert learned != pytest.approx(before, rel=0.05)
@@ -140,31 +156,39 @@ def _train_unforked(tracker: Path, work: int, rounds_iters: int) -> dict[str, An
     return data
 
 
-def test_backend_learns_from_a_running_job_and_plans_the_next_epoch_with_it(
+def test_backend_learns_from_running_jobs_and_plans_the_next_epoch_with_it(
         tmp_path: Path) -> None:
-    workdir = tmp_path / "work"
-    data = _train_unforked(workdir / ".hadar-tracker" / "5", work=600, rounds_iters=200)
-    assert data["run_rounds"] == 3 and data["copy_rates"][0]["iters"] == 200
-    observed = data["copy_rates"][0]["iters"] / data["copy_rates"][0]["seconds"]
-    running = replace(job(5, state="RUNNING", reason="None", nodes=("n1",), start=1000,
-                          admin="hadar epoch=0 state=placed place=n1:1"),
-                      workdir=str(workdir))
-    api = FakeSlurm([running], [node("n1", "v100", 4, used=1), node("n2", "p100", 4)])
+    # three jobs (a rate is learned from several jobs, not one), each a real run of the runtime
+    workdirs = {j: tmp_path / f"work{j}" for j in (5, 6, 7)}
+    observed = {}
+    for j, workdir in workdirs.items():
+        data = _train_unforked(workdir / ".hadar-tracker" / str(j), work=600, rounds_iters=200)
+        assert data["run_rounds"] == 3 and data["copy_rates"][0]["iters"] == 200
+        observed[j] = data["copy_rates"][0]["iters"] / data["copy_rates"][0]["seconds"]
+    now = time.time()  # the runtime dates its reports with the wall clock
+    # the prior (the base table) as the middle of what they achieve: within the bounds
+    prior = statistics.median(observed.values())
+    base = default_table().merged(ThroughputTable({(RESNET, 1): {"v100": prior}}, "prior"))
+    running = [replace(job(j, state="RUNNING", reason="None", nodes=("n1",),
+                           start=int(now - 600), admin="hadar epoch=0 state=placed place=n1:1"),
+                       workdir=str(workdirs[j])) for j in workdirs]
+    api = FakeSlurm(running, [node("n1", "v100", 4, used=3), node("n2", "p100", 4)])
     with ThroughputStore(tmp_path / "t.db") as store:
-        b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=lambda s: None,
-                         knowledge=Knowledge(default_table(), store))
-        table_rate = default_table().rate(RESNET, 1, "v100")
-        first = b.snapshot(0, 2000.0, 60.0, None)
-        assert first.rate[0, first.gpu_types.index("v100")] == pytest.approx(table_rate)
-        assert b.views[5].rate_sources[first.gpu_types.index("v100")] == "table"
+        b = SlurmBackend(api, base, preempt_grace_s=5.0, sleep=lambda s: None,
+                         knowledge=Knowledge(base, store))
+        first = b.snapshot(0, now, 60.0, None)
+        v100 = first.gpu_types.index("v100")
+        assert first.rate[0, v100] == pytest.approx(prior)
+        assert b.views[5].rate_sources[v100] == "table"
         entry = store.get(RESNET, 1, "v100")
-        assert entry is not None and entry.source == "learned"
-        assert entry.rate == pytest.approx(observed)
-        second = b.snapshot(1, 2060.0, 60.0, None)  # the next epoch plans with it
-        assert second.rate[0, second.gpu_types.index("v100")] == pytest.approx(observed)
-        assert b.views[5].rate_sources[second.gpu_types.index("v100")] == "learned"
+        assert entry is not None and entry.source == "learned" and entry.samples == 3
+        # the median of one vote per job and one for the prior
+        assert entry.rate == pytest.approx(statistics.median([*observed.values(), prior]))
+        second = b.snapshot(1, now + 60.0, 60.0, None)  # the next epoch plans with it
+        assert second.rate[0, v100] == pytest.approx(entry.rate)
+        assert b.views[5].rate_sources[v100] == "learned"
         # the reader the backend uses sees what the runtime wrote
-        p = read_progress(str(workdir / ".hadar-tracker" / "5"))
+        p = read_progress(str(workdirs[5] / ".hadar-tracker" / "5"))
         assert p is not None and p.run_rounds == 3 and p.measured[0][0] == 200
 
 
