@@ -5,13 +5,19 @@
     hadar-slurm throughputs list [--db PATH | --config FILE] [--source S] [--json]
     hadar-slurm throughputs import FILE [--db PATH | --config FILE] [--source S]
     hadar-slurm throughputs export FILE [--db PATH | --config FILE] [--format json|csv|gavel]
+    hadar-slurm throughputs recover [--db PATH | --config FILE]
 
 The database (:func:`store_path`): ``--db``; else, with ``--config``, the sidecar's own store
 (``[scheduler] throughput_db``, else ``<state_dir>/throughputs.db``); else
 :func:`~hadar_slurm.store.default_store_path` (``$HADAR_THROUGHPUT_DB``, else
 ``~/.local/state/hadar-slurm/throughputs.db``).  ``import`` creates the database where
 needed; ``list`` and ``export`` want an existing one.  Problems are
-:class:`~hadar_slurm.errors.InputError`, which the main CLI prints as one line (exit status 2).
+:class:`~hadar_slurm.errors.InputError`, which the main CLI prints as one line (exit status 2);
+a damaged database is one too (:class:`~hadar_slurm.store.StoreDamagedError`), whose fix is
+``recover``: the damaged file is moved to ``<name>.damaged-<UTC time>`` and a fresh store
+rebuilt from the ``--config`` sidecar's throughput files (:mod:`hadar_slurm.store_recovery`).
+With ``--config`` it first takes that sidecar's state_dir lock, so it never moves the store of
+a running sidecar.
 """
 
 from __future__ import annotations
@@ -24,7 +30,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.store import EXPORT_FORMATS, SOURCES, Entry, ThroughputStore, default_store_path
+from hadar_slurm.store import (
+    EXPORT_FORMATS,
+    SOURCES,
+    Entry,
+    StoreDamagedError,
+    ThroughputStore,
+    default_store_path,
+)
+from hadar_slurm.store_recovery import check_store, recover_store
 
 __all__ = ["DB_HELP", "format_entries", "register", "store_path"]
 
@@ -107,6 +121,37 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recover(args: argparse.Namespace) -> int:
+    files: tuple[str, ...] = ()
+    lock = None
+    path = _db(args)
+    if args.config is not None:
+        from hadar_slurm.sidecar.config import load_config
+        from hadar_slurm.sidecar.statedir import StateDirLock
+
+        config = load_config(args.config)
+        files = config.throughputs
+        lock = StateDirLock(config.require_state_dir(), source=config.source)
+        lock.acquire()  # refused while that sidecar runs
+    try:
+        if not path.exists():
+            raise InputError("no such throughput database", source=str(path), field="--db",
+                             fix="give --db PATH or the sidecar's --config FILE")
+        try:
+            check_store(path)
+        except StoreDamagedError as exc:
+            done = recover_store(path, files, error=exc.error)
+            print(f"{path} was damaged ({exc.error}); kept it as {done.kept}; the fresh store "
+                  f"has {done.imported} entries from {len(files)} throughput file(s); learned "
+                  "rates are re-learned")
+            return 0
+        print(f"{path} is sound: nothing to do")
+        return 0
+    finally:
+        if lock is not None:
+            lock.release()
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``throughputs list|import|export`` to the main parser's subcommands."""
     top = subparsers.add_parser(
@@ -114,7 +159,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="The throughput store: measured, learned, imported and estimated rates "
         "(steps/s of the whole job) per job type, GPU count and GPU type.")
     sub = top.add_subparsers(dest="throughputs_command", required=True,
-                             metavar="{list,import,export}")
+                             metavar="{list,import,export,recover}")
     sources = ", ".join(SOURCES)
 
     lst = sub.add_parser("list", help="print the stored throughputs")
@@ -144,3 +189,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="json: ours, every field (default); csv: job_type,scale_factor,"
                      "gpu_type,steps_per_second; gavel: Gavel's simulation_throughputs.json")
     exp.set_defaults(func=cmd_export)
+
+    rec = sub.add_parser(
+        "recover", help="move a damaged store aside and rebuild a fresh one",
+        description="When the store is damaged (database disk image is malformed, not a "
+        "database), move it to <name>.damaged-<UTC time> and create a fresh one with the "
+        "--config sidecar's throughput files imported; learned rates are lost and re-learned. "
+        "A sound store is left alone. With --config, refused while that sidecar runs.")
+    rec.add_argument("--db", metavar="PATH", help=DB_HELP)
+    rec.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
+    rec.set_defaults(func=cmd_recover)

@@ -146,6 +146,39 @@ def default_store_path() -> Path:
     return Path.home() / ".local" / "state" / "hadar-slurm" / "throughputs.db"
 
 
+#: SQLite's primary result codes that mean the file itself is damaged (not a passing problem
+#: such as a lock): SQLITE_CORRUPT ("database disk image is malformed") and SQLITE_NOTADB ("file
+#: is not a database": garbage bytes, a file that was never a database).
+_DAMAGE_CODES = (11, 26)
+
+
+class StoreDamagedError(InputError):
+    """The store's file is damaged (corrupt, truncated, not a database): one line naming
+    ``[scheduler] throughput_db``, the path and the way out (:mod:`hadar_slurm.store_recovery`
+    moves it aside and rebuilds a fresh one; the sidecar does that at start)."""
+
+    def __init__(self, path: str, error: str) -> None:
+        self.path = path
+        self.error = " ".join(error.split())
+        super().__init__(
+            f"the throughput store is damaged ({self.error})", source=path,
+            field="[scheduler] throughput_db",
+            fix=f"run `hadar-slurm throughputs recover --db {path}` (or restart the sidecar, "
+            "which recovers it at start): the damaged file is kept aside and a fresh store "
+            "rebuilt from the imported tables; learned rates are re-learned")
+
+
+def is_damage(exc: BaseException) -> bool:
+    """Whether ``exc`` (an :class:`sqlite3.DatabaseError`) says the database file is damaged."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return (code & 0xFF) in _DAMAGE_CODES
+    text = str(exc).lower()
+    return "malformed" in text or "not a database" in text
+
+
 @dataclass(frozen=True)
 class Entry:
     """One stored throughput and where it came from."""
@@ -356,6 +389,8 @@ class ThroughputStore:
                 if version < SCHEMA_VERSION:
                     cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
+            if is_damage(exc):
+                raise StoreDamagedError(self._where, str(exc)) from None
             raise InputError(f"not a usable throughput database: {exc}", source=self._where,
                              field="db", fix="give a database written by hadar-slurm, or a new "
                              "path") from None
@@ -381,22 +416,46 @@ class ThroughputStore:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Cursor]:
-        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on error."""
+        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on error.
+        A damaged file raises :class:`StoreDamagedError`."""
         self._check_process()
         with self._lock:
-            cur = self._conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
             try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
+                cur = self._conn.cursor()
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    yield cur
+                except BaseException:
+                    try:
+                        cur.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # a damaged file may refuse even that; the first error tells
+                    raise
+                cur.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                if is_damage(exc):
+                    raise StoreDamagedError(self._where, str(exc)) from None
                 raise
-            cur.execute("COMMIT")
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         self._check_process()
         with self._lock:
-            return self._conn.execute(sql, params).fetchall()
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.DatabaseError as exc:
+                if is_damage(exc):
+                    raise StoreDamagedError(self._where, str(exc)) from None
+                raise
+
+    def check(self) -> None:
+        """Read the whole file once (SQLite's ``quick_check`` and every table): raises
+        :class:`StoreDamagedError` when it is damaged.  Cheap for a store's size."""
+        rows = self._read("PRAGMA quick_check")
+        problems = [str(r[0]) for r in rows if str(r[0]).lower() != "ok"]
+        if problems:
+            raise StoreDamagedError(self._where, "; ".join(problems[:3]))
+        for (table,) in self._read("SELECT name FROM sqlite_master WHERE type = 'table'"):
+            self._read(f'SELECT * FROM "{table}"')
 
     def _key(self, job_type: object, scale_factor: object, gpu_type: object) -> Key:
         return (_check_job_type(job_type, self._where), _check_scale_factor(scale_factor,

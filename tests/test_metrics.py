@@ -228,12 +228,13 @@ def test_metrics_defaults_serve_nothing() -> None:
 @pytest.mark.parametrize("address", ["127.0.0.1:9810", "localhost:0", "[::1]:9810",
                                      " 127.0.0.2:65535 "])
 def test_loopback_addresses_accepted(address: str) -> None:
-    c = parse_config(f'[metrics]\naddress = "{address}"\n', "t.toml", Path("/"))
+    c = parse_config(f'[sidecar]\nstate_dir = "/s"\n[metrics]\naddress = "{address}"\n',
+                     "t.toml", Path("/"))
     assert c.metrics_address == address.strip()
 
 
 def test_remote_address_refused_unless_allowed() -> None:
-    text = '[sidecar]\ndry_run = true\n[metrics]\naddress = "0.0.0.0:9810"\n'
+    text = '[sidecar]\nstate_dir = "/s"\n[metrics]\naddress = "0.0.0.0:9810"\n'
     with pytest.raises(InputError) as info:
         parse(text)
     e = info.value
@@ -408,13 +409,13 @@ def test_report_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert report_main(["--log", str(log), "--out", str(tmp_path / "r.pdf")]) == 2
     assert "field '--out': unknown report format '.pdf'" in capsys.readouterr().err
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[sidecar]\nlog_format = \"json\"\n")
+    cfg.write_text("[sidecar]\nstate_dir = \"/s\"\nlog_format = \"json\"\n")
     assert report_main(["--config", str(cfg)]) == 2
     assert "field '[sidecar] log_file'" in capsys.readouterr().err
-    cfg.write_text(f'[sidecar]\nlog_format = "text"\nlog_file = "{log}"\n')
+    cfg.write_text(f'[sidecar]\nstate_dir = "/s"\nlog_format = "text"\nlog_file = "{log}"\n')
     assert report_main(["--config", str(cfg)]) == 2
     assert "field '[sidecar] log_format'" in capsys.readouterr().err
-    cfg.write_text(f'[sidecar]\nlog_file = "{log}"\n')
+    cfg.write_text(f'[sidecar]\nstate_dir = "/s"\nlog_file = "{log}"\n')
     out = tmp_path / "via-config.png"
     assert report_main(["--config", str(cfg), "--out", str(out)]) == 0
     assert png_size(out.read_bytes())[0] == 900

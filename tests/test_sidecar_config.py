@@ -36,13 +36,28 @@ DEV_CSV = REPO / "slurm_conf" / "dev-throughputs.csv"
 UNIT = REPO / "slurm_conf" / "hadar-slurm.service"
 
 
+STATE = "/var/lib/hadar-test"
+
+
+def with_state_dir(text: str) -> str:
+    """``text`` with ``[sidecar] state_dir`` set (it is required) unless it sets it."""
+    if re.search(r"^\s*state_dir\s*=", text, re.M):
+        return text
+    header = re.search(r"^\s*\[sidecar\][^\n]*$", text, re.M)
+    if header is None:
+        return f'{text}\n[sidecar]\nstate_dir = "{STATE}"\n'
+    return f'{text[:header.end()]}\nstate_dir = "{STATE}"{text[header.end():]}'
+
+
 def parse(text: str, base: Path = Path("/etc/hadar-slurm")) -> SidecarConfig:
-    return parse_config(text, "test.toml", base)
+    """A config that is meant to be valid (state_dir added where it lacks one)."""
+    return parse_config(with_state_dir(text), "test.toml", base)
 
 
 def error_of(text: str, base: Path = Path("/etc/hadar-slurm")) -> str:
+    """The error of a config that is meant to be refused, as written."""
     with pytest.raises(InputError) as info:
-        parse(text, base)
+        parse_config(text, "test.toml", base)
     return str(info.value)
 
 
@@ -61,24 +76,54 @@ def test_defaults() -> None:
     assert c.preempt_signal == "USR1"
     assert c.throughputs == ()
     assert c.dry_run is False
-    assert c.state_dir == "/var/lib/hadar-slurm"
+    assert c.state_dir is None  # no default: a config file must set it
     assert (c.log_format, c.log_level) == ("json", "info")
     assert isinstance(c.epoch_seconds, float)
 
 
-def test_empty_file_is_the_defaults() -> None:
+def test_state_dir_only_is_the_defaults() -> None:
     c = parse("")
-    assert c.source == "test.toml"
-    assert c.with_overrides(source="<defaults>") == default_config()
+    assert c.source == "test.toml" and c.state_dir == STATE
+    assert c.with_overrides(source="<defaults>", state_dir=None) == default_config()
+
+
+@pytest.mark.parametrize("text, line", [
+    ("", None),
+    ("[scheduler]\npolicy = 'hadar'\n", None),
+    ("[scheduler]\npolicy = 'hadar'\n[sidecar]\ndry_run = true\n", 3),
+    ('[sidecar]\nstate_dir = ""\n', 2),
+])
+def test_config_without_state_dir_is_refused(text: str, line: int | None) -> None:
+    """Issue #11: a config without state_dir silently wrote /var/lib/hadar-slurm."""
+    msg = error_of(text)
+    where = "test.toml" if line is None else f"test.toml:{line}"
+    assert msg.startswith(f"{where}: field '[sidecar] state_dir': is not set"), msg
+    assert 'add state_dir = "/var/lib/hadar-slurm" under [sidecar]' in msg
+    assert "\n" not in msg
+
+
+def test_state_dir_is_required_where_it_is_used() -> None:
+    """A config built without a file (defaults, as ``status`` uses) has no state_dir: what
+    needs one says so in one line; readers get no state."""
+    c = default_config()
+    with pytest.raises(InputError, match=r"field '\[sidecar\] state_dir': is not set"):
+        c.require_state_dir()
+    with pytest.raises(InputError, match=r"field '\[sidecar\] state_dir'"):
+        _ = c.store_path
+    assert c.with_overrides(throughput_db="/x/t.db").store_path == Path("/x/t.db")
 
 
 def test_example_loads_and_lists_every_key_at_its_default() -> None:
+    """Every key at its default, except state_dir, which has none (the unit's directory)."""
     config = load_config(EXAMPLE)
-    assert config.with_overrides(source="<defaults>") == default_config()
+    assert config.state_dir == "/var/lib/hadar-slurm"
+    assert config.with_overrides(source="<defaults>", state_dir=None) == default_config()
     data = tomllib.loads(EXAMPLE.read_text())
     listed = {(s, k) for s, table in data.items() for k in table}
     assert listed == {(k.section, k.key) for k in CONFIG_SCHEMA}
     for key in CONFIG_SCHEMA:
+        if key.name == "[sidecar] state_dir":
+            continue
         default = tomllib.loads(f"v = {key.default_text}")["v"]
         assert data[key.section][key.key] == default, key.name
 
@@ -247,7 +292,7 @@ def test_key_in_the_wrong_section_is_unknown() -> None:
         ('[sidecar]\nlog_format = "xml"', "must be one of \"json\", \"text\""),
         ('[sidecar]\nlog_level = "verbose"', "must be one of \"debug\", \"info\""),
         ("[sidecar]\nlog_file = 3", "field '[sidecar] log_file': must be a path (a string)"),
-        ('[sidecar]\nstate_dir = ""', "field '[sidecar] state_dir': must not be empty"),
+        ('[sidecar]\nstate_dir = ""', "field '[sidecar] state_dir': is not set"),
         ('[slurm]\npartition = "gpu,cpu"', "must be one partition name"),
         ('[scheduler]\nthroughputs = "a.csv"',
          """must be a list of file paths, got "a.csv" (write it as a list: ["a.csv"])"""),

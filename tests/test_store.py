@@ -66,7 +66,9 @@ def test_not_a_database(tmp_path: Path) -> None:
     bad.write_text("this is not SQLite\n" * 100)
     with pytest.raises(InputError) as err:
         ThroughputStore(bad)
-    assert err.value.field == "db" and err.value.source == str(bad)
+    assert err.value.field == "[scheduler] throughput_db" and err.value.source == str(bad)
+    assert "is damaged (file is not a database)" in err.value.problem
+    assert err.value.fix is not None and "hadar-slurm throughputs recover" in err.value.fix
 
 
 def test_used_in_another_process_is_refused(store: ThroughputStore) -> None:

@@ -43,6 +43,12 @@ SECTIONS = ("slurm", "scheduler", "hadare", "sidecar", "metrics")
 DEFAULTS_SOURCE = "<defaults>"
 OVERRIDES_SOURCE = "<overrides>"
 
+STATE_DIR_FIELD = "[sidecar] state_dir"
+STATE_DIR_UNSET = ("is not set: the sidecar keeps its lock, last epoch, decisions and "
+                   "throughput store there, and it has no default")
+STATE_DIR_FIX = ('add state_dir = "/var/lib/hadar-slurm" under [sidecar], a directory of its '
+                 "own for each sidecar")
+
 BACKENDS = ("auto", "cli", "pyslurm")
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -176,12 +182,14 @@ def _optional_path(value: object, base: Path) -> str | None:
     return _resolve(text, base) if text.strip() else None
 
 
-def _dir_path(value: object, base: Path) -> str:
-    text = _path_text(value, "a directory path")
-    if not text.strip():
-        raise _InvalidValueError("must not be empty",
-                                 'give a directory, e.g. "/var/lib/hadar-slurm"')
-    return _resolve(text, base)
+def _state_dir(value: object, base: Path) -> str | None:
+    """The state directory; ``""`` (unset) is refused by :func:`parse_config` (no default)."""
+    path = _optional_path(value, base)
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        raise _InvalidValueError(f"{path} is not a directory",
+                                 'give a directory of its own for this sidecar, e.g. '
+                                 '"/var/lib/hadar-slurm"')
+    return path
 
 
 def _optional_dir(value: object, base: Path) -> str | None:
@@ -417,10 +425,14 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_bool,
     ),
     ConfigKey(
-        "sidecar", "state_dir", "path", '"/var/lib/hadar-slurm"',
-        "Directory where the last epoch's decisions are written (read by `hadar-slurm status` "
-        "and `explain`). Relative paths are resolved against this file's directory.",
-        check=_dir_path,
+        "sidecar", "state_dir", "path", '""',
+        "Required (no default): the sidecar's own directory. It holds the lock that keeps a "
+        "second sidecar off it (sidecar.lock), the last epoch number (epoch.json, so that "
+        "epochs never go back after a restart), the last epoch's decisions (state.json, read by "
+        "`hadar-slurm status` and `explain`) and, unless throughput_db says otherwise, the "
+        "throughput store. Give each sidecar its own (a dry run too). Relative paths are "
+        "resolved against this file's directory.",
+        check=_state_dir,
     ),
     ConfigKey(
         "sidecar", "log_format", "string", '"json"',
@@ -483,7 +495,7 @@ class SidecarConfig:
     estimate_optimism: float
     tracker_root: str | None
     dry_run: bool
-    state_dir: str
+    state_dir: str | None
     log_format: str
     log_file: str | None
     log_level: str
@@ -493,7 +505,16 @@ class SidecarConfig:
     @property
     def store_path(self) -> Path:
         """The throughput store: ``throughput_db``, else ``<state_dir>/throughputs.db``."""
-        return Path(self.throughput_db or os.path.join(self.state_dir, "throughputs.db"))
+        if self.throughput_db:
+            return Path(self.throughput_db)
+        return Path(self.require_state_dir()) / "throughputs.db"
+
+    def require_state_dir(self) -> str:
+        """``state_dir``, or a one-line error when it is not set (it has no default)."""
+        if self.state_dir is None:
+            raise InputError(STATE_DIR_UNSET, source=self.source, field=STATE_DIR_FIELD,
+                             fix=STATE_DIR_FIX)
+        return self.state_dir
 
     def with_overrides(self, **kw: object) -> SidecarConfig:
         """A copy with some fields replaced (e.g. from command line flags), validated as in the
@@ -597,7 +618,8 @@ def _suggest(name: str, known: list[str]) -> str:
 
 def parse_config(text: str, source: str, base_dir: Path) -> SidecarConfig:
     """Parse and validate a config file's text; relative paths are resolved against
-    ``base_dir``.  Absent keys take their defaults."""
+    ``base_dir``.  Absent keys take their defaults, except ``[sidecar] state_dir``, which
+    has none (every sidecar needs a directory of its own): a file without it is refused."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -649,6 +671,10 @@ def parse_config(text: str, source: str, base_dir: Path) -> SidecarConfig:
                                               line=key_lines.get(label))
     config = _build(values, source)
     _check_metrics_host(config, source, key_lines.get("[metrics] address"))
+    if config.state_dir is None:
+        raise InputError(STATE_DIR_UNSET, source=source,
+                         line=key_lines.get(STATE_DIR_FIELD, section_lines.get("sidecar")),
+                         field=STATE_DIR_FIELD, fix=STATE_DIR_FIX)
     return config
 
 

@@ -44,8 +44,10 @@ from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
 from hadar_slurm.sidecar.learn import Knowledge
 from hadar_slurm.sidecar.metrics import FinishTracker, SidecarMetrics, summarize_epoch
 from hadar_slurm.sidecar.pyslurm_api import make_api
+from hadar_slurm.sidecar.statedir import StateDirLock, is_unreachable, read_epoch, write_epoch
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmRunner
-from hadar_slurm.store import ThroughputStore
+from hadar_slurm.store import StoreDamagedError, ThroughputStore
+from hadar_slurm.store_recovery import recover_store
 
 STATE_FILE = "state.json"
 
@@ -85,15 +87,68 @@ class StopClock:
                 return
 
 
-def open_store(config: SidecarConfig) -> ThroughputStore:
-    """The config's throughput store, opened (created when missing)."""
+def _open_checked(path: Path) -> ThroughputStore:
+    store = ThroughputStore(path)
     try:
-        return ThroughputStore(config.store_path)
+        store.check()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def open_store(config: SidecarConfig, logger: logging.Logger | None = None) -> ThroughputStore:
+    """The config's throughput store, opened (created when missing) and read once whole.
+
+    A damaged store (:class:`~hadar_slurm.store.StoreDamagedError`) is moved aside and a fresh
+    one rebuilt from the config's throughput files (:func:`~hadar_slurm.store_recovery.
+    recover_store`); a ``store_recovered`` warning names the kept file.  Called under the
+    state_dir lock, so no other sidecar uses the store while it is moved."""
+    path = config.store_path
+    try:
+        try:
+            return _open_checked(path)
+        except StoreDamagedError as exc:
+            recovered = recover_store(path, config.throughputs, error=exc.error)
+            if logger is not None:
+                log_event(logger, "store_recovered", logging.WARNING, path=str(path),
+                          kept=str(recovered.kept), error=exc.error,
+                          imported=recovered.imported, files=list(recovered.files),
+                          note="learned rates are lost and re-learned")
+            return _open_checked(path)
     except InputError as exc:
-        raise InputError(f"cannot open the throughput store {config.store_path}: {exc.problem}",
+        raise InputError(f"cannot open the throughput store {path}: {exc.problem}",
                          source=config.source, field="[scheduler] throughput_db",
-                         fix="give a path in a writable directory on a local file system, "
+                         fix=exc.fix if isinstance(exc, StoreDamagedError) else
+                         "give a path in a writable directory on a local file system, "
                          "or create the state_dir") from None
+
+
+class Reachability:
+    """Whether slurmctld answers: a ``slurm_unreachable`` warning for each Slurm read that
+    failed because it did not (with how long it has not), a ``slurm_reachable`` event when it
+    answers again, and the metrics of both."""
+
+    def __init__(self, logger: logging.Logger, metrics: SidecarMetrics) -> None:
+        self.logger = logger
+        self.metrics = metrics
+        self.since: float | None = None  # when the current outage was first seen
+
+    def failed(self, exc: SlurmError, **fields: object) -> None:
+        now = time.time()
+        if self.since is None:
+            self.since = now
+            self.metrics.unreachable_since(now)
+        log_event(self.logger, "slurm_unreachable", logging.WARNING, error=str(exc),
+                  unreachable_s=round(now - self.since, 1), **fields)
+
+    def answered(self) -> None:
+        if self.since is None:
+            return
+        down_s = time.time() - self.since
+        self.since = None
+        self.metrics.reachable()
+        log_event(self.logger, "slurm_reachable", unreachable_s=round(down_s, 1))
 
 
 class Sidecar:
@@ -101,7 +156,18 @@ class Sidecar:
 
     def __init__(self, config: SidecarConfig, *, api: SlurmApi | None = None) -> None:
         self.config = config
+        self.state_dir = config.require_state_dir()
         self.logger = setup_logging(config.log_format, config.log_file, config.log_level)
+        # one sidecar per state_dir, dry runs too; held until close() (run() closes)
+        self.lock = StateDirLock(self.state_dir, source=config.source)
+        self.lock.acquire(dry_run=config.dry_run)
+        try:
+            self._setup(config, api)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _setup(self, config: SidecarConfig, api: SlurmApi | None) -> None:
         self.stop = threading.Event()
         self.max_epochs: int | None = None
         self._epochs_run = 0
@@ -117,7 +183,7 @@ class Sidecar:
                 self.policy, multi_node_copies=False,
                 hadar=dataclasses.replace(self.policy.hadar, migration_s=config.migration_s))
         table = load_table_for(config)
-        self.store = open_store(config)
+        self.store: ThroughputStore | None = open_store(config, self.logger)
         self.backend = SlurmBackend(
             self.api, table, partition=config.partition,
             preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,
@@ -131,6 +197,7 @@ class Sidecar:
         self.loop = EpochLoop(self.backend, self.policy, clock,
                               round_s=config.epoch_seconds, on_epoch=self._on_epoch)
         self.metrics = SidecarMetrics(config.policy, dry_run=config.dry_run)
+        self.reach = Reachability(self.logger, self.metrics)
         self.finishes = FinishTracker()
 
     def _job_ended(self) -> bool:
@@ -159,9 +226,28 @@ class Sidecar:
         signal.signal(signal.SIGINT, handler)
 
     def recover_epoch(self) -> int:
-        """Read Slurm once; the next epoch follows the latest one recorded on a job."""
+        """Read Slurm once; the next epoch follows the latest one recorded on a job or in the
+        state_dir's epoch file, whichever is later (Slurm forgets finished jobs, so its
+        records alone could take the counter back)."""
         self.backend.read()
-        return self.backend.last_epoch() + 1
+        return max(self.backend.last_epoch(), read_epoch(self.state_dir)) + 1
+
+    def close(self) -> None:
+        """Close the store and release the state_dir lock (idempotent)."""
+        if self.store is not None:
+            self.store.close()
+        self.lock.release()
+
+    def _detach_store(self, exc: StoreDamagedError) -> None:
+        """The store failed mid-run: plan with the base table from now on (see _run)."""
+        log_event(self.logger, "store_failed", logging.WARNING, epoch=self.loop.epoch,
+                  path=exc.path, error=exc.error,
+                  fix="restart the sidecar (it recovers the store at start) or run "
+                  "`hadar-slurm throughputs recover`; until then the base tables are used")
+        store, self.store = self.store, None
+        self.backend.knowledge.store = None
+        if store is not None:
+            store.close()
 
     def run(self, *, max_epochs: int | None = None) -> int:
         """Run epochs until stopped (or ``max_epochs`` ran).  Returns the exit status."""
@@ -175,39 +261,62 @@ class Sidecar:
         finally:
             self.logger.removeHandler(self.metrics.error_handler)
             self.metrics.stop()
-            self.store.close()
+            self.close()
 
     def _run(self) -> int:
         c = self.config
         log_event(self.logger, "start", policy=c.policy, epoch_seconds=c.epoch_seconds,
                   dry_run=c.dry_run, backend=self.api.name, config=c.source,
                   pid=os.getpid(), metrics=self.metrics.address,
-                  throughput_db=str(self.store.path), learn=c.learn_throughputs)
+                  throughput_db=str(c.store_path), learn=c.learn_throughputs,
+                  state_dir=self.state_dir)
         while not self.stop.is_set():
             try:
                 self.loop.epoch = self.recover_epoch()
+                self.reach.answered()
                 break
             except SlurmConfigError:
                 raise
             except SlurmError as exc:
-                log_event(self.logger, "slurm_unreachable", logging.WARNING, error=str(exc))
+                if is_unreachable(exc):
+                    self.reach.failed(exc, at="start")
+                else:
+                    log_event(self.logger, "start_read_failed", logging.WARNING,
+                              error=str(exc))
                 self.stop.wait(min(c.epoch_seconds, 5.0))
         log_event(self.logger, "resume", epoch=self.loop.epoch)
         while not self._should_stop():
+            try:
+                write_epoch(self.state_dir, self.loop.epoch)
+            except OSError as exc:
+                log_event(self.logger, "state_write_failed", logging.WARNING,
+                          path=self.state_dir, error=str(exc))
             try:
                 if not self.loop.run_epoch():
                     break
             except SlurmConfigError:
                 raise
+            except StoreDamagedError as exc:
+                # Corruption found mid-run: go on with the base table at once (the epoch
+                # stopped before its actions: the store is read and written while the epoch
+                # reads).  The store is not rebuilt in place: other processes (profile, the
+                # CLI) may have it open and would go on writing to the file moved aside, and a
+                # failing disk would be rebuilt every epoch; the next start, under the lock,
+                # recovers it (or an admin runs `hadar-slurm throughputs recover`).
+                self._detach_store(exc)
             except SlurmError as exc:
-                log_event(self.logger, "epoch_failed", logging.WARNING, epoch=self.loop.epoch,
-                          error=str(exc))
+                if is_unreachable(exc):
+                    self.reach.failed(exc, epoch=self.loop.epoch)
+                else:
+                    log_event(self.logger, "epoch_failed", logging.WARNING,
+                              epoch=self.loop.epoch, error=str(exc))
                 self.stop.wait(c.epoch_seconds)
         log_event(self.logger, "stop", epoch=self.loop.epoch)
         return 0
 
     def _on_epoch(self, record: EpochRecord) -> None:
         self._epochs_run += 1
+        self.reach.answered()  # the epoch read Slurm
         st = self.backend.stats
         snapshot, decision = self.loop.last_snapshot, self.loop.last_decision
         summary = summarize_epoch(record, time.time() - record.start, snapshot, decision,
@@ -291,7 +400,7 @@ def epoch_state(
 
 def write_state(config: SidecarConfig, backend: SlurmBackend, snapshot: Snapshot,
                 decision: Decision) -> Path:
-    state_dir = Path(config.state_dir)
+    state_dir = Path(config.require_state_dir())
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / STATE_FILE
     tmp = path.with_suffix(f".tmp.{os.getpid()}")
@@ -301,7 +410,10 @@ def write_state(config: SidecarConfig, backend: SlurmBackend, snapshot: Snapshot
 
 
 def read_state(config: SidecarConfig) -> dict[str, object] | None:
-    """The last epoch's state file, or ``None`` when there is none (yet)."""
+    """The last epoch's state file, or ``None`` when there is none (yet, or no state_dir is
+    configured)."""
+    if config.state_dir is None:
+        return None
     path = Path(config.state_dir) / STATE_FILE
     try:
         data = json.loads(path.read_text())

@@ -25,7 +25,13 @@ so that tests can make several)::
     hadar_jobs_finished_total{state}    counter    hadar jobs seen finished, by final state
     hadar_errors_total{kind}            counter    warning/error log events, by event name:
                                                    epoch_failed, action_failed, fork_failed,
-                                                   slurm_unreachable, state_write_failed, ...
+                                                   slurm_unreachable, state_write_failed,
+                                                   store_failed, store_recovered, ...
+    hadar_slurm_unreachable             gauge      1 while slurmctld does not answer (a read
+                                                   timed out or could not reach it), else 0
+    hadar_slurm_unreachable_since_seconds gauge    when the current outage was first seen
+                                                   (Unix time; 0 while reachable)
+    hadar_slurm_outages_total           counter    times slurmctld stopped answering
     hadar_info{policy,version,dry_run}  gauge      always 1
 
 Errors are counted by a :class:`logging.Handler` on the ``hadar_slurm`` logger, so every
@@ -65,7 +71,7 @@ from hadar_slurm.slurm.parse import FINAL_STATES
 JOB_STATES = ("running", "starting", "waiting", "unsteered")
 #: Error kinds exported from the start (0 until one happens), so that rates work.
 ERROR_KINDS = ("epoch_failed", "action_failed", "fork_failed", "slurm_unreachable",
-               "state_write_failed")
+               "state_write_failed", "store_failed", "store_recovered")
 #: Actions that start a job somewhere: a placement, or a fork into copies.
 PLACING_ACTIONS = ("place", "fork")
 #: A job Slurm no longer lists when the sidecar looks for its end.
@@ -280,6 +286,15 @@ class SidecarMetrics:
                                 registry=r)
         self.errors = Counter("hadar_errors", "Warning and error events, by event name",
                               ["kind"], registry=r)
+        self.unreachable = Gauge(
+            "hadar_slurm_unreachable", "1 while slurmctld does not answer the sidecar's reads "
+            "(timed out, or could not be reached), else 0", registry=r)
+        self.unreachable_since_time = Gauge(
+            "hadar_slurm_unreachable_since_seconds",
+            "Unix time the current outage of slurmctld was first seen (0 while it answers)",
+            registry=r)
+        self.outages = Counter("hadar_slurm_outages",
+                               "Times slurmctld stopped answering the sidecar", registry=r)
         self.info = Gauge("hadar_info", "The sidecar's policy and version (always 1)",
                           ["policy", "version", "dry_run"], registry=r)
         self.info.labels(policy=policy, version=version,
@@ -315,6 +330,17 @@ class SidecarMetrics:
         self.placed.inc(s.placements)
         for f in s.finished:
             self.finished.labels(state=f.state).inc()
+
+    def unreachable_since(self, when: float) -> None:
+        """slurmctld stopped answering at ``when`` (Unix time): a new outage."""
+        self.unreachable.set(1)
+        self.unreachable_since_time.set(when)
+        self.outages.inc()
+
+    def reachable(self) -> None:
+        """slurmctld answers again."""
+        self.unreachable.set(0)
+        self.unreachable_since_time.set(0)
 
     def exposition(self) -> str:
         """The metrics in Prometheus' text format (what ``/metrics`` serves)."""
