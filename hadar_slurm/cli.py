@@ -5,7 +5,8 @@ Subcommands::
     hadar-slurm simulate --trace FILE --cluster 4:4:4 [--throughputs FILE]
                          [--policy NAME[,NAME...]] [--round-seconds 360]
                          [--json OUT] [--plots DIR]
-    hadar-slurm run --config FILE [--once] [--dry-run] [--epoch-seconds S] [--max-epochs N]
+    hadar-slurm run --config FILE [--once] [--dry-run] [--state-dir DIR] [--epoch-seconds S]
+                    [--max-epochs N]
     hadar-slurm status [--config FILE] [--all] [--json]
     hadar-slurm explain JOBID [--config FILE]
     hadar-slurm hints check "hadar: model=... steps=..." [--gpus N] | hints lua
@@ -281,6 +282,8 @@ def _sidecar_config(args: argparse.Namespace) -> SidecarConfig:
         overrides["dry_run"] = True
     if getattr(args, "epoch_seconds", None) is not None:
         overrides["epoch_seconds"] = parse_round(args.epoch_seconds)
+    if getattr(args, "state_dir", None) is not None:
+        overrides["state_dir"] = args.state_dir
     return config.with_overrides(**overrides) if overrides else config
 
 
@@ -394,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="shadow mode: log what it would do, change nothing in Slurm")
     run.add_argument("--epoch-seconds", metavar="S",
                      help="epoch length in seconds (overrides the config)")
+    run.add_argument("--state-dir", metavar="DIR",
+                     help="the sidecar's state directory (overrides [sidecar] state_dir): one "
+                     "sidecar per state_dir, so a dry run beside a running sidecar needs its "
+                     "own")
     run.set_defaults(func=cmd_run)
 
     status = sub.add_parser(

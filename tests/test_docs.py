@@ -122,6 +122,8 @@ REGISTRY: dict[str, Where] = {
                                                  "/usr/local/bin"),
     "systemctl restart hadar-slurm": NotRun("needs systemd and a running service"),
     f"hadar-slurm run --config {CONFIG} --dry-run --once": OnCluster(out='"event": "epoch"'),
+    f"hadar-slurm run --config {CONFIG} --dry-run --once --state-dir "
+    "/var/lib/hadar-slurm/upgrade-check": OnCluster(out='"event": "epoch"'),
     "python -m hadar_slurm.docs_gen --write": Here(out="docs/admins.md: config reference"),
     "python -m hadar_slurm.docs_gen --check": Here(out="the config reference is up to date"),
     "journalctl -u hadar-slurm -o cat > sidecar.log": NotRun(
@@ -136,6 +138,7 @@ REGISTRY: dict[str, Where] = {
     "hadar-slurm throughputs export /etc/hadar-slurm/throughputs.csv --config "
     f"{CONFIG} --format csv":
         Here(out="entries written to", creates="/etc/hadar-slurm/throughputs.csv"),
+    f"hadar-slurm throughputs recover --config {CONFIG}": Here(out="is sound: nothing to do"),
     "hadar-slurm gpus": Here(rc=(0, 3)),  # 3: no NVML (no NVIDIA driver), as here
     "hadar-slurm gres-conf --node node1": Here(rc=(0, 3)),
     "hadar-slurm profile --model digits --batch-size 32 --iters 20 --no-record": Here(
