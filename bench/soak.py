@@ -30,9 +30,10 @@ on the checkpoint signal, as the training runtime does), ``ignore`` (logs the si
 ``die`` (no trap: the signal kills it).
 
 Faults, at seeded random times during ``--duration`` (every kind once per round, in a shuffled
-order; --quick: shorter): SIGKILL of the sidecar (restarted 0-5 s later), slurmctld stopped (SIGSTOP 20-40 s, then
-SIGCONT), slurmctld restarted (``dev-cluster.sh restart-ctld``), a node set DOWN or DRAIN for
-10-30 s, then ``State=RESUME``.  Submissions and releases wait while slurmctld is stopped or
+order; shorter with --quick): SIGKILL of the sidecar (restarted 0-5 s later), slurmctld stopped
+(SIGSTOP 20-40 s, then SIGCONT), slurmctld restarted (``dev-cluster.sh restart-ctld``), a node
+set DOWN (its jobs are requeued; with ReturnToService=2 it is back at once) or DRAIN for 10-30 s,
+then ``State=RESUME``.  Submissions and releases wait while slurmctld is stopped or
 restarting.
 
 Job states are tracked all along (``squeue --json`` every few seconds: finished jobs vanish after
@@ -188,6 +189,7 @@ class Options:
     ctld_stop_s: tuple[float, float] = (20.0, 40.0)  # SIGSTOP lasts this long (uniform)
     node_s: tuple[float, float] = (10.0, 30.0)  # a node stays DOWN/DRAIN this long
     gap_s: tuple[float, float] = (5.0, 15.0)  # between two faults
+    long_s: tuple[int, int] = (20, 50)  # a third of the hadar jobs run this long (preemptions)
 
 
 def quick_options(**over: Any) -> Options:
@@ -195,7 +197,7 @@ def quick_options(**over: Any) -> Options:
     faults and gaps), 10 s epochs."""
     base: dict[str, Any] = dict(jobs=40, duration_s=90.0, epoch_s=10.0, drain_timeout_s=150.0,
                                 poll_s=2.5, ctld_stop_s=(20.0, 25.0), node_s=(10.0, 15.0),
-                                gap_s=(3.0, 6.0))
+                                gap_s=(3.0, 6.0), long_s=(20, 35))
     base.update(over)
     return Options(**base)
 
@@ -282,7 +284,9 @@ def plan_jobs(opts: Options, rng: random.Random, sentinel: Path) -> list[Spec]:
         kind = kinds[key % len(kinds)] if key < len(kinds) else rng.choice(kinds)
         at = round(rng.uniform(0, window), 2)
         user = key % 2
-        secs = rng.randint(3, 12) if kind == "hadar" else rng.randint(3, 7)
+        secs = rng.randint(3, 7)
+        if kind == "hadar":
+            secs = rng.randint(*opts.long_s) if rng.random() < 0.35 else rng.randint(3, 12)
         mode = rng.choices(("ckpt", "ignore", "die"), (7, 2, 1))[0]
         hints, gpus = rng.choice(VALID)
         spec = Spec(key, at, user, kind, f"hadar: {hints}", f"gpu:{gpus}", None, secs, mode)
@@ -337,7 +341,7 @@ def plan_faults(opts: Options, rng: random.Random, nodes: list[str]) -> list[Fau
         elif kind == "ctld_restart":
             f = Fault(t, kind, 0.0)
         else:
-            f = Fault(t, rng.choice(("node_down", "node_drain")),
+            f = Fault(t, rng.choice(("node_down", "node_drain", "node_drain")),
                       round(rng.uniform(*opts.node_s), 1), rng.choice(nodes))
         if t >= opts.duration_s:
             return out
@@ -584,19 +588,19 @@ class Soak:
         user = self.users[rec.spec.user]
         argv = (commands.scontrol_hold if what == "hold" else commands.scontrol_release)(
             rec.job_id)
+        if what == "release":
+            rec.release_t = self.now()  # from now on the job may run: the user let it go
         try:
             out = self.runner.run(argv, as_user=user.runas(), check=False, timeout=40)
             result = f"rc={out.returncode} {out.stderr.strip()[-300:]}".strip()
             ok = out.returncode == 0
         except SlurmError as exc:
             result, ok = str(exc)[-300:], False
-        t = self.now()
         if what == "hold":
-            rec.hold_t = t if ok else None
-            rec.release_result = f"hold: {result}"
+            rec.hold_t = self.now() if ok else None
+            rec.release_result = f"hold at t={self.now():.1f}s: {result}"
         else:
-            rec.release_t = t
-            rec.release_result += f" release: {result}"
+            rec.release_result += f" release at t={rec.release_t:.1f}s: {result}"
 
     def submitter(self, specs: list[Spec]) -> None:
         queue: list[tuple[float, int, str, Record]] = []
@@ -839,12 +843,18 @@ class Soak:
         outcome: Counter[str] = Counter()
         failures: list[dict[str, Any]] = []
         jobs_out = []
+        signalled = restarted = 0
         for rec in self.records:
             verdict, why = self.judge(rec)
+            runs = [ln.split()[0] for ln in self.job_log(rec)] if rec.job_id else []
+            signalled += "signal" in runs
+            restarted += runs.count("start") > 1
             outcome[verdict] += 1
             entry: dict[str, Any] = {
                 "key": rec.spec.key, "job": rec.job_id, "user": self.users[rec.spec.user].name,
                 "kind": rec.spec.kind, "verdict": verdict}
+            if rec.release_result:
+                entry["hold"] = rec.release_result.strip()
             jobs_out.append(entry)
             if why:
                 log = self.job_log(rec) if rec.job_id else []
@@ -890,6 +900,8 @@ class Soak:
             "pending_at_end": outcome["pending_at_end"],
             "hold_broken": outcome["hold_broken"],
             "injected": self.sentinel.exists(),
+            "jobs_signalled": signalled,
+            "jobs_run_more_than_once": restarted,
             "sidecar_kills": self.supervisor.kills,
             "sidecar_starts": self.supervisor.started,
             "sidecar_crashes": len(self.supervisor.crashes),
@@ -1019,6 +1031,8 @@ def summary(result: dict[str, Any]) -> str:
         f"lost {f['lost']} {f['lost_detail']}",
         f"  held at end {f['held_at_end']}  pending at end {f['pending_at_end']}  "
         f"user holds broken {f['hold_broken']}  injection {f['injected']}",
+        f"  jobs signalled {f['jobs_signalled']}  started more than once "
+        f"{f['jobs_run_more_than_once']}",
         f"  sidecar kills {f['sidecar_kills']}  starts {f['sidecar_starts']}  crashes "
         f"{f['sidecar_crashes']}  final stop rc {f['sidecar_final_stop_rc']}",
         f"  slurmctld restarts {f['ctld_restarts']}  stops {f['ctld_stops']}  node downs "
