@@ -71,6 +71,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     hints = parse_hints(comment, ModelCatalog.default(), gpus=args.gpus)
     if args.json:
         data: dict[str, Any] = dataclasses.asdict(hints)
+        data["preempt"] = hints.preempt_mode  # (the hint, or its default)
         if args.gpus is not None:
             data["gpus"] = args.gpus
         print(json.dumps(data, sort_keys=True))

@@ -15,7 +15,8 @@
 --     requests, --constraint and --prefer are cleared: the sidecar picks the GPU type and sets
 --     NodeList and Features itself;
 --   * it is held for the sidecar (priority 0), made requeueable, and gets the admin comment
---     "hadar: held for the sidecar".
+--     "hadar: held for the sidecar"; a job its user submitted held (sbatch --hold) gets
+--     "hadar: held by its user" instead, and the sidecar leaves it until the user releases it.
 -- Every other job is left exactly as submitted.  slurm_job_modify passes everything through.
 --
 -- The model catalog below is generated from the throughput table, with the bounds of every value
@@ -101,13 +102,15 @@ local HADAR_MODELS = {
 -- END HADAR MODELS
 
 local HINT_PREFIX = "hadar:"
-local HINT_KEYS = {"model", "bs", "steps", "sync", "weight", "fork"}
+local HINT_KEYS = {"model", "bs", "steps", "sync", "weight", "fork", "preempt"}
 local KEYS_TEXT = table.concat(HINT_KEYS, ", ")
 local VALUE_FORM = {model = "model=NAME", bs = "bs=N", steps = "steps=N", sync = "sync=true",
-                    weight = "weight=W", fork = "fork=N"}
+                    weight = "weight=W", fork = "fork=N", preempt = "preempt=checkpoint"}
+local PREEMPT_MODES = {checkpoint = true, requeue = true, never = true}
 local SYNC = {["true"] = true, yes = true, ["1"] = true,
               ["false"] = false, no = false, ["0"] = false}
 local ADMIN_COMMENT = "hadar: held for the sidecar"
+local USER_HELD_COMMENT = "hadar: held by its user"
 local NO_VAL = 4294967294  -- 0xfffffffe, Slurm's "not set" of 32-bit fields (num_tasks)
 local NO_VAL16 = 65534     -- 0xfffe, of 16-bit fields (sockets_per_node)
 
@@ -279,6 +282,21 @@ local function parse_hints(comment, gpus)
     end
   end
 
+  local preempt = ""
+  if given.preempt ~= nil then
+    if PREEMPT_MODES[given.preempt] == nil then
+      return nil, string.format(
+        "preempt must be checkpoint, requeue or never, got '%s' (checkpoint: it saves its state "
+        .. "on the signal and exits 75; requeue: it may be restarted; never)", quote(given.preempt))
+    end
+    preempt = given.preempt
+    if fork > 1 and preempt ~= "checkpoint" then
+      return nil, string.format(
+        "fork=%d needs preempt=checkpoint, got preempt=%s (copies are stopped with the checkpoint "
+        .. "signal: write preempt=checkpoint, or leave preempt out)", fork, preempt)
+    end
+  end
+
   local variant = entry.variants[bs or 0]
   if not contains(variant.gpus, gpus) then
     local label = model
@@ -295,7 +313,7 @@ local function parse_hints(comment, gpus)
                               label, join(variant.gpus, " or "), plural, tostring(gpus), fix)
   end
   return {model = model, bs = bs, steps = steps, sync = sync, weight = weight, fork = fork,
-          job_type = variant.job_type}
+          preempt = preempt, job_type = variant.job_type}
 end
 
 -- ---------------------------------------------------------------- the GPU request
@@ -361,9 +379,16 @@ local function submit_hadar_job(job_desc, submit_uid)
                           "prefer"}) do
     if job_desc[field] ~= nil then job_desc[field] = "" end
   end
+  -- sbatch --hold comes as priority 0: the user's own hold, which the sidecar leaves alone
+  -- until the user releases the job (it tells the two apart by the admin comment)
+  local user_hold = job_desc.priority == 0
   job_desc.priority = 0
   job_desc.requeue = 1
-  job_desc.admin_comment = ADMIN_COMMENT
+  if user_hold then
+    job_desc.admin_comment = USER_HELD_COMMENT
+  else
+    job_desc.admin_comment = ADMIN_COMMENT
+  end
   slurm.log_info("hadar job_submit.lua: hadar job of uid %u: %s on %s GPUs, held",
                  submit_uid, hints.job_type, tostring(gpus))
   return slurm.SUCCESS

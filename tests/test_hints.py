@@ -26,7 +26,7 @@ from hadar_slurm.hints import (
 from hadar_slurm.throughputs import ThroughputTable, default_table, parse_csv
 
 KNOWN = "a3c, cyclegan, lm, recommendation, resnet18, resnet50, transformer"
-KEYS = "keys: model, bs, steps, sync, weight, fork"
+KEYS = "keys: model, bs, steps, sync, weight, fork, preempt"
 STEPS_MSG = "steps must be a whole number of iterations from 1 to 1000000000000, got "
 WEIGHT_MSG = "weight must be a number from 0.001 to 1000, got "
 FORK_MSG = ("fork must be a whole number from 1 to 16, got '{}' (e.g. fork=3, the most copies "
@@ -220,7 +220,7 @@ def test_gpu_count_is_checked() -> None:
 
 
 def test_docs_list_the_keys_and_the_default_models() -> None:
-    assert HINT_KEYS == ("model", "bs", "steps", "sync", "weight", "fork")
+    assert HINT_KEYS == ("model", "bs", "steps", "sync", "weight", "fork", "preempt")
     text = (REPO / "docs" / "users.md").read_text()
     for key in HINT_KEYS:
         assert f"| `{key}` |" in text
@@ -269,7 +269,8 @@ def test_cli_check_and_lua(capsys: pytest.CaptureFixture[str]) -> None:
                    "job_type='ResNet-50 (batch size 64)'\n")
     out = run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9 sync=no", "--json")
     assert json.loads(out) == {"model": "a3c", "batch_size": None, "steps": 9, "sync": False,
-                               "weight": 1.0, "job_type": "A3C", "fork": 1}
+                               "weight": 1.0, "job_type": "A3C", "fork": 1,
+                               "preempt": "never"}
     assert run_hints_cli(capsys, "hints", "lua") == lua_catalog_block(ModelCatalog.default())
     with pytest.raises(HintError, match="a3c runs on 1 GPU"):
         run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9", "--gpus", "2")

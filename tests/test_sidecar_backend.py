@@ -17,6 +17,7 @@ import pytest
 
 from hadar_slurm.loop import Action, ActionKind, diff
 from hadar_slurm.policy.base import Decision, Placement, Reason
+from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.record import JobRecord, decode
@@ -24,7 +25,7 @@ from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
 from hadar_slurm.slurm.parse import FINAL_STATES, Gres
 from hadar_slurm.throughputs import default_table
 
-HINT = "hadar: model=resnet50 bs=64 steps=40000"
+HINT = "hadar: model=resnet50 bs=64 steps=40000 preempt=checkpoint"
 
 
 def job(job_id: int, *, state: str = "PENDING", reason: str = "JobHeldAdmin",
@@ -100,8 +101,9 @@ class FakeSlurm:
 
     def requeue_hold(self, job_id: int) -> None:
         self._do("requeuehold", job_id)
+        # (Slurm shows a requeue-hold as JobHeldUser, whoever asked for it)
         self.jobs[job_id] = replace(self.jobs[job_id], state="PENDING",
-                                    state_reason="JobHeldAdmin", nodes="", node_names=())
+                                    state_reason="JobHeldUser", nodes="", node_names=())
 
     def signal(self, job_id: int, signal: str) -> None:
         self._do("signal", job_id)
@@ -131,12 +133,15 @@ class FakeSlurm:
         leader = max(self.jobs) + 1
         for k, block in enumerate(blocks):
             opts = dict(re.findall(r"^#SBATCH --([a-z-]+)=(\S+)$", block, re.M))
+            original = self.jobs.get(hadare.copy_of(opts["comment"]) or 0)
             self.jobs[leader + k] = replace(
                 job(leader + k, reason="Resources" if dependency is None else "Dependency",
                     comment=opts["comment"], admin="", gpus=int(opts["gres"].split(":")[1])),
                 name=opts["job-name"], required_nodes=opts["nodelist"],
                 features=opts["constraint"], het_job_id=leader if len(blocks) > 1 else None,
-                het_job_offset=k if len(blocks) > 1 else None, dependency=dependency or "")
+                het_job_offset=k if len(blocks) > 1 else None, dependency=dependency or "",
+                # as Slurm shows a batch job: its owner, and the script it was submitted with
+                user=original.user if original is not None else "?", command=script)
         return leader
 
 NODES = [node("node1", "v100", 4), node("node2", "p100", 4), node("node3", "k80", 2)]
@@ -235,7 +240,10 @@ def test_move_of_a_running_job_signals_then_requeues_held() -> None:
     decision, actions = decide(b, {1: [(0, 1)]}, epoch=3, now=2000.0)
     assert [a.kind for a in actions] == [ActionKind.MOVE]
     b.apply(decision, actions, 2000.0)
-    assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1)] and slept == [5.0]
+    # the record of the move first (state=preempting), then the signal, the grace, the
+    # requeue, and the record preempted
+    assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1), ("update", 1)]
+    assert slept == [5.0]
     rec2 = decode(api.jobs[1].admin_comment)
     k80 = default_table().rate("ResNet-50 (batch size 64)", 1, "k80")
     assert rec2.state == "preempted" and rec2.done == pytest.approx(100 * k80, rel=1e-5)
@@ -260,11 +268,14 @@ def test_job_that_finished_during_grace_is_not_requeued() -> None:
     assert [w for w, _ in api.log] == ["update", "signal"]
 
 
-@pytest.mark.parametrize("exit_code,requeued", [(75, True), (0, False), (1, False)])
+@pytest.mark.parametrize("exit_code,requeued", [(75, True), (0, False), (1, True), (138, True)])
 def test_job_that_checkpointed_and_exited_75_during_grace_is_requeued(
         exit_code: int, requeued: bool) -> None:
     # hadar_slurm.runtime checkpoints on the preemption signal and exits 75 (EX_TEMPFAIL):
-    # that job is not done and must run again, so it is requeued held like a running one.
+    # that job is not done and must run again, so it is requeued held like a running one
+    # (on a Slurm without RequeueExitHold=75, which would requeue it itself).  So is one that
+    # failed during its grace (e.g. died of the signal: 138): never left FAILED.  Exit 0: it
+    # finished.
     api = FakeSlurm([job(1, state="RUNNING", reason="None", nodes=("node3",), start=1900)],
                     NODES)
 
@@ -275,7 +286,7 @@ def test_job_that_checkpointed_and_exited_75_during_grace_is_requeued(
     b = SlurmBackend(api, default_table(), preempt_grace_s=1.0, sleep=checkpoint_and_exit)
     decision, actions = decide(b, {})
     b.apply(decision, actions, 2000.0)
-    expected = ["update", "signal"] + (["requeuehold"] if requeued else [])
+    expected = ["update", "signal"] + (["requeuehold", "update"] if requeued else [])
     assert [w for w, _ in api.log] == expected
 
 
@@ -379,3 +390,169 @@ def test_jobs_that_end_after_the_epoch_are_seen_with_one_light_read() -> None:
     assert b.ended_since_epoch() == [1, 3]  # job 5: released, still pending
     api.jobs[5] = replace(api.jobs[5], state="CANCELLED")
     assert b.ended_since_epoch() == [1, 3, 5]
+
+
+# -- issue #11: moves that survive faults, users that cannot steer ------------------------------
+
+NO_CHECKPOINT = "hadar: model=resnet50 bs=64 steps=40000"  # (no preempt hint: never stopped)
+
+
+def running(job_id: int, comment: str = HINT, admin: str = "", node_name: str = "node3",
+            **kw: object) -> SlurmJob:
+    rec = admin or JobRecord(epoch=0, state="placed", place=((node_name, 1),), gpus=1).encode()
+    return job(job_id, state="RUNNING", reason="None", comment=comment, admin=rec,
+               nodes=(node_name,), start=1900, **kw)  # type: ignore[arg-type]
+
+
+def test_a_job_that_cannot_checkpoint_is_never_stopped() -> None:
+    api = FakeSlurm([running(1, comment=NO_CHECKPOINT)], [*NODES[:2], node("node3", "k80", 2, 1)])
+    b = backend(api)
+    snap = b.snapshot(0, 2000.0, 60.0, None)
+    # not the policy's to move: outside the snapshot, its GPU not offered to others
+    assert snap.num_jobs == 0 and 1 in b.pinned
+    assert snap.node_gpus.tolist() == [4, 4, 1]
+    decision, actions = decide(b, {})
+    b.apply(decision, actions, 2000.0)
+    assert api.log == []
+    # with preempt=requeue it may be stopped: requeued at once, without a signal or grace
+    api.jobs[1] = running(1, comment=NO_CHECKPOINT + " preempt=requeue")
+    slept: list[float] = []
+    b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=slept.append)
+    decision, actions = decide(b, {})
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [("update", 1), ("requeuehold", 1), ("update", 1)] and slept == []
+    assert decode(api.jobs[1].admin_comment).state == "preempted"
+
+
+@pytest.mark.parametrize("deadline,slept,signals", [(1990.0, [], 0), (2003.0, [3.0], 0)])
+def test_a_move_begun_before_a_restart_is_finished_without_a_second_signal(
+        deadline: float, slept: list[float], signals: int) -> None:
+    # a sidecar signalled the job (record preempting) and died before the requeue: the next
+    # one waits out what is left of the grace, then requeues it, whatever the decision
+    rec = JobRecord(epoch=4, state="preempting", gpus=1, until=1995.0, deadline=deadline)
+    api = FakeSlurm([running(1, admin=rec.encode())], NODES)
+    waited: list[float] = []
+    b = SlurmBackend(api, default_table(), preempt_grace_s=30.0, sleep=waited.append)
+    assert b.snapshot(5, 2000.0, 60.0, None).num_jobs == 1
+    decision, actions = decide(b, {1: [(2, 1)]}, epoch=5)  # (it would stay where it is)
+    b.apply(decision, actions, 2000.0)
+    assert [w for w, _ in api.log].count("signal") == signals
+    assert ("requeuehold", 1) in api.log and waited == slept
+    assert decode(api.jobs[1].admin_comment).state == "preempted"
+
+
+@pytest.mark.parametrize("state,exit_code,requeued", [
+    ("FAILED", 75, True),  # checkpointed, on a Slurm without RequeueExitHold=75
+    ("FAILED", None, True),  # died of the signal (a script that does not trap it)
+    ("COMPLETED", 0, False),  # finished
+    ("CANCELLED", None, False),  # its user cancelled it
+    ("TIMEOUT", None, False),
+])
+def test_a_job_that_a_move_left_ended_is_requeued_by_the_next_sidecar(
+        state: str, exit_code: int | None, requeued: bool) -> None:
+    rec = JobRecord(epoch=4, state="preempting", gpus=1, until=1995.0, deadline=1999.0)
+    ended = replace(job(1, state=state, reason="None", admin=rec.encode()), exit_code=exit_code)
+    api = FakeSlurm([ended], NODES)
+    b = backend(api)
+    decision, actions = decide(b, {}, epoch=5)
+    b.apply(decision, actions, 2000.0)
+    if requeued:
+        assert api.log == [("requeuehold", 1), ("update", 1)]
+        assert decode(api.jobs[1].admin_comment).state == "preempted"
+    else:
+        assert api.log == []
+
+
+def test_a_checkpoint_exit_that_slurm_requeued_held_is_placed_again() -> None:
+    # RequeueExitHold=75: slurmctld puts the job back itself, as SPECIAL_EXIT, JobHeldUser
+    rec = JobRecord(epoch=4, state="preempting", gpus=1, until=1995.0, deadline=1999.0)
+    api = FakeSlurm([job(1, state="SPECIAL_EXIT", reason="JobHeldUser", admin=rec.encode())],
+                    NODES)
+    b = backend(api)
+    decision, actions = decide(b, {1: [(0, 1)]}, epoch=5)
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [("update", 1), ("release", 1)]
+    assert decode(api.jobs[1].admin_comment).place == (("node1", 1),)
+
+
+def test_a_users_own_hold_is_respected() -> None:
+    placed = JobRecord(epoch=3, state="placed", place=(("node1", 1),), gpus=1).encode()
+    api = FakeSlurm([
+        job(1, reason="JobHeldUser", admin="hadar: held by its user"),  # sbatch --hold
+        job(2, reason="JobHeldUser", admin=placed),  # scontrol hold after the sidecar placed it
+        job(3, reason="JobHeldUser"),  # held by job_submit.lua for the sidecar
+    ], NODES)
+    b = backend(api)
+    snap = b.snapshot(4, 2000.0, 60.0, None)
+    assert snap.job_ids.tolist() == [3] and b.user_held == [1, 2]
+    decision, actions = decide(b, {3: [(0, 1)]}, epoch=4)
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [("update", 3), ("release", 3)]
+    # released by its user: the sidecar steers it from then on
+    api.jobs[1] = replace(api.jobs[1], state_reason="None")
+    api.log.clear()
+    decision, actions = decide(b, {}, epoch=5)
+    b.apply(decision, actions, 2000.0)
+    assert ("hold", 1) in api.log and ("release", 2) not in api.log
+
+
+def test_a_forged_copy_of_another_users_job_is_an_ordinary_job() -> None:
+    # bob's plain job says it is a copy of alice's job 1: the sidecar neither signals nor
+    # cancels it, nor credits its run time to job 1, and its GPU is not offered
+    forged = replace(running(2, comment="hadar-copy-of=1", admin="", node_name="node1"),
+                     user="bob", command="/home/bob/x.sh")
+    api = FakeSlurm([job(1), forged], [replace(NODES[0], gres_used=(Gres("gpu", "v100", 1),)),
+                                       *NODES[1:]])
+    b = backend(api)
+    snap = b.snapshot(0, 2000.0, 60.0, None)
+    assert b.copy_ids == set() and b.views[1].group is None
+    assert snap.remaining.tolist() == [40000.0] and snap.node_gpus.tolist() == [3, 4, 2]
+    decision, actions = decide(b, {})
+    b.apply(decision, actions, 2000.0)
+    assert [e for e in api.log if e[1] == 2] == []
+
+
+def test_an_error_with_one_job_is_logged_and_the_epoch_goes_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeSlurm([job(1), job(2), job(3)], NODES)
+    b = backend(api)
+    view = b._view
+
+    def broken(j: SlurmJob, *args: object) -> object:
+        if j.job_id == 1:
+            raise OverflowError("int too large to convert to float")
+        return view(j, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(b, "_view", broken)
+    place = b._place
+
+    def broken_place(v: object, *args: object) -> None:
+        if getattr(v, "job_id", 0) == 2:
+            raise KeyError("boom")
+        place(v, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(b, "_place", broken_place)
+    with caplog.at_level("ERROR", logger="hadar_slurm.sidecar"):
+        decision, actions = decide(b, {2: [(0, 1)], 3: [(1, 1)]})
+        b.apply(decision, actions, 2000.0)
+    assert sorted(b.views) == [2, 3]
+    # job 1: released to Slurm with the reason; job 2: its error logged; job 3: placed
+    rec1 = decode(api.jobs[1].admin_comment)
+    assert rec1.state == "unsteered" and "OverflowError" in rec1.why and ("release", 1) in api.log
+    assert ("release", 3) in api.log and ("release", 2) not in api.log
+    assert [(s, j) for s, j, _ in b.job_errors] == [("read", 1), ("place", 2)]
+    events = [r for r in caplog.records if r.getMessage() == "job_error"]
+    assert len(events) == 2
+
+
+def test_hints_that_bypassed_the_plugin_are_unsteered_not_fatal() -> None:
+    # a user can change a pending job's comment after submit (scontrol update Comment=...),
+    # which job_submit.lua does not see
+    huge = "hadar: model=resnet50 bs=64 steps=" + "9" * 400
+    api = FakeSlurm([job(1, comment=huge), job(2)], NODES)
+    b = backend(api)
+    decision, actions = decide(b, {2: [(0, 1)]})
+    b.apply(decision, actions, 2000.0)
+    assert decode(api.jobs[1].admin_comment).state == "unsteered"
+    assert "steps" in decode(api.jobs[1].admin_comment).why
+    assert ("release", 2) in api.log

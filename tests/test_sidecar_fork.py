@@ -145,7 +145,7 @@ def test_copies_are_charged_and_sized_as_the_job(tmp_path: Path) -> None:
 def crash_after_sbatch(api: FakeSlurm) -> None:
     """A sidecar that dies right after sbatch, before it records the fork on the job."""
 
-    class CrashError(Exception):
+    class CrashError(BaseException):  # (a process dying: not an error the sidecar handles)
         pass
 
     update = api.update_job
@@ -367,13 +367,33 @@ def test_an_older_live_fork_of_the_same_job_is_cancelled(tmp_path: Path) -> None
     b = backend(api)
     step(b, {J: THREE}, 0)
     first = components(api)[0].job_id
-    # a second fork of the same job (e.g. a sidecar died after sbatch, twice)
+    # a second fork of the same job: the sidecar recorded its intent to fork again after the
+    # first (state=forking group=first), submitted, and died before recording the new one
     api.submit_as(str(Path(api.submitted[0][0])), api.submitted[0][1])
     second = components(api)[-1].het_job_id
+    rec = decode(api.jobs[J].admin_comment)
+    api.update_job(J, {"AdminComment": rec.with_(state="forking", group=first).encode()})
     api.log.clear()
     step(b, {J: THREE}, 1)
     assert ("cancel", first) in api.log and ("cancel", second) not in api.log
     assert decode(api.jobs[J].admin_comment).group == second
+
+
+def test_a_fork_newer_than_the_recorded_one_is_not_taken_for_ours(tmp_path: Path) -> None:
+    # the record says the job runs as hetjob `first`; a newer "fork" with the same comment,
+    # owner and script was not submitted by the sidecar (it records before it submits): it is
+    # an ordinary job, neither cancelled nor counted as the job's copies
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    first = components(api)[0].job_id
+    api.submit_as(str(Path(api.submitted[0][0])), api.submitted[0][1])
+    second = components(api)[-1].het_job_id
+    api.log.clear()
+    step(b, {J: THREE}, 1)
+    assert ("cancel", second) not in api.log and ("cancel", first) not in api.log
+    assert decode(api.jobs[J].admin_comment).group == first
+    assert second not in b.copy_ids and first in b.copy_ids
 
 
 def test_who_may_be_forked(tmp_path: Path) -> None:
@@ -417,7 +437,7 @@ def test_a_running_unforked_job_is_preempted_to_be_forked(tmp_path: Path) -> Non
                             start=1900)], NODES)
     b = backend(api)
     step(b, {J: THREE}, 0)
-    assert api.log == [("update", J), ("signal", J), ("requeuehold", J)]
+    assert api.log == [("update", J), ("signal", J), ("requeuehold", J), ("update", J)]
     step(b, {J: THREE}, 1)
     assert ("sbatch", 0) in api.log
 

@@ -51,7 +51,8 @@ _REASON_TEXT = {
     Reason.PLACED: ("matcher", "placed"),
     Reason.PRICED_OUT: (
         "hadar.dual",
-        "waits: at current GPU prices every schedule costs more than finishing it is worth",
+        "waits: this epoch the GPUs it can use are worth more to jobs ahead of it; it is "
+        "offered GPUs again every epoch, as prices fall and jobs finish",
     ),
     Reason.NO_FREE_GPU: ("matcher", "waits: no GPUs of a type it can use are free this epoch"),
     Reason.NO_THROUGHPUT: ("throughputs", "never runs: no GPU type of the cluster can run it"),

@@ -34,6 +34,7 @@ import logging
 import os
 import signal
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -61,6 +62,14 @@ NODE_BAD_FLAGS = frozenset({
     "POWERED_DOWN", "POWERING_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED", "INVALID_REG",
 })
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+#: job_submit.lua's admin comment on a hadar job it holds for the sidecar, and on one its user
+#: submitted held (``sbatch --hold``), which the sidecar leaves alone until the user releases it.
+SUBMIT_HELD = "hadar: held for the sidecar"
+SUBMIT_USER_HELD = "hadar: held by its user"
+#: Records of a job the sidecar is moving (:meth:`SlurmBackend._preempt`).
+MOVE_STATES = frozenset({"preempting", "preempted"})
+#: How often the grace period checks whether the signalled jobs are gone already (s).
+GRACE_POLL_S = 1.0
 #: The exit status with which a job says "checkpointed on the preemption signal, run me again"
 #: (EX_TEMPFAIL; hadar_slurm.runtime exits so).  A job the sidecar preempts that ends with it
 #: during the grace period is requeued held like one still running, not taken for finished.
@@ -150,11 +159,49 @@ class EpochStats:
 
 
 def held_by_hadar(job: SlurmJob) -> bool:
-    """Held, and by the sidecar or the job_submit plugin (not by the user: a user's own hold
-    is respected).  ``job_submit.lua`` marks its holds in the admin comment."""
+    """Held, and by hadar, not by its user (a user's own hold is respected).  hadar's holds:
+
+    * ``JobHeldAdmin``: only an operator (the sidecar) holds so;
+    * ``SPECIAL_EXIT``: slurmctld held it after a checkpoint exit (``RequeueExitHold=75``);
+    * ``JobHeldUser`` with the plugin's submit mark (:data:`SUBMIT_HELD`: job_submit.lua holds
+      every hadar job for the sidecar with a user hold, the only kind a plugin can make), or on
+      a job whose record says the sidecar is moving it (``scontrol requeuehold`` also shows as
+      ``JobHeldUser``).
+
+    Any other ``JobHeldUser`` is the user's: ``sbatch --hold`` (the plugin marks it
+    :data:`SUBMIT_USER_HELD` instead), or ``scontrol hold`` on a job the sidecar had released."""
+    if job.state == "SPECIAL_EXIT":
+        return True
     if job.state not in PENDING_STATES or job.state_reason not in HELD_REASONS:
         return False
-    return job.state_reason == "JobHeldAdmin" or job.admin_comment.startswith("hadar")
+    if job.state_reason == "JobHeldAdmin":
+        return True
+    if job.admin_comment.strip() == SUBMIT_HELD:
+        return True
+    return decode(job.admin_comment).state in MOVE_STATES
+
+
+def held_by_user(job: SlurmJob) -> bool:
+    """Held by its user (see :func:`held_by_hadar`)."""
+    held = job.state == "SPECIAL_EXIT" or (
+        job.state in PENDING_STATES and job.state_reason in HELD_REASONS)
+    return held and not held_by_hadar(job)
+
+
+def move_left_ended(job: SlurmJob) -> bool:
+    """A job the sidecar was moving (record ``preempting``) that ended without being requeued:
+    it failed during its grace period (e.g. died of the checkpoint signal), or exited with the
+    checkpoint status on a Slurm that does not requeue it by itself.  It is requeued, never
+    left failed.  A job its user cancelled, or that hit its time limit, stays ended."""
+    if decode(job.admin_comment).state != "preempting":
+        return False
+    return job.state == "FAILED" or (
+        job.state == "COMPLETED" and job.exit_code == CHECKPOINT_EXIT)
+
+
+def _error_text(exc: BaseException) -> str:
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def node_usable(node: SlurmNode) -> bool:
@@ -190,6 +237,17 @@ class SlurmBackend:
         self.unsteered: list[Unsteered] = []
         self.groups: dict[int, list[CopyGroup]] = {}  # every fork in the last read, by job
         self.orphans: list[GroupEnd] = []  # forks whose job is gone (or has a newer fork)
+        self.copy_ids: set[int] = set()  # the components of ``groups``
+        self._untrusted_seen: set[int] = set()  # forged forks already logged (by leader)
+        #: Running hadar jobs that may not be stopped (``preempt=never``): they run where
+        #: they are, outside the policy's snapshot.
+        self.pinned: dict[int, JobView] = {}
+        #: Jobs that a move left ended (FAILED during the grace, or a checkpoint exit on a
+        #: Slurm without ``RequeueExitHold=75``): requeued this epoch.
+        self.moves_left: list[SlurmJob] = []
+        self.user_held: list[int] = []  # hadar jobs their users hold
+        #: Per-job errors of the last epoch: ``(stage, job, error)``.
+        self.job_errors: list[tuple[str, int, str]] = []
         self.node_names: tuple[str, ...] = ()
         self.node_type_names: tuple[str, ...] = ()
         self.gpu_types: tuple[str, ...] = ()
@@ -256,32 +314,53 @@ class SlurmBackend:
 
         views: dict[int, JobView] = {}
         self.unsteered = []
+        self.job_errors = []
+        self.pinned = {}
+        self.moves_left = []
+        self.user_held = []
         active = self._sort_groups()
         hadar_on_node = np.zeros(len(nodes), dtype=np.int64)
         other_on_node = np.zeros(len(nodes), dtype=np.int64)
+
+        def count(on_node: np.ndarray, job: SlurmJob) -> None:
+            if job.state in RUNNING_STATES:
+                for name in job.node_names:
+                    if name in node_index:
+                        on_node[node_index[name]] += job.gpus_per_node
+
         for job in sorted(self.jobs, key=lambda j: j.job_id):
-            if hadare.copy_of(job.comment) is not None:
-                # a copy of a forked job: its GPUs are hadar's (the job's, or a fork's that is
-                # cancelled this epoch), never another user's
-                if job.state in RUNNING_STATES:
-                    for name in job.node_names:
-                        if name in node_index:
-                            hadar_on_node[node_index[name]] += job.gpus_per_node
+            if job.job_id in self.copy_ids:
+                # a copy of a forked job (one the sidecar made): its GPUs are hadar's (the
+                # job's, or a fork's that is cancelled this epoch), never another user's
+                count(hadar_on_node, job)
                 continue
             if not is_hadar_comment(job.comment) or (
                     self.partition is not None and job.partition != self.partition):
-                if job.state in RUNNING_STATES:
-                    for name in job.node_names:
-                        if name in node_index:
-                            other_on_node[node_index[name]] += job.gpus_per_node
+                count(other_on_node, job)
                 continue
             if job.state not in RUNNING_STATES and job.state not in PENDING_STATES:
+                if move_left_ended(job):
+                    self.moves_left.append(job)
                 continue
-            if (job.state in PENDING_STATES and job.state_reason in HELD_REASONS
-                    and not held_by_hadar(job)):
+            if held_by_user(job):
+                self.user_held.append(job.job_id)
                 continue  # the user holds it: not ours to start
-            view = self._view(job, now, node_index, active.get(job.job_id))
+            try:
+                view = self._view(job, now, node_index, active.get(job.job_id))
+            except Exception as exc:  # one job must not stop the epoch
+                self._job_error("read", job.job_id, exc)
+                self._unsteer(job, decode(job.admin_comment),
+                              f"sidecar error: {_error_text(exc)}")
+                count(other_on_node, job)
+                continue
             if view is None:
+                count(other_on_node, job)  # (a running job the sidecar does not steer)
+                continue
+            if view.running and view.group is None and (
+                    view.hints.preempt_mode == "never" and view.record.state not in MOVE_STATES):
+                # it may not be stopped: it runs where it is, its GPUs are not the policy's
+                self.pinned[job.job_id] = view
+                count(other_on_node, job)
                 continue
             if view.running:
                 for k, c in view.rows:
@@ -345,29 +424,72 @@ class SlurmBackend:
         )
 
     def _sort_groups(self) -> dict[int, CopyGroup]:
-        """The forks of the last read: each job's live one (its newest), and those to cancel
-        (``orphans``): forks of a job that is gone, finished or runs itself, and older live
-        forks of a job that has a newer one."""
-        self.groups = hadare.find_groups(self.jobs)
-        self.orphans = []
+        """The forks of the last read that the sidecar made (:meth:`_made_here`; a job that
+        only carries a ``hadar-copy-of=`` comment is an ordinary job): each job's live one (the
+        fork its record names, or the newest one it was submitting), and those to cancel
+        (``orphans``): forks of a job that is gone, finished or runs itself, and other live
+        forks of a job (older ones, or one its record no longer names)."""
+        found = hadare.find_groups(self.jobs)
         by_id = {j.job_id: j for j in self.jobs}
+        self.groups = {}
+        self.orphans = []
         active: dict[int, CopyGroup] = {}
-        for original, groups in self.groups.items():
-            live = [g for g in groups if g.live]
+        for original, groups in found.items():
+            job = by_id.get(original)
+            ours = [g for g in groups if self._made_here(job, g)]
+            for g in groups:
+                if g not in ours and g.leader not in self._untrusted_seen:
+                    self._untrusted_seen.add(g.leader)
+                    log_event(logger, "copy_untrusted", logging.WARNING, job=g.leader,
+                              copy_of=original, user=g.components[0].user,
+                              why="not a fork the sidecar submitted (owner, script or job id "
+                              "differ): treated as an ordinary job")
+            if ours:
+                self.groups[original] = ours
+            live = [g for g in ours if g.live]
             if not live:
                 continue
-            job = by_id.get(original)
             if job is None or job.state not in PENDING_STATES:
                 what = ("is gone" if job is None else
                         "runs itself" if job.state in RUNNING_STATES else
                         f"ended ({job.state})")
                 self.orphans.extend(GroupEnd(g, None, f"job {original} {what}") for g in live)
                 continue
-            active[original] = live[-1]
+            rec = decode(job.admin_comment)
+            if rec.state == "forked":
+                named = [g for g in live if g.leader == rec.group]
+            elif rec.state == "forking":
+                named = [g for g in live if g.leader > rec.group][-1:]
+            else:
+                named = []
+            if named:
+                active[original] = named[-1]
             self.orphans.extend(
-                GroupEnd(g, None, f"job {original} has a newer fork, hetjob {live[-1].leader}")
-                for g in live[:-1])
+                GroupEnd(g, None, f"job {original} has a newer fork, hetjob {named[-1].leader}"
+                         if named else f"job {original} no longer runs as hetjob {g.leader}")
+                for g in live if not named or g is not named[-1])
+        self.copy_ids = {c.job_id for gs in self.groups.values() for g in gs
+                         for c in g.components}
         return active
+
+    def _made_here(self, job: SlurmJob | None, group: CopyGroup) -> bool:
+        """Whether ``group`` is a fork the sidecar submitted for ``job``: ``job`` is a hadar
+        job, every component is its owner's and runs the plan the sidecar wrote into its tracker
+        directory, and, while the job's record names a fork, none newer than that one.  (A
+        comment ``hadar-copy-of=J`` alone is something any user can write.)"""
+        if job is None or not is_hadar_comment(job.comment):
+            return False
+        if any(c.user != job.user for c in group.components):
+            return False
+        try:
+            plan = os.path.join(hadare.tracker_dir(job, self.tracker_root), hadare.PLAN_FILE)
+        except ForkError:
+            return False
+        if not all(c.command == plan or c.command.startswith(plan + " ")
+                   for c in group.components):
+            return False
+        rec = decode(job.admin_comment)
+        return not (rec.state == "forked" and group.leader > rec.group)
 
     def _view(self, job: SlurmJob, now: float, node_index: dict[str, int],
               group: CopyGroup | None = None) -> JobView | None:
@@ -436,7 +558,7 @@ class SlurmBackend:
             done = progress.done  # the tracker counts every iteration, forked or not
         if self.knowledge.store is not None and self.knowledge.learn and (
                 running or group is not None):
-            self._learn(job, hints.job_type, gpus, rows, group, tracker, progress)
+            self._learn(job, hints.job_type, gpus, now, group, tracker, progress)
         blocked = self._fork_blocked(job, hints, record, group) if hints.fork > 1 else ""
         order = sorted(range(len(rows)), key=lambda k: (row_copy[k] if row_copy else 0, rows[k]))
         return JobView(
@@ -447,12 +569,16 @@ class SlurmBackend:
             rate_sources=tuple(self.knowledge.source(hints.job_type, gpus, t)
                                for t in self.gpu_types))
 
-    def _learn(self, job: SlurmJob, job_type: str, gpus: int, rows: Sequence[tuple[int, int]],
+    def _learn(self, job: SlurmJob, job_type: str, gpus: int, now: float,
                group: CopyGroup | None, tracker: str, progress: Progress | None) -> None:
         """Fold what a running job (or its copies) achieved into the store: its runtime's
         progress.json, in its tracker dir (a fork's: under ``tracker_root``; an unforked job's:
-        under its working directory, where the runtime writes it).  ``tracker``/``progress``:
-        the dir the view already read (if any), not read again."""
+        under its working directory, where the runtime writes it), checked against what Slurm
+        says of each copy (:class:`~hadar_slurm.sidecar.learn.SlurmRun`: the GPU type of the
+        node a running component, or the unforked job, runs on, and when it started).
+        ``tracker``/``progress``: the dir the view already read (if any), not read again."""
+        from hadar_slurm.sidecar.learn import SlurmRun
+
         if group is None:
             try:
                 own = hadare.tracker_dir(job, None)
@@ -462,8 +588,17 @@ class SlurmBackend:
                 progress = hadare.read_progress(own)
         if progress is None:
             return
-        used = [self.node_type_names[k] for k, _ in rows]
-        self.knowledge.observe(job.job_id, job_type, gpus, progress, used)
+        types = dict(zip(self.node_names, self.node_type_names, strict=True))
+        parts = [(0, job)] if group is None else [
+            (c.het_job_offset if c.het_job_offset is not None else k, c)
+            for k, c in enumerate(group.components)]
+        ran: dict[int, SlurmRun] = {}
+        for index, part in parts:
+            used = {types.get(name, "") for name in part.node_names}
+            if part.state in RUNNING_STATES and part.start_time and len(used) == 1 \
+                    and "" not in used:
+                ran[index] = SlurmRun(used.pop(), float(part.start_time))
+        self.knowledge.observe(job.job_id, job_type, gpus, progress, ran, now=now)
 
     def _fork_gone(self, job: SlurmJob, record: JobRecord) -> JobRecord:
         """The record of a job whose fork no longer waits or runs.  Its copies ended by
@@ -534,9 +669,10 @@ class SlurmBackend:
                     continue
                 ends.append(GroupEnd(view.group, view, _end_why(copies)))
             elif view.running:
-                if copies is None or len(copies) >= 2 or view.rows != tuple(
-                        sorted(next(iter(copies.values())))):
-                    preempt.append(view)  # a move: stop now, placed again next epoch
+                if view.record.state == "preempting" or copies is None or len(copies) >= 2 or (
+                        view.rows != tuple(sorted(next(iter(copies.values()))))):
+                    # a move (or one begun before a restart): stop now, placed again later
+                    preempt.append(view)
                 continue
             if copies is None:
                 waiting.append(view)
@@ -551,18 +687,22 @@ class SlurmBackend:
         self.watch = {j.job_id for j in self.jobs if j.state in RUNNING_STATES
                       and gpu_nodes.intersection(j.node_names) and j.job_id not in stopping}
         self.watch.update(view.job_id for view, _ in place)
+        # Every job's changes are guarded: an error with one job is logged with it (event
+        # job_error) and the epoch goes on with the others.
+        for job in self.moves_left:
+            self._guard("requeue", job.job_id, self._requeue_left, job, epoch)
         for u in self.unsteered:
-            self._release_unsteered(u, epoch)
+            self._guard("unsteer", u.job.job_id, self._release_unsteered, u, epoch)
         for view in keep:
-            self._keep_fork(view, epoch)
+            self._guard("keep_fork", view.job_id, self._keep_fork, view, epoch)
         if preempt or ends:
             self._preempt(preempt, ends, epoch, now)
         for view, rows in place:
-            self._place(view, rows, epoch, decision)
+            self._guard("place", view.job_id, self._place, view, rows, epoch, decision)
         for view, copies, after in forks:
-            self._fork(view, copies, epoch, decision, after)
+            self._guard("fork", view.job_id, self._fork, view, copies, epoch, decision, after)
         for view in waiting:
-            self._keep_waiting(view, epoch)
+            self._guard("wait", view.job_id, self._keep_waiting, view, epoch)
         self.stats.apply_s = time.perf_counter() - t0
         self.stats.commands_apply = self.api.commands - before
 
@@ -577,6 +717,25 @@ class SlurmBackend:
         if not self.watch:
             return []
         return sorted(self.watch - self.api.live_job_ids())
+
+    def _guard(self, stage: str, job_id: int, call: Callable[..., object],
+               *args: object) -> None:
+        """``call(*args)``; an exception is logged with the job (:meth:`_job_error`), not
+        raised."""
+        try:
+            call(*args)
+        except Exception as exc:  # one job must not stop the epoch
+            self._job_error(stage, job_id, exc)
+
+    def _job_error(self, stage: str, job_id: int, exc: BaseException) -> None:
+        """An unexpected error while reading or applying one job: a ``job_error`` event (with
+        where it happened), and the epoch goes on without the job."""
+        where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
+                 for f in traceback.extract_tb(exc.__traceback__)][-4:]
+        text = _error_text(exc)
+        self.job_errors.append((stage, job_id, text))
+        log_event(logger, "job_error", logging.ERROR, epoch=self.epoch, job=job_id,
+                  stage=stage, error=text, where=where)
 
     def _write(self, what: str, view_id: int, call: Callable[..., None], *args: object,
                **fields: object) -> bool:
@@ -656,17 +815,35 @@ class SlurmBackend:
 
     def _preempt(self, views: list[JobView], ends: list[GroupEnd], epoch: int,
                  now: float) -> None:
-        """Stop running jobs (checkpoint signal, grace period, requeue held) and end forks
-        (checkpoint signal to the copies' steps, the same grace period, cancel)."""
+        """Stop running jobs to move them, and end forks (checkpoint signal to the copies'
+        steps, the grace period, cancel).
+
+        A move is a small state machine kept in Slurm, so that it finishes whatever happens to
+        the sidecar or to slurmctld on the way (a restarted sidecar, or the next epoch, carries
+        on from the job's record):
+
+        1. the record ``state=preempting deadline=T`` is written first (nothing is stopped if
+           Slurm does not take it);
+        2. ``preempt=checkpoint``: the checkpoint signal, then the grace period (until ``T``);
+           the job saves its state and exits 75, and slurmctld itself requeues it held
+           (``RequeueExitHold=75`` in slurm.conf): it never shows FAILED, so a dependent job
+           never sees it fail.  ``preempt=requeue``: no signal, no grace;
+        3. what still runs is requeued held (``scontrol requeuehold``: Slurm's own SIGTERM,
+           ``KillWait``, SIGKILL, and the requeue in one step); a job that ended FAILED during
+           its grace (killed by the signal), or exited 75 on a Slurm without
+           ``RequeueExitHold``, is requeued held too (Slurm requeues finished batch jobs); one
+           that completed (exit 0), was cancelled by its user or ran out of time stays ended;
+        4. the record becomes ``preempted``; the job is placed again in a later epoch.
+
+        Jobs with ``preempt=never`` (the default of a job that did not say it checkpoints) are
+        never given to this: they run where they are (:attr:`pinned`)."""
+        deadline = now + self.preempt_grace_s
         signaled: list[JobView] = []
+        requeue_now: list[JobView] = []
         for view in views:
-            job_id = view.job_id
-            rec = view.record.with_(epoch=epoch, state="preempted", place=(), gpus=view.gpus,
-                                    done=view.done, attained=view.attained, until=now)
-            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()})
-            if self._write("signal", job_id, self.api.signal, self.preempt_signal,
-                           signal=self.preempt_signal):
-                signaled.append(view)
+            self._guard("preempt", view.job_id, self._begin_move, view, epoch, now, deadline,
+                        signaled, requeue_now)
+        copies_signaled = False
         for end in ends:
             g = end.group
             v = end.view
@@ -683,19 +860,24 @@ class SlurmBackend:
                 if g.running and self._write(
                         "signal_copies", g.leader, self.api.signal_steps, self.preempt_signal,
                         signal=self.preempt_signal, copy_of=g.original):
-                    signaled.append(v)
-        if signaled and self.preempt_grace_s > 0 and not isinstance(self.api, DryRunApi):
-            self._sleep(self.preempt_grace_s)  # (a dry run signaled nobody)
-        # Slurm requeues finished jobs too: one more read, so that a job that finished during
-        # the grace period is not started again.
+                    copies_signaled = True
+        for view in requeue_now:
+            self._guard("requeue", view.job_id, self._requeue, view.job_id, view.record, epoch)
+        wait = max([v.record.deadline for v in signaled]
+                   + ([deadline] if copies_signaled else [])) - now if (
+                       signaled or copies_signaled) else 0.0
+        if wait > 0 and not isinstance(self.api, DryRunApi):
+            self._sleep(wait)  # (a dry run signaled nobody)
+        if not signaled and not ends:
+            return
+        # One more read: what ended during the grace period, and how.
         try:
             jobs = self.api.read_jobs()
         except SlurmError as exc:
             log_event(logger, "action_failed", logging.WARNING, epoch=self.epoch,
                       action="read_jobs", error=str(exc))
-            return  # the next epoch preempts what still runs
-        still = {j.job_id for j in jobs if j.state in RUNNING_STATES
-                 or (j.state in ("FAILED", "COMPLETED") and j.exit_code == CHECKPOINT_EXIT)}
+            return  # the next epoch finishes the moves (their records say preempting)
+        by_id = {j.job_id: j for j in jobs}
         live = {j.job_id for j in jobs if j.state in hadare.LIVE_STATES}
         for end in ends:
             g = end.group
@@ -705,16 +887,72 @@ class SlurmBackend:
                 continue
             self._write("cancel_copies", g.leader, self.api.cancel, copy_of=g.original,
                         why=end.why)
-        for view in views:
-            if not view.running:
-                continue  # (a job whose copies were signaled)
-            job_id = view.job_id
-            if job_id not in still:
-                log_event(logger, "preempt_skipped", logging.INFO, epoch=self.epoch,
-                          job=job_id, why="finished during the grace period")
-                continue
-            self._write("requeue", job_id, self.api.requeue_hold,
-                        nodes=[self.node_names[k] for k, _ in view.rows])
+        for view in signaled:
+            self._guard("preempt", view.job_id, self._end_move, view, by_id.get(view.job_id),
+                        epoch)
+
+    def _begin_move(self, view: JobView, epoch: int, now: float, deadline: float,
+                    signaled: list[JobView], requeue_now: list[JobView]) -> None:
+        """Steps 1 and 2 of a move (:meth:`_preempt`) for one running job."""
+        job_id = view.job_id
+        mode = view.hints.preempt_mode
+        rec = view.record
+        if rec.state == "preempting":
+            # begun by an earlier epoch (the sidecar restarted, or Slurm did not answer):
+            # no second signal; requeued once its grace is over
+            (signaled if mode == "checkpoint" and now < rec.deadline else requeue_now).append(
+                view)
+            return
+        checkpoint = mode == "checkpoint"
+        rec = rec.with_(epoch=epoch, state="preempting", place=(), gpus=view.gpus,
+                        done=view.done, attained=view.attained, until=now,
+                        deadline=deadline if checkpoint else now, why="")
+        if not self._write("record", job_id, self.api.update_job,
+                           {"AdminComment": rec.encode()}, state="preempting", mode=mode):
+            return  # nothing stopped; the next epoch decides again
+        view.record = rec
+        if checkpoint:
+            # (a signal that fails still ends in the requeue after the grace period)
+            self._write("signal", job_id, self.api.signal, self.preempt_signal,
+                        signal=self.preempt_signal)
+            signaled.append(view)
+        else:
+            requeue_now.append(view)
+
+    def _end_move(self, view: JobView, job: SlurmJob | None, epoch: int) -> None:
+        """Step 3 of a move, after the grace period: ``job`` as Slurm shows it now."""
+        job_id = view.job_id
+        if job is None:
+            log_event(logger, "preempt_skipped", logging.WARNING, epoch=self.epoch, job=job_id,
+                      why="gone from Slurm during the grace period")
+            return
+        if job.state in RUNNING_STATES or move_left_ended(job):
+            self._requeue(job_id, view.record, epoch)
+        elif job.state in PENDING_STATES:
+            # back in the queue by itself: slurmctld requeued its checkpoint exit
+            rec = view.record.with_(state="preempted")
+            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()},
+                        state="preempted", slurm_state=job.state)
+        else:
+            log_event(logger, "preempt_skipped", logging.INFO, epoch=self.epoch, job=job_id,
+                      why=f"ended {job.state} (exit {job.exit_code}) during the grace period")
+
+    def _requeue(self, job_id: int, record: JobRecord, epoch: int) -> None:
+        """``scontrol requeuehold`` (a running job gets Slurm's SIGTERM, KillWait, SIGKILL; a
+        finished one is put back), then the record ``preempted``."""
+        nodes = [n for n, _ in record.place]
+        if self._write("requeue", job_id, self.api.requeue_hold, **(
+                {"nodes": nodes} if nodes else {})):
+            rec = record.with_(epoch=max(epoch, record.epoch), state="preempted")
+            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()},
+                        state="preempted")
+
+    def _requeue_left(self, job: SlurmJob, epoch: int) -> None:
+        """A job a move left ended (:func:`move_left_ended`): requeued held."""
+        log_event(logger, "move_resumed", logging.WARNING, epoch=self.epoch, job=job.job_id,
+                  slurm_state=job.state, exit_code=job.exit_code,
+                  why="it ended during a move without being requeued")
+        self._requeue(job.job_id, decode(job.admin_comment), epoch)
 
     # -- HadarE ------------------------------------------------------------------------------
 

@@ -9,12 +9,14 @@ epoch, and how much work a job did in its earlier runs.  The text reads as one l
     hadar epoch=12 state=placed place=node2:2 gpus=2 done=1234.5 att=v100:120,p100:40
 
 ``state`` is ``placed`` (released to run on ``place``), ``held`` (waits for a placement),
-``preempted`` (stopped to be placed again), ``forked`` (HadarE: the job itself stays held while
-``copies`` copies of it run as the heterogeneous job ``group`` on ``place``), ``forking`` (the
-sidecar is submitting such copies; ``group`` is then the newest earlier fork, 0 if none), or
-``unsteered``
-(released to Slurm's own scheduler because the sidecar cannot steer it; ``why`` says why, always
-last since it may hold spaces).  ``nofork=1`` marks a job that is not forked again (a fork of
+``preempting`` (a move has begun: the job was sent its checkpoint signal and must be back in the
+queue by ``deadline``; a restarted sidecar finishes the move, see
+``SlurmBackend._preempt``), ``preempted`` (stopped, back in the queue held, to be placed again),
+``forked`` (HadarE: the job itself stays held while ``copies`` copies of it run as the
+heterogeneous job ``group`` on ``place``), ``forking`` (the sidecar is submitting such copies;
+``group`` is then the newest earlier fork, 0 if none), or ``unsteered`` (released to Slurm's own
+scheduler because the sidecar cannot steer it; ``why`` says why, always last since it may hold
+spaces).  ``nofork=1`` marks a job that is not forked again (a fork of
 it failed, or its copies ended by themselves: it finishes unforked).
 ``done`` is the steps done and ``att`` the seconds run per GPU type in earlier (finished or
 preempted) runs; the current run adds to them from its start time, or from ``until`` when that
@@ -27,7 +29,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 PREFIX = "hadar"
-STATES = ("placed", "held", "preempted", "forking", "forked", "unsteered")
+STATES = ("placed", "held", "preempting", "preempted", "forking", "forked", "unsteered")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class JobRecord:
     group: int = 0  # HadarE: the heterogeneous job (leader id) running the copies (0: none)
     copies: int = 0  # HadarE: how many copies it runs as (0: not forked)
     nofork: bool = False  # HadarE: never fork it again
+    deadline: float = 0.0  # preempting: Unix time by which it must be back in the queue
     why: str = ""
 
     @property
@@ -70,6 +73,8 @@ class JobRecord:
             parts.append(f"copies={self.copies}")
         if self.nofork:
             parts.append("nofork=1")
+        if self.deadline > 0:
+            parts.append(f"deadline={self.deadline:.0f}")
         if self.why:
             parts.append("why=" + " ".join(self.why.split()))
         return " ".join(parts)
@@ -107,7 +112,8 @@ def decode(text: str) -> JobRecord:
             gpus=int(values.get("gpus", "0")), done=_finite(values.get("done", "0")),
             attained=attained, until=_finite(values.get("until", "0")),
             group=_whole(values.get("group", "0")), copies=_whole(values.get("copies", "0")),
-            nofork=values.get("nofork", "0") == "1", why=values.get("why", ""),
+            nofork=values.get("nofork", "0") == "1",
+            deadline=_finite(values.get("deadline", "0")), why=values.get("why", ""),
         )
     except ValueError:
         return JobRecord()

@@ -53,8 +53,11 @@ RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
 #: Job states after which a job never runs again.
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                           "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
-#: Job states in which a job waits in the queue.
-PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+#: Job states in which a job waits in the queue.  ``SPECIAL_EXIT``: a job that exited with a
+#: status of slurm.conf's ``RequeueExitHold`` (hadar: 75, "checkpointed, run me again"), which
+#: slurmctld itself put back in the queue, held.
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                            "SPECIAL_EXIT"})
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,9 @@ class SlurmJob:
 
     @property
     def held(self) -> bool:
-        return self.state == "PENDING" and self.state_reason in ("JobHeldUser", "JobHeldAdmin")
+        return self.state == "SPECIAL_EXIT" or (
+            self.state in PENDING_STATES
+            and self.state_reason in ("JobHeldUser", "JobHeldAdmin"))
 
 
 @dataclass(frozen=True)
