@@ -20,12 +20,18 @@ older estimate).  Rates of 0 in an imported table ("does not run there", Gavel's
 not stored: a missing entry already means that (:meth:`ThroughputTable.rate` is 0.0).
 
 **Learning.**  :meth:`ThroughputStore.learn` keeps the last :data:`LEARN_WINDOW` observations per
-key; the learned rate is their median (mean of the two middle ones for an even count), so fewer
-than half of the window being outliers or slow first iterations cannot drag it, and a job whose
-rate really changed is followed within half a window.  A measured (or imported-from-our-format
-learned) value counts as the window's first observation; an imported or estimated value is
-dropped, not averaged in.  ``samples`` of a learned entry counts every observation ever folded in
-(plus the seed's samples), not just the window.
+key, each with the job it came from; by default the learned rate is their median (mean of the
+two middle ones for an even count), so fewer than half of the window being outliers or slow
+first iterations cannot drag it, and a job whose rate really changed is followed within half a
+window.  The caller may decide otherwise (``decide``): the sidecar takes one vote per job and
+waits for a quorum of jobs, bounded by a prior (:mod:`hadar_slurm.sidecar.learn`); until it
+decides, observations wait in the window and the entry keeps its value.  A measured (or
+imported-from-our-format learned) value is the window's first row (a seed); an imported or
+estimated value is replaced, not averaged in.  A measured or imported value that a learned rate
+replaces is kept as the key's *anchor* (:meth:`ThroughputStore.anchors`), what learning stays
+bounded by.  ``samples`` of a learned entry counts every observation folded in since it was
+seeded (plus the seed's samples), not just the window.  A database from before per-job
+observations gets the new columns on open and loses its windows (they name no job).
 
 **Concurrency.**  The database is in WAL mode (readers never block the writer) with a busy
 timeout; every write is one short ``BEGIN IMMEDIATE`` transaction that reads, decides and writes,
