@@ -10,7 +10,7 @@ import multiprocessing
 import random
 import sqlite3
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from hadar_slurm.store import (
     LEARN_WINDOW,
     Entry,
     ThroughputStore,
+    WindowRow,
     default_store_path,
 )
 from hadar_slurm.throughputs import ThroughputTable, default_table, load_table, parse_csv
@@ -209,6 +210,38 @@ def test_learn_after_record_starts_from_the_measured_value(store: ThroughputStor
     store.record("m", 1, "v100", 30.0, when=3.0)
     e = store.learn("m", 1, "v100", 40.0, when=4.0)
     assert (e.rate, e.samples) == (35.0, 2)
+
+
+def test_learn_waits_while_decide_says_not_yet(store: ThroughputStore) -> None:
+    """A caller's decision (the sidecar's quorum of jobs): observations wait in the window with
+    their job ids; an estimate or import meanwhile keeps them; a measurement restarts them."""
+    seen: list[list[WindowRow]] = []
+
+    def two_jobs(window: Sequence[WindowRow], old: Entry | None) -> float | None:
+        seen.append(list(window))
+        jobs = {r.job for r in window if not r.seed and r.job is not None}
+        return max(r.rate for r in window) if len(jobs) >= 2 else None
+
+    assert store.learn("m", 1, "v100", 5.0, job=1, decide=two_jobs) is None
+    store.estimate("m", 1, "v100", 3.0)
+    assert store.learn("m", 1, "v100", 6.0, job=1, decide=two_jobs) == store.get("m", 1, "v100")
+    assert store.get("m", 1, "v100").source == "estimated"  # type: ignore[union-attr]
+    assert [(r.rate, r.job) for r in seen[-1]] == [(5.0, 1), (6.0, 1)]
+    e = store.learn("m", 1, "v100", 7.0, job=2, decide=two_jobs, when=9.0)
+    assert e == Entry("m", 1, "v100", 7.0, "learned", 3, 9.0)
+    assert store.anchors() == {}  # an estimate is no anchor
+    # a measurement restarts the window from itself (a seed, no job): the quorum starts again
+    store.record("m", 1, "v100", 4.0, when=10.0)
+    assert store.learn("m", 1, "v100", 8.0, job=3, decide=two_jobs) == store.get(
+        "m", 1, "v100")
+    assert [(r.rate, r.job, r.seed) for r in seen[-1]] == [(4.0, None, True), (8.0, 3, False)]
+    e = store.learn("m", 1, "v100", 6.0, job=4, decide=two_jobs, when=11.0)
+    assert e is not None and (e.rate, e.source, e.samples) == (8.0, "learned", 3)
+    # the measurement it replaced is the key's anchor
+    assert store.anchors() == {("m", 1, "v100"): (4.0, "measured")}
+    with pytest.raises(InputError) as err:
+        store.learn("m", 1, "v100", 1.0, job="7")  # type: ignore[arg-type]
+    assert err.value.field == "job"
 
 
 # -- import / export -------------------------------------------------------------------------
