@@ -15,6 +15,7 @@ from hadar_slurm.slurm import Gres, commands, parse_sbatch_parsable, parse_scont
 from tests.slurm_cluster import DevCluster, jobs, wait_job
 
 ADMIN_COMMENT = "hadar: held for the sidecar"
+USER_HELD_COMMENT = "hadar: held by its user"  # sbatch --hold: the user's own hold
 
 
 class Submitter:
@@ -177,8 +178,9 @@ def test_lua_decides_as_python(sub: Submitter, comment: str, options: tuple[str,
     if expect is None:
         assert job_id is not None, f"Lua refused what Python accepts: {stderr}"
         job = jobs(sub.cluster)[job_id]
-        if is_hadar_comment(comment):
-            assert job.gres == (Gres("gpu", None, gpus),) and job.admin_comment == ADMIN_COMMENT
+        if is_hadar_comment(comment):  # submitted with --hold: the user's own hold
+            assert job.gres == (Gres("gpu", None, gpus),)
+            assert job.admin_comment == USER_HELD_COMMENT
         else:
             assert job.admin_comment == ""
     else:
