@@ -36,6 +36,11 @@ set DOWN (its jobs are requeued; with ReturnToService=2 it is back at once) or D
 then ``State=RESUME``.  Submissions and releases wait while slurmctld is stopped or
 restarting.
 
+Slurm 22.05 itself loses the GPUs of jobs it starts right after a slurmctld restart (before the
+nodes registered again; reproduced without the sidecar): once those jobs end their node is IDLE
+with GresUsed > 0 and jobs wait for Resources forever.  The soak looks for such nodes every few
+polls and clears them with ``scontrol reconfigure``, and reports how often.
+
 Job states are tracked all along (``squeue --json`` every few seconds: finished jobs vanish after
 MinJobAge=300 s).  After ``--duration`` the faults stop and the soak waits (at most
 ``--drain-timeout``) until every job has ended, then reports: jobs submitted / refused at submit /
@@ -513,6 +518,8 @@ class Soak:
         self.supervisor: Supervisor | None = None
         self.config = workdir / "sidecar.toml"
         self.log = workdir / "sidecar.log"
+        self.gres_suspect: set[str] = set()
+        self.gres_leaks: list[dict[str, Any]] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -666,9 +673,39 @@ class Soak:
         return None
 
     def poller(self) -> None:
+        k = 0
         while not self.done.is_set():
             self.poll_once()
+            k += 1
+            if k % 4 == 0 and self.ctld_ok.is_set():
+                self.check_gres_leak()
             self.done.wait(self.opts.poll_s)
+
+    def check_gres_leak(self) -> None:
+        """Slurm 22.05 loses the GPUs of jobs it starts right after a slurmctld restart, before
+        the nodes registered again: once they end, their node is IDLE with GresUsed > 0 and jobs
+        wait for Resources forever (reproduced without the sidecar; ``scontrol reconfigure``
+        clears it).  Not the sidecar's doing: an IDLE node with GPUs in use, seen twice in a
+        row, is recorded and cleared with ``scontrol reconfigure``."""
+        try:
+            out = self.runner.run(["scontrol", "-d", "--oneliner", "show", "node"], timeout=20)
+        except SlurmError:
+            return
+        leaking = set()
+        for line in out.stdout.splitlines():
+            name = re.search(r"NodeName=(\S+)", line)
+            state = re.search(r"\bState=(\S+)", line)
+            used = re.search(r"GresUsed=gpu:(?:[^:\s]+:)?(\d+)", line)
+            if name and state and used and state.group(1) == "IDLE" and int(used.group(1)) > 0:
+                leaking.add(f"{name.group(1)} GresUsed={used.group(1)}")
+        again = leaking & self.gres_suspect
+        self.gres_suspect = leaking
+        if again:
+            self.gres_leaks.append({"t": round(self.now(), 1), "nodes": sorted(again)})
+            self.say(f"t={self.now():.0f}s Slurm GRES leak on idle nodes {sorted(again)}: "
+                     "scontrol reconfigure")
+            self.runner.run(["scontrol", "reconfigure"], check=False, timeout=30)
+            self.gres_suspect = set()
 
     # -- faults
     def ctld_pid(self) -> int | None:
@@ -919,6 +956,7 @@ class Soak:
             "warnings_logged": len(warn),
             "status_rc": status["rc"],
             "poll_errors": self.poll_errors,
+            "slurm_gres_leaks_cleared": len(self.gres_leaks),
             "harness_errors": len(self.harness_errors),
             "duration_s": self.opts.duration_s,
             "drain_s": round(drain_s, 1),
@@ -935,6 +973,7 @@ class Soak:
             "failures": failures, "sidecar_crashes": self.supervisor.crashes,
             "tracebacks_stderr": tb_stderr[:10], "tracebacks_log": tb_log[:10],
             "harness_errors": self.harness_errors, "faults": self.faults_done,
+            "slurm_gres_leaks": self.gres_leaks,
             "faults_planned": [vars(f) for f in faults],
             "events": dict(kinds), "actions": dict(actions), "warnings": warn[:60],
             "status": status, "jobs": jobs_out,
@@ -1036,7 +1075,8 @@ def summary(result: dict[str, Any]) -> str:
         f"  sidecar kills {f['sidecar_kills']}  starts {f['sidecar_starts']}  crashes "
         f"{f['sidecar_crashes']}  final stop rc {f['sidecar_final_stop_rc']}",
         f"  slurmctld restarts {f['ctld_restarts']}  stops {f['ctld_stops']}  node downs "
-        f"{f['node_downs']}  drains {f['node_drains']}",
+        f"{f['node_downs']}  drains {f['node_drains']}  (Slurm GRES leaks cleared: "
+        f"{f['slurm_gres_leaks_cleared']})",
         f"  tracebacks: stderr {f['tracebacks_stderr']}  log {f['tracebacks_log']};  epochs "
         f"{f['epochs']}  epoch_failed {f['epoch_failed']}  slurm_unreachable "
         f"{f['slurm_unreachable']}  status rc {f['status_rc']}",
