@@ -88,7 +88,7 @@ LUA_END = "-- END HADAR MODELS"
 
 # The bounds of what a user writes (see the module docstring; job_submit.lua gets them from
 # lua_catalog_block, so the plugin and this module share the numbers).
-MAX_COMMENT_BYTES = 512  # room for a value of MAX_VALUE_BYTES for each key, spaced
+MAX_COMMENT_BYTES = 512  # a valid comment with every key needs about 130 bytes
 MAX_VALUE_BYTES = 64
 MAX_STEPS = 10**12
 MIN_WEIGHT = 0.001
@@ -123,9 +123,9 @@ class HintError(InputError):
 class Hints:
     model: str  # canonical short name, e.g. "resnet50"
     batch_size: int | None
-    steps: int  # work, iterations, > 0
+    steps: int  # work, iterations, 1 to MAX_STEPS
     sync: bool
-    weight: float  # > 0
+    weight: float  # MIN_WEIGHT to MAX_WEIGHT
     job_type: str  # key of the throughput table, e.g. "ResNet-50 (batch size 64)"
     fork: int = 1  # the most copies HadarE may fork it into (1: never forked)
     preempt: str = ""  # how it may be stopped to move it (PREEMPT_MODES); "" when not given
