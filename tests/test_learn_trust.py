@@ -280,3 +280,19 @@ def test_a_measured_value_a_learned_rate_replaced_still_bounds_it(tmp_path: Path
         assert store.anchors() == {(RESNET, 1, "v100"): (measured, "measured")}
         assert c.planned("v100") == pytest.approx(entry.rate)
         assert entry.rate == pytest.approx(1.1 * measured)
+
+
+def test_a_report_left_by_an_earlier_run_is_passed_over_quietly(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    # the job was requeued 60 s ago: its progress.json is still the last run's (honest, but
+    # not this run's), so it is neither learned from nor reported as a forgery
+    caplog.set_level(logging.INFO, logger="hadar_slurm.sidecar")
+    workdir = cluster.run(5, "n1", started=NOW - 60)
+    write_progress(workdir, 5, 7, 2 * PRIOR_V100 * 10, 10.0, updated_at=NOW - 600, run="1.0")
+    cluster.epoch_at()
+    assert events(caplog, "learn_rejected") == [] and events(caplog, "learned") == []
+    # the new run's rounds are
+    write_progress(workdir, 5, 9, 2 * PRIOR_V100 * 10, 10.0, updated_at=NOW - 5, run="1.1")
+    cluster.epoch_at()
+    assert [e["job"] for e in events(caplog, "learned")] == [5]
+    assert observations(cluster.store.path) == 1

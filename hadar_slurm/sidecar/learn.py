@@ -16,7 +16,9 @@ Every epoch the backend hands the progress of each running hadar job to :meth:`K
 with what *Slurm* says of it: for each copy (each running component of a fork, or the unforked
 job), the GPU type of the node Slurm runs it on and when Slurm started it (:class:`SlurmRun`).
 Each *new* committed round (per job, run and round number; a round is folded once) gives one
-observation per copy that reported, ``iterations / seconds`` on that copy's GPU type.  The first
+observation per copy that reported, ``iterations / seconds`` on that copy's GPU type.  A report
+written before Slurm started the copy's current run (left by a run before a requeue) is not
+this run's and is passed over.  The first
 round of each run is left out: it carries the warm-up (process start, data loading, CUDA
 context, the first slow iterations).  A job whose GPUs span several types is not observed (its
 rate is the slowest gang member's, not any one type's).
@@ -344,6 +346,9 @@ class Knowledge:
             return []  # the first round of a run is warm-up (or the runtime does not say)
         folded: list[Observation] = []
         for copy, (iters, seconds) in sorted(progress.measured.items()):
+            at, run = progress.updated_at, ran.get(copy)
+            if at is not None and run is not None and at < run.start - CLOCK_SLACK_S:
+                continue  # written by an earlier run (the job was requeued): not this run's
             why = self.check(progress, copy, ran, now)
             gpu = ran[copy].gpu_type if copy in ran else ""
             obs = Observation(job_id, job_type, scale_factor, gpu, iters, seconds)
