@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from hadar_slurm.sidecar.backend import SlurmBackend
+from hadar_slurm.sidecar.fork import CopyGroup, read_progress
 from hadar_slurm.sidecar.learn import LEARN_FACTOR, Knowledge
 from hadar_slurm.store import ThroughputStore
 from hadar_slurm.throughputs import ThroughputTable, default_table
@@ -296,3 +297,41 @@ def test_a_report_left_by_an_earlier_run_is_passed_over_quietly(
     cluster.epoch_at()
     assert [e["job"] for e in events(caplog, "learned")] == [5]
     assert observations(cluster.store.path) == 1
+
+
+def test_a_forks_copies_are_checked_against_their_own_components(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """The backend tells the knowledge, per copy, the GPU type of the node its component runs
+    on and when that component started: a copy that reports another type, or one whose
+    component does not run, is not learned from."""
+    caplog.set_level(logging.INFO, logger="hadar_slurm.sidecar")
+    cluster.epoch_at()  # reads the nodes
+    original = replace(job(5, state="PENDING", reason="Dependency"), workdir=str(cluster.tmp))
+    parts = []
+    for k, (node_name, state) in enumerate([("n1", "RUNNING"), ("n2", "RUNNING"),
+                                            ("n1", "PENDING")]):
+        parts.append(replace(
+            job(40 + k, state=state, reason="None", nodes=(node_name,) if state == "RUNNING"
+                else (), start=int(NOW - RAN_S), comment="hadar-copy-of=5"),
+            het_job_id=40, het_job_offset=k))
+    group = CopyGroup(5, 40, tuple(parts))
+    tracker = cluster.tmp / "fork"
+    tracker.mkdir()
+    (tracker / "progress.json").write_text(json.dumps({
+        "format": 1, "done": 1e6, "work": 1e9, "rounds": 3, "copies": 3, "run": "40.0",
+        "run_rounds": 2, "updated_at": NOW - 1, "complete": False,
+        "copy_rates": [
+            # on the v100 of n1, as Slurm says
+            {"copy": 0, "gpu_type": "v100", "iters": 2 * PRIOR_V100 * 10, "seconds": 10.0},
+            # runs on the k80 of n2 but says v100 (a v100's plausible rate)
+            {"copy": 1, "gpu_type": "v100", "iters": 2 * PRIOR_V100 * 10, "seconds": 10.0},
+            # its component has not started
+            {"copy": 2, "gpu_type": "v100", "iters": 2 * PRIOR_V100 * 10, "seconds": 10.0}]}))
+    progress = read_progress(str(tracker))
+    assert progress is not None
+    cluster.backend._learn(original, RESNET, 1, NOW, group, str(tracker), progress)
+    learned = events(caplog, "learned")
+    assert [(e["job"], e["gpu_type"]) for e in learned] == [(5, "v100")]
+    [rejected] = events(caplog, "learn_rejected")  # the first of the job's bad copies
+    assert rejected["gpu_type"] == "k80" and "Slurm runs it on k80" in str(rejected["why"])
+    assert cluster.backend.knowledge.rejected == 2
