@@ -114,7 +114,7 @@ def test_sidecar_learns_running_jobs_rate_and_uses_it(work: Workdir) -> None:
         tracker = work.path / ".hadar-tracker" / str(job_id)
         history = [json.loads(x) for x in (tracker / "history.jsonl").read_text().splitlines()]
         rounds = {round(x["iters"][0] / x["seconds"][0], 4) for x in history[1:]}  # 1: warm-up
-        mine = [float(e["observed"]) for e in learned if e["job"] == job_id]
+        mine = [float(str(e["observed"])) for e in learned if e["job"] == job_id]
         assert set(mine) <= rounds  # each observation is a round the runtime committed
         observed[job_id] = statistics.median(mine)
     with ThroughputStore(db) as store:
