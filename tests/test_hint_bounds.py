@@ -140,6 +140,9 @@ CASES: list[Case] = [
     Case("hadar: \uff4dodel=a3c steps=1", "hints"),
     Case("hadar: model=a3c steps=1 sync=1 weight=1 fork=1 bs=1 x=1", "hints"),
     Case("hadar: model=a3c steps=1 sync=\u0131", "sync"),
+    Case("hadar: model=a3c steps=1 preempt=Never", "preempt"),
+    Case("hadar: model=a3c steps=1 preempt=never\x1b", "preempt"),
+    Case("hadar: model=a3c steps=1 preempt=" + "r" * 65, "preempt"),
     # the whole comment: bytes, not characters; whitespace counts
     Case("hadar: model=a3c" + " " * (MAX_COMMENT_BYTES - 22) + "steps=1", "hints",
          message=COMMENT_LONG),
