@@ -205,7 +205,9 @@ class Knowledge:
     _settings: tuple[int, float, float] | None = field(init=False, default=None)
     _rejected: set[int] = field(init=False, default_factory=set)
     _ignored: set[tuple[Key, float]] = field(init=False, default_factory=set)
+    #: observations folded into the store (they may still wait for a quorum)
     learned: int = field(init=False, default=0)
+    #: observations refused (do not fit Slurm, or out of the prior's bounds)
     rejected: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
