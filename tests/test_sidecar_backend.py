@@ -479,12 +479,13 @@ def test_a_users_own_hold_is_respected() -> None:
     placed = JobRecord(epoch=3, state="placed", place=(("node1", 1),), gpus=1).encode()
     api = FakeSlurm([
         job(1, reason="JobHeldUser", admin="hadar: held by its user"),  # sbatch --hold
+        job(4, reason="JobHeldAdmin", admin="hadar: held by its user"),  # ... by an operator
         job(2, reason="JobHeldUser", admin=placed),  # scontrol hold after the sidecar placed it
         job(3, reason="JobHeldUser"),  # held by job_submit.lua for the sidecar
     ], NODES)
     b = backend(api)
     snap = b.snapshot(4, 2000.0, 60.0, None)
-    assert snap.job_ids.tolist() == [3] and b.user_held == [1, 2]
+    assert snap.job_ids.tolist() == [3] and b.user_held == [1, 2, 4]
     decision, actions = decide(b, {3: [(0, 1)]}, epoch=4)
     b.apply(decision, actions, 2000.0)
     assert api.log == [("update", 3), ("release", 3)]

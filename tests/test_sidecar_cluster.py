@@ -118,6 +118,13 @@ class Workdir:
 
 @pytest.fixture
 def work(dev_cluster: DevCluster, tmp_path: Path) -> Iterator[Workdir]:
+    yield from make_workdir(dev_cluster, tmp_path)
+
+
+def make_workdir(dev_cluster: DevCluster, tmp_path: Path) -> Iterator[Workdir]:
+    """Behind the fixture ``work`` (also of other modules): a work dir with the payload and a
+    sidecar config (3 s epochs, 2 s grace); every sidecar started is stopped at the end, and
+    the jobs submitted through it that still live are cancelled."""
     tmp_path.chmod(0o755)
     (tmp_path / "out").mkdir()
     (tmp_path / "out").chmod(0o777)

@@ -170,6 +170,8 @@ def held_by_hadar(job: SlurmJob) -> bool:
 
     Any other ``JobHeldUser`` is the user's: ``sbatch --hold`` (the plugin marks it
     :data:`SUBMIT_USER_HELD` instead), or ``scontrol hold`` on a job the sidecar had released."""
+    if job.admin_comment.strip() == SUBMIT_USER_HELD:
+        return False  # (whatever the reason: a job an operator submitted held is JobHeldAdmin)
     if job.state == "SPECIAL_EXIT":
         return True
     if job.state not in PENDING_STATES or job.state_reason not in HELD_REASONS:
