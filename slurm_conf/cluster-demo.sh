@@ -117,14 +117,14 @@ chmod 755 "$WORK/payload.sh"
 
 # name | hints | GPUs | seconds
 WORKLOAD=(
-  "rn50-1|model=resnet50 bs=64 steps=40000|1|8"
-  "rn50-4|model=resnet50 bs=128 steps=80000|4|12"
-  "tf-2|model=transformer bs=128 steps=25000|2|10"
-  "lm-4|model=lm bs=80 steps=100000 weight=2|4|15"
-  "rec-1|model=recommendation bs=512 steps=9000|1|6"
-  "a3c-1|model=a3c steps=12000|1|5"
-  "gan-1|model=cyclegan steps=3000|1|7"
-  "rn18-8|model=resnet18 bs=256 steps=60000|8|9"
+  "rn50-1|model=resnet50 bs=64 steps=40000 preempt=checkpoint|1|8"
+  "rn50-4|model=resnet50 bs=128 steps=80000 preempt=checkpoint|4|12"
+  "tf-2|model=transformer bs=128 steps=25000 preempt=checkpoint|2|10"
+  "lm-4|model=lm bs=80 steps=100000 weight=2 preempt=checkpoint|4|15"
+  "rec-1|model=recommendation bs=512 steps=9000 preempt=checkpoint|1|6"
+  "a3c-1|model=a3c steps=12000 preempt=checkpoint|1|5"
+  "gan-1|model=cyclegan steps=3000 preempt=checkpoint|1|7"
+  "rn18-8|model=resnet18 bs=256 steps=60000 preempt=checkpoint|8|9"
 )
 submit() {  # NAME SECS SBATCH-OPTIONS...: prints the job id
   local name=$1 secs=$2; shift 2

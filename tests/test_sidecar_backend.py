@@ -7,6 +7,7 @@ real Slurm.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -557,3 +558,34 @@ def test_hints_that_bypassed_the_plugin_are_unsteered_not_fatal() -> None:
     assert decode(api.jobs[1].admin_comment).state == "unsteered"
     assert "steps" in decode(api.jobs[1].admin_comment).why
     assert ("release", 2) in api.log
+
+
+def test_status_and_explain_say_why_a_job_is_outside_the_policy() -> None:
+    # a job that may not be stopped, one its user holds, a forged copy, and (dry run) where a
+    # job would have been placed: status and explain say so instead of showing nothing
+    from dataclasses import replace as dc_replace
+
+    from hadar_slurm.sidecar.config import default_config
+    from hadar_slurm.sidecar.controller import epoch_state
+    from hadar_slurm.sidecar.report import explain, status_rows
+
+    forged = replace(running(4, comment="hadar-copy-of=3", admin="", node_name="node1"),
+                     user="bob", command="/home/bob/x.sh")
+    api = FakeSlurm([running(1, comment=NO_CHECKPOINT),
+                     job(2, reason="JobHeldUser", admin="hadar: held by its user"),
+                     job(3), forged], NODES)
+    b = backend(api)
+    decision, _ = decide(b, {3: [(1, 1)]})
+    snap = b.snapshot(0, 2000.0, 60.0, None)
+    state = json.loads(json.dumps(epoch_state(
+        dc_replace(default_config(), dry_run=True), b, snap, decision)))
+    jobs_ = list(api.jobs.values())
+    rows = {r["job"]: r for r in status_rows(jobs_, state)}
+    assert rows["1"]["why"].endswith("never moved (preempt=never)")
+    assert rows["2"]["why"].startswith("held by its user")
+    assert rows["3"]["why"] == "dry run: would be placed on node2:1"
+    assert (rows["3"]["type"], rows["3"]["nodes"]) == ("p100", "node2")
+    assert rows["4"]["why"].startswith("not a hadar job")
+    assert "preempt=checkpoint" in explain(1, jobs_, state)
+    assert "held by its user" in explain(2, jobs_, state)
+    assert "did not make it" in explain(4, jobs_, state)

@@ -273,7 +273,8 @@ def test_mixed_workload_runs_where_the_policy_placed_it(work: Workdir) -> None:
 
 
 def test_drained_node_job_is_signaled_requeued_and_completes(work: Workdir) -> None:
-    job_id = work.submit("long", 60, hints="hadar: model=resnet50 bs=64 steps=400000")
+    job_id = work.submit("long", 60,
+                         hints="hadar: model=resnet50 bs=64 steps=400000 preempt=checkpoint")
     sidecar = work.start_sidecar()
     end = time.monotonic() + 60
     job = jobs(work.cluster)[job_id]

@@ -394,6 +394,11 @@ def epoch_state(
                   for k, n in enumerate(snapshot.node_names)],
         "jobs": jobs,
         "unsteered": {str(u.job.job_id): u.why for u in backend.unsteered},
+        # running jobs hadar may not stop (preempt=never), jobs their users hold, and the jobs
+        # that are copies hadar made (a hadar-copy-of= comment alone is not one)
+        "pinned": sorted(backend.pinned),
+        "user_held": sorted(backend.user_held),
+        "copy_jobs": sorted(backend.copy_ids),
         "actions": backend.stats.applied,
     }
 

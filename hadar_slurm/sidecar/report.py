@@ -46,6 +46,7 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
     """One row per job (active ones unless ``show_all``): where it runs and why."""
     info_of = _jobs_of(state)
     unsteered = state.get("unsteered", {}) if state else {}
+    dry = bool(state and state.get("dry_run"))
     rows: list[dict[str, str]] = []
     for job in sorted(jobs, key=lambda j: j.job_id):
         if not show_all and job.state not in ACTIVE:
@@ -56,7 +57,10 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
         original = copy_of(job.comment)
         gpu_type = job.gpu_type or ("|".join(sorted(set(job.features.split("|"))))
                                     if job.features else "")
-        if original is not None:
+        nodes = job.nodes
+        if original is not None and not _made_by_hadar(job, state):
+            why = f"not a hadar job: Slurm schedules it (claims to be a copy of job {original})"
+        elif original is not None:
             offset = job.het_job_offset if job.het_job_offset is not None else 0
             why = (f"copy {offset} of job {original} (HadarE: hetjob "
                    f"{job.het_job_id or job.job_id})")
@@ -68,10 +72,20 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
             why = "unsteered: " + (rec.why or str(unsteered.get(str(job.job_id), "")))
         elif job.state in ("RUNNING", "CONFIGURING"):
             why = f"runs where epoch {rec.epoch} placed it" if rec.epoch >= 0 else "runs"
+            if _pinned(job, state):
+                why += "; never moved (preempt=never)"
+        elif _user_held(job, state):
+            why = "held by its user: hadar leaves it until it is released"
         elif job.state == "PENDING" and rec.state == "placed":
             why = f"placed by epoch {rec.epoch}; Slurm starts it when its GPUs are free"
         elif info is not None:
             why = str(info.get("reason_text", ""))
+            placed = [f"{n}:{c}" for n, c in info.get("placed", [])]
+            if placed and dry:
+                # shadow mode: nothing was placed in Slurm; say where it would have been
+                why = f"dry run: would be placed on {', '.join(placed)}"
+                gpu_type = gpu_type or str(info.get("gpu_type", ""))
+                nodes = nodes or ",".join(n for n, _ in info.get("placed", []))
             if info.get("detail"):
                 why += f" ({info['detail']})"
         elif job.state == "PENDING":
@@ -83,9 +97,32 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
             "model": _model(info, job), "gpus": str(job.gpus_per_node * max(
                 1, len(job.node_names))) if job.gpus_per_node else "-",
             "type": (gpu_type or "-") + (ESTIMATE_MARK if _estimated(info, gpu_type) else ""),
-            "nodes": job.nodes or "-", "why": why,
+            "nodes": nodes or "-", "why": why,
         })
     return rows
+
+
+def _listed(key: str, job: SlurmJob, state: Mapping[str, Any] | None) -> bool | None:
+    """Whether the last epoch listed ``job`` under ``key`` (None: no such list)."""
+    ids = state.get(key) if state else None
+    return job.job_id in ids if isinstance(ids, list) else None
+
+
+def _made_by_hadar(job: SlurmJob, state: Mapping[str, Any] | None) -> bool:
+    """A job commented ``hadar-copy-of=J`` is one of J's copies only if the sidecar made it
+    (the last epoch lists it; a state file without the list trusts the comment)."""
+    listed = _listed("copy_jobs", job, state)
+    return listed is None or listed
+
+
+def _pinned(job: SlurmJob, state: Mapping[str, Any] | None) -> bool:
+    return bool(_listed("pinned", job, state))
+
+
+def _user_held(job: SlurmJob, state: Mapping[str, Any] | None) -> bool:
+    return bool(_listed("user_held", job, state)) or (
+        job.state in ("PENDING", "SPECIAL_EXIT") and job.state_reason == "JobHeldUser"
+        and job.admin_comment.strip() == "hadar: held by its user")
 
 
 #: After a GPU type in ``status``: the job's throughput there is an estimate, not a measurement.
@@ -142,6 +179,11 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
         head += f" on {job.nodes}"
     out = [head]
     original = copy_of(job.comment)
+    if original is not None and not _made_by_hadar(job, state):
+        out.append(f"not a hadar job: its comment says it is a copy of job {original}, but hadar "
+                   "did not make it (another owner, script, or job id); the sidecar leaves it to "
+                   "Slurm and only counts the GPUs it holds")
+        return "\n".join(out)
     if original is not None:
         offset = job.het_job_offset if job.het_job_offset is not None else 0
         out.append(f"copy {offset} of job {original}, forked by hadar (HadarE): component "
@@ -160,6 +202,15 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
     info = _jobs_of(state).get(str(job_id))
     if state is None:
         out.append("the sidecar has not run an epoch yet (no state file)")
+    elif _user_held(job, state):
+        out.append("held by its user (sbatch --hold, or scontrol hold after hadar placed it): "
+                   "hadar leaves it alone until it is released (scontrol release "
+                   f"{job.job_id})")
+    elif _pinned(job, state):
+        out.append(f"runs where epoch {rec.epoch} placed it, and stays there until it ends: its "
+                   "hints do not let hadar stop it (preempt=never, the default). Add "
+                   "preempt=checkpoint (it saves its state on the signal and exits 75) or "
+                   "preempt=requeue (it may be restarted) to let hadar move it to faster GPUs")
     elif info is None:
         if job.state not in ACTIVE:
             where = ", ".join(f"{n}:{c}" for n, c in rec.place) or job.nodes or "-"
@@ -178,6 +229,12 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
             verdict = f"forked into {info['copies']} copies, on {where} ({info.get('gpu_type')})"
         out.append(f"epoch {state.get('epoch')} ({age:.0f} s ago, policy {state.get('policy')}):"
                    f" {verdict} [decided by {info.get('component')}]")
+        spread = info.get("placed", [])
+        if len(spread) > 1 and int(info.get("copies", 0)) < 2:
+            per = {int(c) for _, c in spread}
+            out.append(f"  on {len(spread)} nodes: its request is rewritten to --nodes="
+                       f"{len(spread)} --gres=gpu:{per.pop() if len(per) == 1 else '?'} (the job "
+                       f"sees SLURM_JOB_NUM_NODES={len(spread)} and SLURM_JOB_NODELIST)")
         if info.get("detail"):
             out.append(f"  note: {info['detail']}")
         rates: Mapping[str, float] = info.get("rates", {})
