@@ -20,18 +20,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from typing import Any
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.hints import (
     MAX_COMMENT_BYTES,
+    MAX_GPUS,
+    MAX_VALUE_BYTES,
     Hints,
     ModelCatalog,
     lua_catalog_block,
     parse_hints,
     quote,
+    whole_number,
 )
 
 __all__ = ["format_hints", "register"]
@@ -42,15 +44,14 @@ def format_hints(hints: Hints) -> str:
     return f"{hints.to_comment()}  job_type={hints.job_type!r}"
 
 
-MAX_GPUS = 9999  # --gpus: more than any node or job has
-
-
 def _gpus(text: str) -> int:
-    # ASCII digits only (int() takes '\u0663' and would take 5,000 digits slowly or not at all)
-    if re.fullmatch(r"[0-9]{1,9}", text) is None or not 1 <= int(text) <= MAX_GPUS:
-        raise argparse.ArgumentTypeError(
-            f"expected a GPU count from 1 to {MAX_GPUS}, got '{quote(text)}'")
-    return int(text)
+    """ASCII digits (int() would take '\u0663', and 5,000 digits not at all), compared by their
+    count before any conversion as job_submit.lua reads the job's GPU request: any count above
+    MAX_GPUS is MAX_GPUS + 1, which parse_hints reports as "more than 9999"."""
+    count = whole_number(text, MAX_GPUS) if len(text) <= MAX_VALUE_BYTES else None
+    if count is None or count < 1:
+        raise argparse.ArgumentTypeError(f"expected a GPU count >= 1, got '{quote(text)}'")
+    return count
 
 
 def _stdin_comment() -> str:

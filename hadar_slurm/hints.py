@@ -31,8 +31,10 @@ a number or take time (these numbers reach job_submit.lua through the generated 
 * the whole comment: at most :data:`MAX_COMMENT_BYTES` (512) bytes, checked first;
 * each value: at most :data:`MAX_VALUE_BYTES` (64) bytes (a model name, a batch size ...);
 * at most one token per key, so at most ``len(HINT_KEYS)`` (7) tokens;
-* whole numbers (``bs``, ``steps``, ``fork``) are compared by their count of digits before they
-  are converted; ``steps`` <= 10**12, ``fork`` <= 16; ``weight`` is finite, 0.001 to 1000;
+* whole numbers (``bs``, ``steps``, ``fork``, and the GPU count job_submit.lua reads from the
+  job's request) are compared by their count of digits before they are converted;
+  ``steps`` <= 10**12, ``fork`` <= 16; ``weight`` is finite, 0.001 to 1000; a GPU count above
+  :data:`MAX_GPUS` (9999) is reported as ``more than 9999``;
 * digits are ASCII only (``'\\u0663'`` and fullwidth digits are not digits here), whitespace is
   ASCII only (what Lua's ``%s`` is), letter case is ASCII only;
 * a message quotes at most :data:`QUOTE_BYTES` (40) bytes of a bad value, with every byte that
@@ -65,6 +67,7 @@ __all__ = [
     "LUA_BEGIN",
     "LUA_END",
     "MAX_COMMENT_BYTES",
+    "MAX_GPUS",
     "MAX_STEPS",
     "MAX_VALUE_BYTES",
     "MAX_WEIGHT",
@@ -77,6 +80,7 @@ __all__ = [
     "lua_catalog_block",
     "parse_hints",
     "quote",
+    "whole_number",
 ]
 
 HINT_PREFIX = "hadar:"
@@ -93,6 +97,7 @@ MAX_VALUE_BYTES = 64
 MAX_STEPS = 10**12
 MIN_WEIGHT = 0.001
 MAX_WEIGHT = 1000.0
+MAX_GPUS = 9999  # a GPU count above it is reported as "more than 9999"
 QUOTE_BYTES = 40
 
 # Lua's %s (C isspace): the only whitespace both sides agree on.
@@ -167,7 +172,7 @@ def quote(text: str) -> str:
     return shown + ("..." if len(data) > QUOTE_BYTES else "")
 
 
-def _whole(text: str, most: int) -> int | None:
+def whole_number(text: str, most: int) -> int | None:
     """The whole number ``text`` (ASCII digits, single ``_`` between them), None if it is not
     one.  A number above ``most`` is found by its count of digits, before any conversion, and
     is returned as ``most + 1``."""
@@ -350,7 +355,7 @@ def parse_hints(
         raise HintError(f"missing hint bs for {model}", field="bs", fix=f"add bs=N; {choose}")
     else:
         text = given["bs"]
-        batch_size = _whole(text, max(sizes))
+        batch_size = whole_number(text, max(sizes))
         if batch_size is None:
             raise HintError(f"bs must be a whole number, got '{quote(text)}'", field="bs",
                             fix=choose)
@@ -362,7 +367,7 @@ def parse_hints(
         raise HintError("missing hint steps", field="steps",
                         fix="add steps=N, the number of training iterations")
     text = given["steps"]
-    steps = _whole(text, MAX_STEPS) or 0
+    steps = whole_number(text, MAX_STEPS) or 0
     if not 1 <= steps <= MAX_STEPS:
         raise HintError(f"steps must be a whole number of iterations from 1 to {MAX_STEPS}, "
                         f"got '{quote(text)}'", field="steps", fix="e.g. steps=40000")
@@ -386,7 +391,7 @@ def parse_hints(
     fork = 1
     if "fork" in given:
         text = given["fork"]
-        fork = _whole(text, MAX_COPIES) or 0
+        fork = whole_number(text, MAX_COPIES) or 0
         if not 1 <= fork <= MAX_COPIES:
             raise HintError(
                 f"fork must be a whole number from 1 to {MAX_COPIES}, got '{quote(text)}'",
@@ -418,7 +423,8 @@ def _gpu_problem(
 ) -> tuple[str, str]:
     label = model if batch_size is None else f"{model} bs={batch_size}"
     plural = "GPU" if counts == (1,) else "GPUs"
-    problem = f"{label} runs on {_join(counts, ' or ')} {plural}; the job asks for {gpus}"
+    asked = str(gpus) if gpus <= MAX_GPUS else f"more than {MAX_GPUS}"
+    problem = f"{label} runs on {_join(counts, ' or ')} {plural}; the job asks for {asked}"
     if len(counts) == 1:
         return problem, f"use --gres=gpu:{counts[0]}"
     return problem, "use --gres=gpu:N with N one of " + ", ".join(map(str, counts))
@@ -445,7 +451,7 @@ def lua_catalog_block(catalog: ModelCatalog) -> str:
     and ``HADAR_LIMITS``, the other bounds (see the module docstring)."""
     limits = {"comment_bytes": MAX_COMMENT_BYTES, "value_bytes": MAX_VALUE_BYTES,
               "quote_bytes": QUOTE_BYTES, "steps": MAX_STEPS, "weight_min": MIN_WEIGHT,
-              "weight_max": MAX_WEIGHT}
+              "weight_max": MAX_WEIGHT, "gpus": MAX_GPUS}
     lines = [LUA_BEGIN, f"local HADAR_MAX_COPIES = {MAX_COPIES}",
              "local HADAR_LIMITS = {",
              *(f"  {k} = {v!r}," for k, v in limits.items()),

@@ -34,6 +34,7 @@ local HADAR_LIMITS = {
   steps = 1000000000000,
   weight_min = 0.001,
   weight_max = 1000.0,
+  gpus = 9999,
 }
 local HADAR_MODEL_NAMES = {"a3c", "cyclegan", "lm", "recommendation", "resnet18", "resnet50", "transformer"}
 local HADAR_MODELS = {
@@ -309,8 +310,10 @@ local function parse_hints(comment, gpus)
     else
       fix = "use --gres=gpu:N with N one of " .. join(variant.gpus)
     end
+    local asked = tostring(gpus)
+    if gpus > HADAR_LIMITS.gpus then asked = "more than " .. HADAR_LIMITS.gpus end
     return nil, string.format("%s runs on %s %s; the job asks for %s (%s)",
-                              label, join(variant.gpus, " or "), plural, tostring(gpus), fix)
+                              label, join(variant.gpus, " or "), plural, asked, fix)
   end
   return {model = model, bs = bs, steps = steps, sync = sync, weight = weight, fork = fork,
           preempt = preempt, job_type = variant.job_type}
@@ -331,7 +334,9 @@ local function split_tres(tres)
     for p in item:gsub("^gres[:/]", ""):gmatch("[^:=]+") do parts[#parts + 1] = p end
     if parts[1] == "gpu" then
       local n = 1
-      if #parts >= 2 and parts[#parts]:match("^%d+$") then n = tonumber(parts[#parts]) end
+      if #parts >= 2 and parts[#parts]:match("^%d+$") then
+        n = whole_value(parts[#parts], HADAR_LIMITS.gpus)  -- above the bound: gpus + 1
+      end
       count = (count or 0) + n
     else
       others[#others + 1] = item

@@ -153,6 +153,12 @@ CASES: list[Case] = [
     Case("hadar: model=a3c steps=1\0", "steps", message=STEPS.format("1\\x00")),
     # the GPU count is checked last
     Case("hadar: model=resnet50 bs=64 steps=1000000000000", "gpus", gpus=3),
+    Case("hadar: model=a3c steps=1", "gpus", gpus=9999,
+         message="a3c runs on 1 GPU; the job asks for 9999 (use --gres=gpu:1)"),
+    Case("hadar: model=a3c steps=1", "gpus", gpus=10000,
+         message="a3c runs on 1 GPU; the job asks for more than 9999 (use --gres=gpu:1)"),
+    Case("hadar: model=a3c steps=1", "gpus", gpus=2**32 - 1),
+    Case("hadar: model=a3c steps=1", "gpus", gpus=int("9" * 400)),  # Lua's tonumber: inf
 ]
 
 IDS = [f"{i:02d}" for i in range(len(CASES))]
