@@ -174,8 +174,9 @@ def quote(text: str) -> str:
 
 def whole_number(text: str, most: int) -> int | None:
     """The whole number ``text`` (ASCII digits, single ``_`` between them), None if it is not
-    one.  A number above ``most`` is found by its count of digits, before any conversion, and
-    is returned as ``most + 1``."""
+    one.  A number with more digits than ``most`` is not converted: it is returned as
+    ``most + 1``; any other is converted (a few digits) and may be above ``most`` too, so
+    callers compare the result with ``most``."""
     if not _WHOLE.fullmatch(text):
         return None
     digits = text.replace("_", "").lstrip("0") or "0"

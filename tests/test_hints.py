@@ -16,12 +16,20 @@ from hadar_slurm.hints import (
     HINT_KEYS,
     LUA_BEGIN,
     LUA_END,
+    MAX_COMMENT_BYTES,
+    MAX_GPUS,
+    MAX_STEPS,
+    MAX_VALUE_BYTES,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
     HintError,
     Hints,
     ModelCatalog,
     is_hadar_comment,
     lua_catalog_block,
     parse_hints,
+    quote,
+    whole_number,
 )
 from hadar_slurm.throughputs import ThroughputTable, default_table, parse_csv
 
@@ -89,6 +97,7 @@ def test_catalog_from_a_custom_table() -> None:
     (["Net", "Net (batch size 8)"], "with and without a batch size"),
     (["Res-Net", "resnet"], "all have the short name 'resnet'"),
     (["---"], "gives no usable model name"),
+    (["N" * 65], "gives no usable model name"),  # longer than any hint's value may be
 ])
 def test_catalog_refuses_ambiguous_tables(types: list[str], problem: str) -> None:
     table = ThroughputTable({(t, 1): {"v100": 1.0} for t in types}, "bad.csv")
@@ -231,6 +240,34 @@ def test_docs_list_the_keys_and_the_default_models() -> None:
         assert all(cat.gpu_counts(model, bs) == gpus for bs in sizes)
         bs_text = ", ".join(map(str, sizes)) or "(none)"
         assert f"| `{model}` | {bs_text} | {', '.join(map(str, gpus))} |" in text
+
+
+def test_whole_numbers_are_bounded_by_their_digits() -> None:
+    assert whole_number("40_000", 10**12) == 40000
+    assert whole_number("0" * 60 + "7", 10) == 7
+    assert whole_number("000", 10) == 0
+    # above the bound: most + 1, without converting the text (int() refuses 5,000 digits)
+    assert whole_number("9" * 5000, 10**12) == 10**12 + 1
+    assert whole_number("1000000000001", 10**12) == 10**12 + 1
+    assert whole_number("99", 16) == 99  # as many digits as the bound: converted
+    for text in ("", "_1", "1_", "1__0", "+1", "-1", "1.0", "\u0663", "\uff11", " 1"):
+        assert whole_number(text, 10) is None, text
+
+
+def test_quote_is_short_printable_ascii() -> None:
+    assert quote("40000") == "40000"
+    assert quote("a\tb\x1b[0m\u00e9") == "a\\x09b\\x1b[0m\\xc3\\xa9"
+    assert quote("\udcff") == "\\xff"  # a non-UTF-8 byte of argv (surrogateescape)
+    assert quote("x" * 41) == "x" * 40 + "..."
+    assert quote("x" * 40) == "x" * 40
+
+
+def test_lua_block_carries_the_bounds() -> None:
+    block = lua_catalog_block(ModelCatalog.default())
+    for line in (f"  comment_bytes = {MAX_COMMENT_BYTES},", f"  value_bytes = {MAX_VALUE_BYTES},",
+                 f"  steps = {MAX_STEPS},", f"  weight_min = {MIN_WEIGHT!r},",
+                 f"  weight_max = {MAX_WEIGHT!r},", f"  gpus = {MAX_GPUS},"):
+        assert line + "\n" in block, line
 
 
 def lua_block_in_file() -> str:
