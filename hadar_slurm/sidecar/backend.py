@@ -49,7 +49,7 @@ from hadar_slurm.policy.base import Decision, Placement, Snapshot
 from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.fork import CopyGroup, ForkError, Progress
-from hadar_slurm.sidecar.learn import Knowledge
+from hadar_slurm.sidecar.learn import Knowledge, SlurmRun
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES, RUNNING_STATES
@@ -579,8 +579,6 @@ class SlurmBackend:
         says of each copy (:class:`~hadar_slurm.sidecar.learn.SlurmRun`: the GPU type of the
         node a running component, or the unforked job, runs on, and when it started).
         ``tracker``/``progress``: the dir the view already read (if any), not read again."""
-        from hadar_slurm.sidecar.learn import SlurmRun
-
         if group is None:
             try:
                 own = hadare.tracker_dir(job, None)
