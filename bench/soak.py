@@ -26,15 +26,17 @@ working directory of its own:
 Every job runs the same POSIX sh payload: SECS one-second steps, checkpointed in a file, resumed
 from there after a requeue; one line per start, checkpoint signal and finish in a log of its own,
 so a job that ran to its end twice shows two ``done`` lines.  Payload modes: ``ckpt`` (exits 75
-on the checkpoint signal, as the training runtime does), ``ignore`` (logs the signal, goes on),
-``die`` (no trap: the signal kills it).
+on the checkpoint signal, as the training runtime does; hint ``preempt=checkpoint``), ``ignore``
+(logs the signal, goes on; ``preempt=requeue``), ``die`` (no trap: the signal kills it; no
+``preempt`` hint, or a false ``preempt=checkpoint``).
 
 Faults, at seeded random times during ``--duration`` (every kind once per round, in a shuffled
 order; shorter with --quick): SIGKILL of the sidecar (restarted 0-5 s later), slurmctld stopped
 (SIGSTOP 20-40 s, then SIGCONT), slurmctld restarted (``dev-cluster.sh restart-ctld``), a node
 set DOWN (its jobs are requeued; with ReturnToService=2 it is back at once) or DRAIN for 10-30 s,
-then ``State=RESUME``.  Submissions and releases wait while slurmctld is stopped or
-restarting.
+then ``State=RESUME``; a second ``hadar-slurm run --dry-run`` on the same state_dir, which must
+refuse to start (one clear line, no traceback).  Submissions and releases wait while slurmctld
+is stopped or restarting.
 
 Slurm 22.05 itself loses the GPUs of jobs it starts right after a slurmctld restart (before the
 nodes registered again; reproduced without the sidecar): once those jobs end their node is IDLE
@@ -294,7 +296,13 @@ def plan_jobs(opts: Options, rng: random.Random, sentinel: Path) -> list[Spec]:
             secs = rng.randint(*opts.long_s) if rng.random() < 0.35 else rng.randint(3, 12)
         mode = rng.choices(("ckpt", "ignore", "die"), (7, 2, 1))[0]
         hints, gpus = rng.choice(VALID)
-        spec = Spec(key, at, user, kind, f"hadar: {hints}", f"gpu:{gpus}", None, secs, mode)
+        # how it may be moved: a checkpointing job says so; one that does not checkpoint may
+        # allow a plain requeue; a job without the trap says nothing, or (hostile) claims it
+        # checkpoints and dies of the signal
+        preempt = {"ckpt": " preempt=checkpoint", "ignore": " preempt=requeue",
+                   "die": rng.choice(("", " preempt=checkpoint"))}[mode]
+        spec = Spec(key, at, user, kind, f"hadar: {hints}{preempt}", f"gpu:{gpus}", None, secs,
+                    mode)
         if kind == "plain":
             spec.gres, spec.constraint = rng.choice(PLAIN)
             spec.comment, spec.mode = None, "die"
@@ -336,14 +344,14 @@ def plan_faults(opts: Options, rng: random.Random, nodes: list[str]) -> list[Fau
     kinds: list[str] = []
     while True:
         if not kinds:
-            kinds = ["sidecar_kill", "ctld_stop", "ctld_restart", "node"]
+            kinds = ["sidecar_kill", "ctld_stop", "ctld_restart", "node", "second_sidecar"]
             rng.shuffle(kinds)
         kind = kinds.pop()
         if kind == "sidecar_kill":
             f = Fault(t, kind, round(rng.uniform(0, 5), 1))
         elif kind == "ctld_stop":
             f = Fault(t, kind, round(rng.uniform(*opts.ctld_stop_s), 1))
-        elif kind == "ctld_restart":
+        elif kind in ("ctld_restart", "second_sidecar"):
             f = Fault(t, kind, 0.0)
         else:
             f = Fault(t, rng.choice(("node_down", "node_drain", "node_drain")),
@@ -407,10 +415,13 @@ class Supervisor:
         self.crashes: list[dict[str, Any]] = []
         self.stderr_files: list[Path] = []
 
-    def _argv(self) -> list[str]:
+    @staticmethod
+    def base_argv() -> list[str]:
         exe = REPO / ".venv" / "bin" / "hadar-slurm"
-        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "hadar_slurm"]
-        return [*base, "run", "--config", str(self.config)]
+        return [str(exe)] if exe.exists() else [sys.executable, "-m", "hadar_slurm"]
+
+    def _argv(self) -> list[str]:
+        return [*self.base_argv(), "run", "--config", str(self.config)]
 
     def start(self) -> None:
         with self.lock:
@@ -500,6 +511,7 @@ class Soak:
         self.runner = SlurmRunner(cluster.conf, timeout=30)
         self.rng = random.Random(opts.seed)
         self.t0 = time.monotonic()
+        self.t0_wall = time.time()
         self.stop = threading.Event()  # stops faults and submissions
         self.done = threading.Event()  # stops the poller
         self.ctld_ok = threading.Event()
@@ -518,6 +530,7 @@ class Soak:
         self.supervisor: Supervisor | None = None
         self.config = workdir / "sidecar.toml"
         self.log = workdir / "sidecar.log"
+        self.second_runs: list[dict[str, Any]] = []
         self.gres_suspect: set[str] = set()
         self.gres_leaks: list[dict[str, Any]] = []
 
@@ -603,11 +616,12 @@ class Soak:
             ok = out.returncode == 0
         except SlurmError as exc:
             result, ok = str(exc)[-300:], False
+        wall = utc(time.time())
         if what == "hold":
             rec.hold_t = self.now() if ok else None
-            rec.release_result = f"hold at t={self.now():.1f}s: {result}"
+            rec.release_result = f"hold returned at t={self.now():.1f}s ({wall}): {result}"
         else:
-            rec.release_result += f" release at t={rec.release_t:.1f}s: {result}"
+            rec.release_result += f" release returned at {wall}: {result}"
 
     def submitter(self, specs: list[Spec]) -> None:
         queue: list[tuple[float, int, str, Record]] = []
@@ -750,6 +764,8 @@ class Soak:
             finally:
                 self.cont_ctld()
                 self.ctld_ok.set()
+        elif f.kind == "second_sidecar":
+            entry.update(self.second_sidecar())
         elif f.kind == "ctld_restart":
             self.ctld_ok.clear()
             try:
@@ -775,6 +791,24 @@ class Soak:
                 self.resume_nodes()
         self.faults_done.append(entry)
         self.say(f"t={t:.0f}s fault {f.kind} {f.node} {f.hold_s:g}s".rstrip())
+
+    def second_sidecar(self) -> dict[str, Any]:
+        """A second ``hadar-slurm run --dry-run --max-epochs 1`` on the same config (and so the
+        same state_dir) while the first runs: it must refuse to start (one sidecar per
+        state_dir), with one clear line and no traceback."""
+        assert self.supervisor is not None
+        env = dict(os.environ, SLURM_CONF=str(self.cluster.conf))
+        argv = [*self.supervisor.base_argv(), "run", "--config", str(self.config), "--dry-run",
+                "--max-epochs", "1"]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=90, env=env,
+                                 check=False)
+            rc, text = out.returncode, (out.stdout + out.stderr)
+        except subprocess.TimeoutExpired as exc:
+            rc, text = -1, f"still running after 90 s: {exc}"
+        self.second_runs.append({"t": round(self.now(), 1), "returncode": rc,
+                                 "output_tail": text[-1500:]})
+        return {"returncode": rc}
 
     def cont_ctld(self) -> None:
         pid, self.ctld_stopped_pid = self.ctld_stopped_pid, None
@@ -901,7 +935,9 @@ class Soak:
                     "gres": rec.spec.gres, "mode": rec.spec.mode, "secs": rec.spec.secs,
                     "sbatch": rec.sbatch_error[-300:],
                     "submitted_t": rec.submitted_t, "hold": rec.release_result.strip(),
+                    "t0_utc": utc(self.t0_wall),
                     "final": None if last is None else {
+                        "submit_utc": utc(last.submit_time), "start_utc": utc(last.start_time),
                         "state": last.state, "flags": list(last.state_flags),
                         "reason": last.state_reason, "exit_code": last.exit_code,
                         "nodes": last.nodes, "admin_comment": last.admin_comment,
@@ -921,6 +957,8 @@ class Soak:
         warn = [compact(e) for e in events if e.get("level") in ("warning", "error")]
         fault_count = Counter(f["kind"] for f in self.faults_done)
         status = self.status_check()
+        second_bad = [r for r in self.second_runs
+                      if r["returncode"] == 0 or TRACEBACK in r["output_tail"]]
         figures: dict[str, Any] = {
             "jobs_planned": len(self.records),
             "submitted": sum(1 for r in self.records if r.job_id or r.refused or r.submit_error),
@@ -943,6 +981,8 @@ class Soak:
             "sidecar_starts": self.supervisor.started,
             "sidecar_crashes": len(self.supervisor.crashes),
             "sidecar_final_stop_rc": final_rc,
+            "second_sidecars": len(self.second_runs),
+            "second_sidecars_not_refused": len(second_bad),
             "ctld_restarts": fault_count["ctld_restart"],
             "ctld_stops": fault_count["ctld_stop"],
             "node_downs": fault_count["node_down"],
@@ -964,16 +1004,17 @@ class Soak:
         }
         clean = (not failures and not tb_stderr and not tb_log and not self.supervisor.crashes
                  and final_rc == 0 and not figures["injected"] and status["rc"] == 0
-                 and not self.harness_errors)
+                 and not self.harness_errors and not second_bad)
         return {
             "clean": clean, "figures": figures, "outcomes": dict(outcome),
+            "t0_utc": utc(self.t0_wall),
             "options": {k: (str(v) if isinstance(v, Path) else v)
                         for k, v in vars(self.opts).items()},
             "users": [u.name for u in self.users], "workdir": str(self.workdir),
             "failures": failures, "sidecar_crashes": self.supervisor.crashes,
             "tracebacks_stderr": tb_stderr[:10], "tracebacks_log": tb_log[:10],
             "harness_errors": self.harness_errors, "faults": self.faults_done,
-            "slurm_gres_leaks": self.gres_leaks,
+            "slurm_gres_leaks": self.gres_leaks, "second_sidecars": self.second_runs,
             "faults_planned": [vars(f) for f in faults],
             "events": dict(kinds), "actions": dict(actions), "warnings": warn[:60],
             "status": status, "jobs": jobs_out,
@@ -1009,17 +1050,22 @@ class Soak:
 
     def status_check(self) -> dict[str, Any]:
         """``hadar-slurm status`` once at the end: it must answer without a traceback."""
-        exe = REPO / ".venv" / "bin" / "hadar-slurm"
-        base = [str(exe)] if exe.exists() else [sys.executable, "-m", "hadar_slurm"]
         env = dict(os.environ, SLURM_CONF=str(self.cluster.conf))
         try:
-            out = subprocess.run([*base, "status", "--config", str(self.config), "--all"],
-                                 capture_output=True, text=True, timeout=120, env=env,
+            argv = [*Supervisor.base_argv(), "status", "--config", str(self.config), "--all"]
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
                                  check=False)
         except subprocess.TimeoutExpired:
             return {"rc": -1, "stderr": "timed out after 120 s"}
         return {"rc": out.returncode, "stderr": out.stderr[-1500:],
                 "lines": len(out.stdout.splitlines())}
+
+
+def utc(t: float | None) -> str | None:
+    """Unix seconds as an ISO UTC time with milliseconds (as the sidecar's log writes them)."""
+    if t is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
 
 def compact(e: dict[str, Any], limit: int = 400) -> dict[str, Any]:
@@ -1077,6 +1123,8 @@ def summary(result: dict[str, Any]) -> str:
         f"  slurmctld restarts {f['ctld_restarts']}  stops {f['ctld_stops']}  node downs "
         f"{f['node_downs']}  drains {f['node_drains']}  (Slurm GRES leaks cleared: "
         f"{f['slurm_gres_leaks_cleared']})",
+        f"  second sidecar on the same state_dir: {f['second_sidecars']} tries, "
+        f"{f['second_sidecars_not_refused']} not refused (or with a traceback)",
         f"  tracebacks: stderr {f['tracebacks_stderr']}  log {f['tracebacks_log']};  epochs "
         f"{f['epochs']}  epoch_failed {f['epoch_failed']}  slurm_unreachable "
         f"{f['slurm_unreachable']}  status rc {f['status_rc']}",
@@ -1116,6 +1164,11 @@ def run_soak(opts: Options, cluster: SoakCluster, say: Callable[[str], None] = p
         write_result(result, opts.out)
         return result
     finally:
+        if result is None or not result["clean"] or opts.keep:  # evidence: Slurm's own logs
+            keep = workdir / "cluster-log"
+            keep.mkdir(exist_ok=True)
+            for log in (cluster.dir / "log").glob("slurm*.log"):
+                shutil.copy2(log, keep / log.name)
         if result is not None and result["clean"] and not opts.keep:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
