@@ -27,7 +27,6 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.hints import (
     MAX_COMMENT_BYTES,
     MAX_GPUS,
-    MAX_VALUE_BYTES,
     Hints,
     ModelCatalog,
     lua_catalog_block,
@@ -48,7 +47,7 @@ def _gpus(text: str) -> int:
     """ASCII digits (int() would take '\u0663', and 5,000 digits not at all), compared by their
     count before any conversion as job_submit.lua reads the job's GPU request: any count above
     MAX_GPUS is MAX_GPUS + 1, which parse_hints reports as "more than 9999"."""
-    count = whole_number(text, MAX_GPUS) if len(text) <= MAX_VALUE_BYTES else None
+    count = whole_number(text, MAX_GPUS)
     if count is None or count < 1:
         raise argparse.ArgumentTypeError(f"expected a GPU count >= 1, got '{quote(text)}'")
     return count
