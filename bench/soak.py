@@ -25,10 +25,12 @@ working directory of its own:
 
 Every job runs the same POSIX sh payload: SECS one-second steps, checkpointed in a file, resumed
 from there after a requeue; one line per start, checkpoint signal and finish in a log of its own,
-so a job that ran to its end twice shows two ``done`` lines.  Payload modes: ``ckpt`` (exits 75
-on the checkpoint signal, as the training runtime does; hint ``preempt=checkpoint``), ``ignore``
-(logs the signal, goes on; ``preempt=requeue``), ``die`` (no trap: the signal kills it; no
-``preempt`` hint, or a false ``preempt=checkpoint``).
+so a job that ran to its end twice shows two ``done`` lines (a run stopped between its last step
+and its ``done`` line leaves the next run to log ``already``: that is once too).
+
+Payload modes: ``ckpt`` (exits 75 on the checkpoint signal, as the training runtime does; hint
+``preempt=checkpoint``), ``ignore`` (logs the signal, goes on; ``preempt=requeue``), ``die`` (no
+trap: the signal kills it; no ``preempt`` hint, or a false ``preempt=checkpoint``).
 
 Faults, at seeded random times during ``--duration`` (every kind once per round, in a shuffled
 order; shorter with --quick): SIGKILL of the sidecar (restarted 0-5 s later), slurmctld stopped
@@ -1039,9 +1041,14 @@ class Soak:
             if last.held:
                 return "held_at_end", f"still held at the end ({last.state_reason})"
             return "pending_at_end", f"still {last.state} at the end ({last.state_reason})"
-        done = sum(1 for line in self.job_log(rec) if line.startswith("done "))
+        log = self.job_log(rec)
+        done = sum(1 for line in log if line.startswith("done "))
         if last.state == "COMPLETED":
             if done == 1:
+                return "completed_once", ""
+            if done == 0 and any(line.startswith("already ") for line in log):
+                # its last step was done (checkpointed) by a run stopped just before it wrote
+                # "done"; the next run found the work done: it completed once
                 return "completed_once", ""
             if done == 0:
                 return "completed_without_done", "COMPLETED but the payload never finished"
