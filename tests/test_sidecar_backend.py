@@ -472,8 +472,28 @@ def test_a_checkpoint_exit_that_slurm_requeued_held_is_placed_again() -> None:
     b = backend(api)
     decision, actions = decide(b, {1: [(0, 1)]}, epoch=5)
     b.apply(decision, actions, 2000.0)
-    assert api.log == [("update", 1), ("release", 1)]
+    # (its hold made the sidecar's first: see the next test)
+    assert api.log == [("hold", 1), ("update", 1), ("release", 1)]
     assert decode(api.jobs[1].admin_comment).place == (("node1", 1),)
+
+
+def test_a_sidecar_that_dies_between_record_and_release_leaves_no_user_hold() -> None:
+    # job_submit.lua holds with a user hold; the sidecar makes it an operator's hold before it
+    # writes its record, so a crash before the release leaves JobHeldAdmin + record placed,
+    # which the next sidecar still takes for its own (and releases)
+    api = FakeSlurm([job(1, reason="JobHeldUser")], NODES)
+    b = backend(api)
+    api.fail.add(("release", 1))  # (the sidecar died here)
+    decision, actions = decide(b, {1: [(0, 1)]})
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [("hold", 1), ("update", 1)]
+    assert api.jobs[1].state_reason == "JobHeldAdmin"
+    api.fail.clear()
+    b = backend(api)
+    decision, actions = decide(b, {1: [(0, 1)]}, epoch=1)
+    assert b.user_held == []
+    b.apply(decision, actions, 2000.0)
+    assert api.log[-1] == ("release", 1)
 
 
 def test_a_users_own_hold_is_respected() -> None:
@@ -489,7 +509,7 @@ def test_a_users_own_hold_is_respected() -> None:
     assert snap.job_ids.tolist() == [3] and b.user_held == [1, 2, 4]
     decision, actions = decide(b, {3: [(0, 1)]}, epoch=4)
     b.apply(decision, actions, 2000.0)
-    assert api.log == [("update", 3), ("release", 3)]
+    assert api.log == [("hold", 3), ("update", 3), ("release", 3)]
     # released by its user: the sidecar steers it from then on
     api.jobs[1] = replace(api.jobs[1], state_reason="None")
     api.log.clear()

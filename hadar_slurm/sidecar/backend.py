@@ -36,7 +36,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -782,6 +782,8 @@ class SlurmBackend:
         types = sorted({self.node_type_names[k] for k, _ in rows})
         already = rec.state == "placed" and rec.place == place and not why
         if not already:
+            if not self._take_hold(view):
+                return
             per_node = counts.pop()
             fields: dict[str, str] = {}
             if (len(place) > 1 or len(rec.place) > 1 or view.repair
@@ -801,6 +803,20 @@ class SlurmBackend:
         if view.held:
             self._write("release", job_id, self.api.release)
 
+    def _take_hold(self, view: JobView) -> bool:
+        """Before the sidecar writes its record on a job held with a user hold (the plugin's at
+        submit, a requeue-hold, slurmctld's ``SPECIAL_EXIT``), the hold is made its own
+        (``scontrol hold`` by an operator: ``JobHeldAdmin``): a sidecar that dies between the
+        record and the release must not leave a job that looks held by its user
+        (:func:`held_by_user`), which no later sidecar would release.  False when Slurm did
+        not take it (nothing more is written on the job this epoch)."""
+        if not view.held or view.job.state_reason == "JobHeldAdmin":
+            return True
+        if not self._write("hold", view.job_id, self.api.hold):
+            return False
+        view.job = replace(view.job, state_reason="JobHeldAdmin")
+        return True
+
     def _keep_waiting(self, view: JobView, epoch: int) -> None:
         """A pending job without a place this epoch must not be started by Slurm elsewhere."""
         job_id = view.job_id
@@ -809,6 +825,8 @@ class SlurmBackend:
         if not view.held:
             if not self._write("hold", job_id, self.api.hold):
                 return
+        elif not self._take_hold(view):
+            return
         rec = view.record.with_(epoch=epoch, state="held", place=(), gpus=view.gpus, group=0,
                                 copies=0)
         self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()})
@@ -973,7 +991,7 @@ class SlurmBackend:
                 copies=g.size, why="").encode()
         if g.leader not in hadare.dependency_jobs(view.job.dependency):
             fields["Dependency"] = f"afterany:{g.leader}"
-        if fields:
+        if fields and self._take_hold(view):
             self._write("adopt" if adopt else "record", job_id, self.api.update_job, fields,
                         group=g.leader, copies=g.size, nodes=[n for n, _ in place])
         if not view.held:
@@ -998,6 +1016,8 @@ class SlurmBackend:
                 rec = view.record.with_(epoch=epoch, state="held", place=(), gpus=view.gpus)
                 self._write("record", job_id, self.api.update_job,
                             {"AdminComment": rec.encode()})
+            return
+        if not self._take_hold(view):
             return
         try:
             specs: list[CopySpec] = []
