@@ -239,6 +239,15 @@ def log_event(
     logger.log(level, event, extra={_FIELDS_ATTR: fields})
 
 
+def log_exception(
+    logger: logging.Logger, event: str, exc: BaseException, level: int = logging.ERROR,
+    **fields: object,
+) -> None:
+    """:func:`log_event` with ``exc``'s traceback in the line (field ``exc``), not on stderr."""
+    logger.log(level, event, extra={_FIELDS_ATTR: fields},
+               exc_info=(type(exc), exc, exc.__traceback__))
+
+
 def event_name(record: logging.LogRecord) -> str:
     """The event a log record is (``"epoch"``, ``"action_failed"``, ...); ``"log"`` for a plain
     ``logging`` call, as the formatters write it."""

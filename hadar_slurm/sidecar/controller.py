@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.logs import log_event, setup_logging
+from hadar_slurm.logs import log_event, log_exception, setup_logging
 from hadar_slurm.loop import EpochLoop, EpochRecord
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Reason, Snapshot
@@ -258,6 +258,13 @@ class Sidecar:
         self.logger.addHandler(self.metrics.error_handler)
         try:
             return self._run()
+        except (SlurmConfigError, InputError):
+            raise  # (one line on stderr from the CLI: a configuration to fix)
+        except Exception as exc:
+            # whatever stops the sidecar is in its log, with the traceback
+            log_exception(self.logger, "crashed", exc, logging.CRITICAL, epoch=self.loop.epoch,
+                          error=f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             self.logger.removeHandler(self.metrics.error_handler)
             self.metrics.stop()
@@ -310,6 +317,13 @@ class Sidecar:
                 else:
                     log_event(self.logger, "epoch_failed", logging.WARNING,
                               epoch=self.loop.epoch, error=str(exc))
+                self.stop.wait(c.epoch_seconds)
+            except Exception as exc:
+                # Not a job's (the backend guards each job: job_error) but the epoch's, e.g. a
+                # bug in a policy: logged with its traceback, and the next epoch tries again
+                # (a sidecar that exits would leave every held job held until a restart).
+                log_exception(self.logger, "epoch_error", exc, epoch=self.loop.epoch,
+                              error=f"{type(exc).__name__}: {exc}")
                 self.stop.wait(c.epoch_seconds)
         log_event(self.logger, "stop", epoch=self.loop.epoch)
         return 0
