@@ -149,7 +149,8 @@ def test_forked_into_three_copies_then_completes(fork: Fork) -> None:
 
     # epoch 0: forked into 3 copies, one heterogeneous job
     events = fork.one_epoch(fork.config("first"))
-    assert actions(events, job_id) == ["fork_intent", "fork", "record"], events
+    # (the plugin's user hold is made the sidecar's first: JobHeldAdmin)
+    assert actions(events, job_id) == ["hold", "fork_intent", "fork", "record"], events
     comps = fork.copies(job_id)
     leader = comps[0].job_id
     assert len(comps) == 3 and all(c.het_job_id == leader for c in comps)
@@ -223,7 +224,7 @@ def test_failed_fork_runs_the_job_unforked(fork: Fork) -> None:
     job_id = fork.submit(REPORT, work)
     # (a root that is a file is refused when the config is read; one under a file is not)
     events = fork.one_epoch(fork.config("first", tracker_root=str(blocker / "trackers")))
-    assert actions(events, job_id) == ["place", "release"], events
+    assert actions(events, job_id) == ["hold", "place", "release"], events
     failed = [e for e in events if e.get("event") == "fork_failed"]
     assert len(failed) == 1 and failed[0]["job"] == job_id, events
     assert "cannot write the tracker directory" in str(failed[0]["why"])
@@ -249,10 +250,11 @@ def test_sidecar_killed_after_sbatch_adopts_the_fork(fork: Fork) -> None:
     work = fork.path / "work"
     work.mkdir()
     job_id = fork.submit(WAIT_FOR_GO, work)
-    # killed right after its 2nd change to Slurm: the intent, then sbatch; not the record
+    # killed right after its 3rd change to Slurm: its hold, the intent, then sbatch; not the
+    # record
     events = fork.one_epoch(fork.config("first"), returncode=-signal.SIGKILL,
-                            HADAR_SIDECAR_CRASH_AFTER_WRITES="2")
-    assert actions(events, job_id) == ["fork_intent", "fork"], events
+                            HADAR_SIDECAR_CRASH_AFTER_WRITES="3")
+    assert actions(events, job_id) == ["hold", "fork_intent", "fork"], events
     assert any(e.get("event") == "crash_drill" for e in events)
     comps = fork.copies(job_id)
     leader = comps[0].job_id
@@ -297,7 +299,8 @@ def test_a_job_of_another_user_is_forked_as_that_user(fork: Fork, nobody_dir: Pa
     nobody = RunAs(NOBODY, NOBODY, (), {"PATH": os.environ["PATH"]})
     job_id = fork.submit(REPORT, nobody_dir, as_user=nobody)
     events = fork.one_epoch(fork.config("first"))
-    assert actions(events, job_id) == ["fork_intent", "fork", "record"], events
+    # (the plugin's user hold is made the sidecar's first: JobHeldAdmin)
+    assert actions(events, job_id) == ["hold", "fork_intent", "fork", "record"], events
     ended = fork.wait_copies(job_id)
     assert [c.state for c in ended] == ["COMPLETED"] * 3, ended
     assert {c.user for c in ended} == {"nobody"}

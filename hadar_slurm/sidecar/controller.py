@@ -399,6 +399,25 @@ def epoch_state(
                 "gpu_types": {str(c): t for c, t in sorted(p.gpu_types.items())},
                 "updated_at": p.updated_at, "tracker": view.tracker,
             }
+    for job_id, view in sorted(backend.pinned.items()):
+        # running jobs hadar may not stop: not the policy's, but explain tells about them
+        where = [[snapshot.node_names[k], c] for k, c in view.rows]
+        jobs[str(job_id)] = {
+            "model": view.hints.model, "batch_size": view.hints.batch_size,
+            "job_type": view.hints.job_type, "gpus": view.gpus, "steps": view.hints.steps,
+            "done_est": round(view.done, 1),
+            "remaining_est": round(max(0.0, view.hints.steps - view.done), 1),
+            "rates": {t: round(float(r), 4) for t, r in zip(snapshot.gpu_types, view.rates,
+                                                            strict=False)},
+            "rate_sources": dict(zip(snapshot.gpu_types, view.rate_sources, strict=False)),
+            "reason": "PINNED", "component": "hints",
+            "reason_text": "runs where it was placed until it ends (preempt=never)",
+            "detail": "", "placed": where,
+            "gpu_type": "|".join(sorted({snapshot.gpu_types[snapshot.node_type[k]]
+                                         for k, _ in view.rows})),
+            "slurm_state": view.job.state, "running": True, "max_copies": 1,
+            "fork_blocked": "", "copies": 0, "placed_copies": [], "pinned": True,
+        }
     return {
         "epoch": decision.epoch, "time": snapshot.now, "policy": config.policy,
         "dry_run": config.dry_run, "epoch_seconds": config.epoch_seconds,

@@ -102,6 +102,13 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
     return rows
 
 
+PINNED_TEXT = (
+    "runs where epoch {epoch} placed it, and stays there until it ends: its hints do not let "
+    "hadar stop it (preempt=never, the default). Add preempt=checkpoint (it saves its state on "
+    "the signal and exits 75) or preempt=requeue (it may be restarted) to let hadar move it to "
+    "faster GPUs")
+
+
 def _listed(key: str, job: SlurmJob, state: Mapping[str, Any] | None) -> bool | None:
     """Whether the last epoch listed ``job`` under ``key`` (None: no such list)."""
     ids = state.get(key) if state else None
@@ -206,11 +213,8 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
         out.append("held by its user (sbatch --hold, or scontrol hold after hadar placed it): "
                    "hadar leaves it alone until it is released (scontrol release "
                    f"{job.job_id})")
-    elif _pinned(job, state):
-        out.append(f"runs where epoch {rec.epoch} placed it, and stays there until it ends: its "
-                   "hints do not let hadar stop it (preempt=never, the default). Add "
-                   "preempt=checkpoint (it saves its state on the signal and exits 75) or "
-                   "preempt=requeue (it may be restarted) to let hadar move it to faster GPUs")
+    elif info is None and _pinned(job, state):
+        out.append(PINNED_TEXT.format(epoch=rec.epoch))
     elif info is None:
         if job.state not in ACTIVE:
             where = ", ".join(f"{n}:{c}" for n, c in rec.place) or job.nodes or "-"
@@ -237,6 +241,8 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
                        f"sees SLURM_JOB_NUM_NODES={len(spread)} and SLURM_JOB_NODELIST)")
         if info.get("detail"):
             out.append(f"  note: {info['detail']}")
+        if info.get("pinned") or _pinned(job, state):
+            out.append("  " + PINNED_TEXT.format(epoch=rec.epoch))
         rates: Mapping[str, float] = info.get("rates", {})
         sources: Mapping[str, str] = info.get("rate_sources", {})
         best = max(rates.values(), default=0.0)
