@@ -21,7 +21,7 @@ from hadar_slurm.cli import main
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import read_events
 from hadar_slurm.sidecar.config import SidecarConfig, load_config
-from hadar_slurm.sidecar.controller import Sidecar
+from hadar_slurm.sidecar.controller import Sidecar, SidecarStore
 from hadar_slurm.sidecar.record import JobRecord
 from hadar_slurm.sidecar.statedir import (
     EPOCH_FILE,
@@ -228,22 +228,46 @@ def test_damaged_store_is_recovered_at_start(config_file: Path, how: str) -> Non
 
 def test_store_failure_mid_run_goes_on_with_the_base_table(
         config_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Damage found while the sidecar runs (here: the store's reads fail from the first epoch
+    on) is one store_failed warning; the epochs go on with the base tables, no job is released
+    unsteered for it, and the store is no longer used."""
     config = config_of(config_file)
     sidecar = Sidecar(config, api=FakeSlurm(held_jobs(), NODES))
     store = sidecar.store
     assert store is not None
 
-    def broken() -> list[object]:
-        raise StoreDamagedError(str(store.path), "database disk image is malformed")
+    def broken(self: ThroughputStore, source: str | None = None) -> list[object]:
+        raise StoreDamagedError(str(self.path), "database disk image is malformed")
 
-    monkeypatch.setattr(store, "entries", broken)
+    monkeypatch.setattr(ThroughputStore, "entries", broken)
     assert sidecar.run(max_epochs=2) == 0
     failed = events(config, "store_failed")
     assert len(failed) == 1 and failed[0]["error"] == "database disk image is malformed"
-    assert failed[0]["path"] == str(store.path)
-    assert len(events(config, "epoch")) == 2
-    assert sidecar.backend.knowledge.store is None
+    assert failed[0]["path"] == str(store.path) and failed[0]["epoch"] == 0
+    epochs = events(config, "epoch")
+    assert len(epochs) == 2 and all(e["unsteered"] == 0 for e in epochs), epochs
+    assert not events(config, "job_error")
+    assert sidecar.backend.knowledge.store is None and sidecar.store is None
     assert 'hadar_errors_total{kind="store_failed"} 1.0' in sidecar.metrics.exposition()
+
+
+def test_sidecar_store_answers_as_an_empty_store_once_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Knowledge calls inside one job's handling (learn) never raises the damage: it
+    would count against the job."""
+    store = SidecarStore(tmp_path / "t.db")
+    store.record("m (batch size 1)", 1, "v100", 2.0)
+    assert store.learn("m (batch size 1)", 1, "v100", 2.5) is not None
+
+    def broken(self: ThroughputStore, *args: object, **kwargs: object) -> None:
+        raise StoreDamagedError(str(self.path), "database disk image is malformed")
+
+    monkeypatch.setattr(ThroughputStore, "learn", broken)
+    assert store.learn("m (batch size 1)", 1, "v100", 2.5) is None
+    assert store.failure is not None and store.failure.error == "database disk image is malformed"
+    assert store.entries() == [] and store.anchors() == {}  # no more reads
+    assert store.estimate("m (batch size 1)", 1, "k80", 1.0) is None
+    store.close()
 
 
 def test_cli_commands_on_a_damaged_store_say_one_line(

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import log_event, log_exception, setup_logging
@@ -46,10 +47,12 @@ from hadar_slurm.sidecar.metrics import FinishTracker, SidecarMetrics, summarize
 from hadar_slurm.sidecar.pyslurm_api import make_api
 from hadar_slurm.sidecar.statedir import StateDirLock, is_unreachable, read_epoch, write_epoch
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmRunner
-from hadar_slurm.store import StoreDamagedError, ThroughputStore
+from hadar_slurm.store import Entry, Key, StoreDamagedError, ThroughputStore
 from hadar_slurm.store_recovery import recover_store
 
 STATE_FILE = "state.json"
+
+_T = TypeVar("_T")
 
 
 def slurm_api(config: SidecarConfig) -> SlurmApi:
@@ -87,8 +90,45 @@ class StopClock:
                 return
 
 
-def _open_checked(path: Path) -> ThroughputStore:
-    store = ThroughputStore(path)
+class SidecarStore(ThroughputStore):
+    """The sidecar's store: damage found while it runs never escapes into an epoch.
+
+    The calls :class:`~hadar_slurm.sidecar.learn.Knowledge` makes (``entries``, ``anchors``,
+    ``estimate``, ``learn``) are made from inside the epoch's read, some of them inside one
+    job's handling, where an exception would count against that job (and release it to Slurm
+    unsteered).  Here the first :class:`~hadar_slurm.store.StoreDamagedError` is kept in
+    :attr:`failure`, and from then on every such call answers as an empty store would (no
+    entries, nothing written), so the epoch plans with the base tables; the controller then
+    detaches the store (``store_failed``)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.failure: StoreDamagedError | None = None
+
+    def _soft(self, call: Callable[[], _T], empty: _T) -> _T:
+        if self.failure is not None:
+            return empty
+        try:
+            return call()
+        except StoreDamagedError as exc:
+            self.failure = exc
+            return empty
+
+    def entries(self, source: str | None = None) -> list[Entry]:
+        return self._soft(lambda: super(SidecarStore, self).entries(source), [])
+
+    def anchors(self) -> dict[Key, tuple[float, str]]:
+        return self._soft(lambda: super(SidecarStore, self).anchors(), {})
+
+    def estimate(self, *args: Any, **kwargs: Any) -> Entry | None:
+        return self._soft(lambda: super(SidecarStore, self).estimate(*args, **kwargs), None)
+
+    def learn(self, *args: Any, **kwargs: Any) -> Entry | None:
+        return self._soft(lambda: super(SidecarStore, self).learn(*args, **kwargs), None)
+
+
+def _open_checked(path: Path) -> SidecarStore:
+    store = SidecarStore(path)
     try:
         store.check()
     except BaseException:
@@ -97,7 +137,7 @@ def _open_checked(path: Path) -> ThroughputStore:
     return store
 
 
-def open_store(config: SidecarConfig, logger: logging.Logger | None = None) -> ThroughputStore:
+def open_store(config: SidecarConfig, logger: logging.Logger | None = None) -> SidecarStore:
     """The config's throughput store, opened (created when missing) and read once whole.
 
     A damaged store (:class:`~hadar_slurm.store.StoreDamagedError`) is moved aside and a fresh
@@ -183,7 +223,7 @@ class Sidecar:
                 self.policy, multi_node_copies=False,
                 hadar=dataclasses.replace(self.policy.hadar, migration_s=config.migration_s))
         table = load_table_for(config)
-        self.store: ThroughputStore | None = open_store(config, self.logger)
+        self.store: SidecarStore | None = open_store(config, self.logger)
         self.backend = SlurmBackend(
             self.api, table, partition=config.partition,
             preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,
@@ -237,6 +277,12 @@ class Sidecar:
         if self.store is not None:
             self.store.close()
         self.lock.release()
+
+    def _check_store(self) -> None:
+        """Detach the store if its damage was found (and hidden from the epoch) by
+        :class:`SidecarStore`."""
+        if self.store is not None and self.store.failure is not None:
+            self._detach_store(self.store.failure)
 
     def _detach_store(self, exc: StoreDamagedError) -> None:
         """The store failed mid-run: plan with the base table from now on (see _run)."""
@@ -293,6 +339,7 @@ class Sidecar:
                 self.stop.wait(min(c.epoch_seconds, 5.0))
         log_event(self.logger, "resume", epoch=self.loop.epoch)
         while not self._should_stop():
+            self._check_store()
             try:
                 write_epoch(self.state_dir, self.loop.epoch)
             except OSError as exc:
@@ -304,12 +351,14 @@ class Sidecar:
             except SlurmConfigError:
                 raise
             except StoreDamagedError as exc:
-                # Corruption found mid-run: go on with the base table at once (the epoch
-                # stopped before its actions: the store is read and written while the epoch
-                # reads).  The store is not rebuilt in place: other processes (profile, the
-                # CLI) may have it open and would go on writing to the file moved aside, and a
-                # failing disk would be rebuilt every epoch; the next start, under the lock,
-                # recovers it (or an admin runs `hadar-slurm throughputs recover`).
+                # Corruption found mid-run (SidecarStore answers Knowledge's calls as an empty
+                # store and keeps the error; this is for any other store call): go on with the
+                # base table at once (the epoch stopped before its actions: the store is read
+                # and written while the epoch reads).  The store is not rebuilt in place: other
+                # processes (profile, the CLI) may have it open and would go on writing to the
+                # file moved aside, and a failing disk would be rebuilt every epoch; the next
+                # start, under the lock, recovers it (or an admin runs `hadar-slurm throughputs
+                # recover`).
                 self._detach_store(exc)
             except SlurmError as exc:
                 if is_unreachable(exc):
@@ -331,6 +380,7 @@ class Sidecar:
     def _on_epoch(self, record: EpochRecord) -> None:
         self._epochs_run += 1
         self.reach.answered()  # the epoch read Slurm
+        self._check_store()
         st = self.backend.stats
         snapshot, decision = self.loop.last_snapshot, self.loop.last_decision
         summary = summarize_epoch(record, time.time() - record.start, snapshot, decision,
