@@ -111,6 +111,7 @@ REGISTRY: dict[str, Where] = {
     "install -m 0644 slurm_conf/job_submit.lua /etc/slurm/job_submit.lua": Here(
         creates="/etc/slurm/job_submit.lua"),
     "scontrol show config | grep JobSubmitPlugins": OnCluster(out="lua"),
+    "scontrol show config | grep RequeueExitHold": OnCluster(out="75"),
     "hadar-slurm hints lua": Here(out=LUA_BEGIN),
     "useradd --system --no-create-home --shell /usr/sbin/nologin hadar": NotRun(
         "adds a system user to the host"),

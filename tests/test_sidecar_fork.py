@@ -87,6 +87,8 @@ def test_fork_submits_one_hetjob_for_the_owner_and_records_it(tmp_path: Path) ->
     # the script, the intent (state=forking), sbatch, the record (state=forked, Dependency)
     assert api.log == [("batch_script", J), ("update", J), ("sbatch", 0), ("update", J)]
     assert [e["action"] for e in b.stats.applied] == ["fork_intent", "fork", "record"]
+    # the copies are the sidecar's from the epoch that made them (state.json: copy_jobs)
+    assert {c.job_id for c in components(api)} == b.copy_ids and len(b.copy_ids) == 3
     (script, owner, dependency), = api.submitted
     tracker = tmp_path / ".hadar-tracker" / str(J)
     assert script == str(tracker / "fork.sbatch") and dependency is None

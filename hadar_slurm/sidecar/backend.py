@@ -1089,6 +1089,7 @@ class SlurmBackend:
             return
         self._did("fork", job_id, group=leader, **detail)
         self.watch.update(leader + k for k in range(len(specs)))  # the components' own ids
+        self.copy_ids.update(leader + k for k in range(len(specs)))
         rec = intent.with_(state="forked", group=leader)
         self._write("record", job_id, self.api.update_job,
                     {"AdminComment": rec.encode(), "Dependency": f"afterany:{leader}"},
