@@ -5,12 +5,20 @@ One :class:`~hadar_slurm.loop.EpochLoop` (the same loop the simulator runs) over
 policy, the diff, the actions; then one ``epoch`` log line and the epoch's decisions written to
 ``state_dir/state.json`` for ``hadar-slurm status`` and ``explain``.
 
-Restarts: the epoch counter resumes after the latest epoch recorded on any job in Slurm (the
-records in admin comments), and every action is a reconciliation against what Slurm says, so
-a sidecar that was killed mid-epoch neither places a job twice nor forgets one.  When Slurm
-cannot be reached (slurmctld restarting), the epoch is logged as failed and retried after
-``epoch_seconds``; nothing is decided on stale data.  SIGTERM/SIGINT stop it after the
-current epoch (the wait between epochs is cut short).
+Safe state (:mod:`hadar_slurm.sidecar.statedir`): the sidecar holds the lock of its
+``state_dir`` for its whole life (dry runs too), so a second one on the same directory exits at
+once with one line naming the holder.  Restarts: the epoch counter resumes after the later of
+the latest epoch recorded on any job in Slurm (the records in admin comments) and the one in
+``state_dir/epoch.json`` (written before each epoch), so it never goes back; every action is a
+reconciliation against what Slurm says, so a sidecar that was killed mid-epoch neither places a
+job twice nor forgets one.  When slurmctld does not answer (a read timed out, or the client says
+it cannot reach it), each failed epoch is a ``slurm_unreachable`` warning (with how long it has
+not answered) and the ``hadar_slurm_unreachable`` gauge reads 1, until a ``slurm_reachable``
+event; other Slurm errors are ``epoch_failed``.  Either way the epoch is retried after
+``epoch_seconds``; nothing is decided on stale data.  The throughput store is read whole at
+start; a damaged one is moved aside and rebuilt (``store_recovered``, :func:`open_store`); damage
+found later is ``store_failed`` and the epochs go on with the base tables (:class:`SidecarStore`).
+SIGTERM/SIGINT stop it after the current epoch (the wait between epochs is cut short).
 
 Metrics (:mod:`hadar_slurm.sidecar.metrics`): with ``[metrics] address`` set, ``/metrics`` is
 served there while :meth:`Sidecar.run` runs (dry runs too); each epoch's summary updates them
