@@ -28,6 +28,7 @@ from tests.test_sidecar_cluster import (
     Sidecar,
     Workdir,
     assert_completed_once,
+    check_alive,
     make_workdir,
 )
 
@@ -139,10 +140,7 @@ class Watch:
             now = self.poll()
             if callable(ok) and ok(now):
                 return now
-            for s in sidecars:
-                if s.proc.poll() is not None and s.proc.returncode != -signal.SIGKILL:
-                    out = s.proc.stdout.read() if s.proc.stdout else ""
-                    raise AssertionError(f"sidecar exited {s.proc.returncode}: {out[-3000:]}")
+            check_alive(sidecars)
             if time.monotonic() > end:
                 raise AssertionError(f"{what}: not after {timeout:g} s; states {self.seen}")
             time.sleep(0.5)

@@ -157,6 +157,14 @@ log_file = "@LOG@"
             dev_cluster.runner.run(commands.scancel(active), check=False)
 
 
+def check_alive(sidecars: Sequence[Sidecar]) -> None:
+    """Fail with its output when a sidecar exited by itself (one a test killed is fine)."""
+    for s in sidecars:
+        if s.proc.poll() is not None and s.proc.returncode != -signal.SIGKILL:
+            out = s.proc.stdout.read() if s.proc.stdout else ""
+            raise AssertionError(f"sidecar exited {s.proc.returncode}: {out[-3000:]}")
+
+
 def wait_all(cluster: DevCluster, ids: Sequence[int], timeout: float,
              sidecars: Sequence[Sidecar] = ()) -> dict[int, SlurmJob]:
     end = time.monotonic() + timeout
@@ -164,10 +172,7 @@ def wait_all(cluster: DevCluster, ids: Sequence[int], timeout: float,
         now = jobs(cluster)
         if all(i in now and now[i].state in FINAL for i in ids):
             return now
-        for s in sidecars:
-            if s.proc.poll() is not None and s.proc.returncode != -signal.SIGKILL:
-                out = s.proc.stdout.read() if s.proc.stdout else ""
-                raise AssertionError(f"sidecar exited {s.proc.returncode}: {out[-3000:]}")
+        check_alive(sidecars)
         if time.monotonic() > end:
             left = {i: (now[i].state, now[i].state_reason, now[i].admin_comment)
                     for i in ids if i in now and now[i].state not in FINAL}

@@ -364,15 +364,23 @@ def test_copies_of_a_vanished_job_are_cancelled(tmp_path: Path) -> None:
     assert api.log == []
 
 
-def test_an_older_live_fork_of_the_same_job_is_cancelled(tmp_path: Path) -> None:
+def two_forks(tmp_path: Path) -> tuple[FakeSlurm, SlurmBackend, int, int]:
+    """A job forked by the sidecar (hetjob ``first``, recorded), then a second fork of it with
+    the same owner and script (hetjob ``second``) that no record names."""
     api = FakeSlurm([hinted(tmp_path)], NODES)
     b = backend(api)
     step(b, {J: THREE}, 0)
     first = components(api)[0].job_id
-    # a second fork of the same job: the sidecar recorded its intent to fork again after the
-    # first (state=forking group=first), submitted, and died before recording the new one
     api.submit_as(str(Path(api.submitted[0][0])), api.submitted[0][1])
     second = components(api)[-1].het_job_id
+    assert second is not None
+    return api, b, first, second
+
+
+def test_an_older_live_fork_of_the_same_job_is_cancelled(tmp_path: Path) -> None:
+    # a second fork of the same job: the sidecar recorded its intent to fork again after the
+    # first (state=forking group=first), submitted, and died before recording the new one
+    api, b, first, second = two_forks(tmp_path)
     rec = decode(api.jobs[J].admin_comment)
     api.update_job(J, {"AdminComment": rec.with_(state="forking", group=first).encode()})
     api.log.clear()
@@ -385,12 +393,7 @@ def test_a_fork_newer_than_the_recorded_one_is_not_taken_for_ours(tmp_path: Path
     # the record says the job runs as hetjob `first`; a newer "fork" with the same comment,
     # owner and script was not submitted by the sidecar (it records before it submits): it is
     # an ordinary job, neither cancelled nor counted as the job's copies
-    api = FakeSlurm([hinted(tmp_path)], NODES)
-    b = backend(api)
-    step(b, {J: THREE}, 0)
-    first = components(api)[0].job_id
-    api.submit_as(str(Path(api.submitted[0][0])), api.submitted[0][1])
-    second = components(api)[-1].het_job_id
+    api, b, first, second = two_forks(tmp_path)
     api.log.clear()
     step(b, {J: THREE}, 1)
     assert ("cancel", second) not in api.log and ("cancel", first) not in api.log
