@@ -53,6 +53,7 @@ from hadar_slurm.sidecar.learn import Knowledge, SlurmRun
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES, RUNNING_STATES
+from hadar_slurm.store import StoreDamagedError
 from hadar_slurm.throughputs import ThroughputTable
 
 #: Node states (base) whose GPUs may be handed out, and flags that take a node out.
@@ -349,6 +350,8 @@ class SlurmBackend:
                 continue  # the user holds it: not ours to start
             try:
                 view = self._view(job, now, node_index, active.get(job.job_id))
+            except StoreDamagedError:
+                raise  # the store's, not the job's: the controller plans without the store
             except Exception as exc:  # one job must not stop the epoch
                 self._job_error("read", job.job_id, exc)
                 self._unsteer(job, decode(job.admin_comment),
@@ -724,6 +727,8 @@ class SlurmBackend:
         raised."""
         try:
             call(*args)
+        except StoreDamagedError:
+            raise  # the store's, not the job's: the controller plans without the store
         except Exception as exc:  # one job must not stop the epoch
             self._job_error(stage, job_id, exc)
 
