@@ -697,7 +697,7 @@ class Soak:
                 self.check_gres_leak()
             self.done.wait(self.opts.poll_s)
 
-    def check_gres_leak(self) -> None:
+    def check_gres_leak(self, *, confirmed: bool = False) -> None:
         """Slurm 22.05 loses the GPUs of jobs it starts right after a slurmctld restart, before
         the nodes registered again: once they end, their node is IDLE with GresUsed > 0 and jobs
         wait for Resources forever (reproduced without the sidecar; ``scontrol reconfigure``
@@ -714,7 +714,7 @@ class Soak:
             used = re.search(r"GresUsed=gpu:(?:[^:\s]+:)?(\d+)", line)
             if name and state and used and state.group(1) == "IDLE" and int(used.group(1)) > 0:
                 leaking.add(f"{name.group(1)} GresUsed={used.group(1)}")
-        again = leaking & self.gres_suspect
+        again = leaking if confirmed else leaking & self.gres_suspect
         self.gres_suspect = leaking
         if again:
             self.gres_leaks.append({"t": round(self.now(), 1), "nodes": sorted(again)})
@@ -895,6 +895,8 @@ class Soak:
             left = [r.job_id for r in self.live() if r.job_id is not None]
             if left:
                 self.runner.run(commands.scancel(left), check=False, timeout=60)
+            if self.ctld_answers(30):  # leave no leaked GPUs to whoever uses the cluster next
+                self.check_gres_leak(confirmed=not left)
         return self.result(faults, final_rc, drain_s)
 
     # -- the result
