@@ -949,6 +949,24 @@ class Soak:
                     "timeline": rec.timeline, "job_log": log[-12:],
                     "sidecar_events": [compact(e) for e in by_job.get(rec.job_id or -1, [])][-15:],
                 })
+        # preemptions: a signalled job placed back on the nodes it was stopped on gained
+        # nothing from the move (its grace and restart were lost)
+        back = 0
+        places: Counter[int] = Counter()
+        for j, acts in by_job.items():
+            prev: dict[str, Any] | None = None
+            signalled_since = False
+            for e in acts:
+                if e.get("event") != "action":
+                    continue
+                if e.get("action") == "signal":
+                    signalled_since = True
+                elif e.get("action") == "place":
+                    places[j] += 1
+                    if signalled_since and prev is not None and e.get("nodes") == prev.get(
+                            "nodes"):
+                        back += 1
+                    prev, signalled_since = e, False
         tb_stderr: list[dict[str, Any]] = []
         assert self.supervisor is not None
         for path in self.supervisor.stderr_files:
@@ -980,6 +998,9 @@ class Soak:
             "hold_broken": outcome["hold_broken"],
             "injected": self.sentinel.exists(),
             "jobs_signalled": signalled,
+            "checkpoint_signals": actions["signal"],
+            "placed_back_on_the_same_nodes_after_a_signal": back,
+            "most_places_of_one_job": max(places.values(), default=0),
             "jobs_run_more_than_once": restarted,
             "sidecar_kills": self.supervisor.kills,
             "sidecar_starts": self.supervisor.started,
@@ -1126,7 +1147,9 @@ def summary(result: dict[str, Any]) -> str:
         f"  held at end {f['held_at_end']}  pending at end {f['pending_at_end']}  "
         f"user holds broken {f['hold_broken']}  injection {f['injected']}",
         f"  jobs signalled {f['jobs_signalled']}  started more than once "
-        f"{f['jobs_run_more_than_once']}",
+        f"{f['jobs_run_more_than_once']}  signals {f['checkpoint_signals']}, placed back on "
+        f"the same nodes after one {f['placed_back_on_the_same_nodes_after_a_signal']}, most "
+        f"places of one job {f['most_places_of_one_job']}",
         f"  sidecar kills {f['sidecar_kills']}  starts {f['sidecar_starts']}  crashes "
         f"{f['sidecar_crashes']}  final stop rc {f['sidecar_final_stop_rc']}",
         f"  slurmctld restarts {f['ctld_restarts']}  stops {f['ctld_stops']}  node downs "
