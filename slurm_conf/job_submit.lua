@@ -14,9 +14,11 @@
 --     written back as untyped tres_per_node "gres:gpu:N" (other gres are kept); the other GPU
 --     requests, --constraint and --prefer are cleared: the sidecar picks the GPU type and sets
 --     NodeList and Features itself;
---   * it is held for the sidecar (priority 0), made requeueable, and gets the admin comment
---     "hadar: held for the sidecar"; a job its user submitted held (sbatch --hold) gets
---     "hadar: held by its user" instead, and the sidecar leaves it until the user releases it.
+--   * it waits for the sidecar with a begin time ten years ahead (pending, reason BeginTime: not
+--     a hold, so that a user's own `scontrol hold` stays visible as JobHeldUser), is made
+--     requeueable, and gets the admin comment "hadar: waits for the sidecar"; a job its user
+--     submitted held (sbatch --hold) gets "hadar: held by its user" instead, and the sidecar
+--     leaves it until the user releases it.  The sidecar sets StartTime=now when it places it.
 -- Every other job is left exactly as submitted.  slurm_job_modify passes everything through.
 --
 -- The model catalog below is generated from the throughput table, with the bounds of every value
@@ -110,8 +112,9 @@ local VALUE_FORM = {model = "model=NAME", bs = "bs=N", steps = "steps=N", sync =
 local PREEMPT_MODES = {checkpoint = true, requeue = true, never = true}
 local SYNC = {["true"] = true, yes = true, ["1"] = true,
               ["false"] = false, no = false, ["0"] = false}
-local ADMIN_COMMENT = "hadar: held for the sidecar"
+local ADMIN_COMMENT = "hadar: waits for the sidecar"
 local USER_HELD_COMMENT = "hadar: held by its user"
+local WAIT_SECONDS = 10 * 365 * 86400  -- the begin time it waits with (SlurmBackend's parked)
 local NO_VAL = 4294967294  -- 0xfffffffe, Slurm's "not set" of 32-bit fields (num_tasks)
 local NO_VAL16 = 65534     -- 0xfffe, of 16-bit fields (sockets_per_node)
 
@@ -384,10 +387,12 @@ local function submit_hadar_job(job_desc, submit_uid)
                           "prefer"}) do
     if job_desc[field] ~= nil then job_desc[field] = "" end
   end
-  -- sbatch --hold comes as priority 0: the user's own hold, which the sidecar leaves alone
-  -- until the user releases the job (it tells the two apart by the admin comment)
+  -- The job waits for the sidecar by a begin time far ahead, not by a hold: Slurm keeps one
+  -- hold per job and does not say who asked for it, so a hold here would hide the user's own
+  -- (scontrol hold).  The sidecar sets StartTime=now when it places the job.  sbatch --hold
+  -- (priority 0) stays the user's hold, marked in the admin comment.
   local user_hold = job_desc.priority == 0
-  job_desc.priority = 0
+  job_desc.begin_time = os.time() + WAIT_SECONDS
   job_desc.requeue = 1
   if user_hold then
     job_desc.admin_comment = USER_HELD_COMMENT

@@ -408,7 +408,7 @@ def test_emulated_compose_services_run_the_cluster_and_the_sidecar(
     bad = emulated.client("sbatch", "--comment=hadar: model=resnet51 steps=10", "--gres=gpu:1",
                           "--wrap", "true", check=False)
     assert bad.returncode != 0 and "unknown model 'resnet51'" in bad.stderr
-    # a good one is held for the sidecar, which places and releases it
+    # a good one is parked for the sidecar, which places and starts it
     sub = emulated.client("sbatch", "--parsable", "--gres=gpu:2", "--chdir=/tmp",
                           "--output=/dev/null", "--comment=hadar: model=resnet50 bs=64 steps=400",
                           "--wrap", "sleep 60")

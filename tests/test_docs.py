@@ -101,7 +101,7 @@ REGISTRY: dict[str, Where] = {
         out="job {JOBID} (train.sh, user root): PENDING"),
     "squeue --me -o %i %j %T %r %b %f %N": OnCluster(out="{JOBID} train.sh PENDING"),
     "scontrol show job JOBID | grep AdminComment": OnCluster(
-        out="AdminComment=hadar: held for the sidecar"),
+        out="AdminComment=hadar: waits for the sidecar"),
     "squeue -o %i %j %T %k %E": OnCluster(out="{JOBID} train.sh PENDING hadar: model=resnet50"),
     # admins.md
     "make dist": NotRun("builds the sdist and wheel with PyPI's build requirements and compiles "

@@ -289,21 +289,27 @@ def test_a_forged_copy_of_another_users_job_is_left_alone(
 
 
 def test_users_holds_are_kept(work: Workdir, nobody_plain: Path) -> None:
-    # Before: the sidecar released a job its user submitted with --hold at the next epoch.
+    # Before: the sidecar released a job its user submitted with --hold, or held with
+    # scontrol hold while it waited for its first placement, at the next epoch.
     plain = nobody_plain
-    held = submit(work, plain, "hadar: model=resnet50 bs=64 steps=1000", "3", as_user=NOBODY,
-                  hold=True)
-    other = submit(work, plain, "hadar: model=resnet50 bs=64 steps=1000", "3", as_user=NOBODY)
+    hints = "hadar: model=resnet50 bs=64 steps=1000"
+    submitted_held = submit(work, plain, hints, "3", as_user=NOBODY, hold=True)
+    held_later = submit(work, plain, hints, "3", as_user=NOBODY)
+    work.cluster.runner.run(["scontrol", "hold", str(held_later)], as_user=NOBODY)
+    other = submit(work, plain, hints, "3", as_user=NOBODY)
     watch = Watch(work.cluster)
     sidecar = work.start_sidecar()
     watch.all_final([other], 90, (sidecar,))
     now = watch.poll()
-    assert now[held].state == "PENDING" and now[held].state_reason == "JobHeldUser", now[held]
-    assert actions(sidecar.events(), held) == []
-    work.cluster.runner.run(["scontrol", "release", str(held)], as_user=NOBODY)
-    final = watch.all_final([held], 90, (sidecar,))
-    # (released, it may start before the sidecar's next epoch, where Slurm fits it: users.md)
-    assert final[held].state == "COMPLETED", final[held]
+    for j in (submitted_held, held_later):
+        assert now[j].state == "PENDING" and now[j].state_reason == "JobHeldUser", now[j]
+        assert actions(sidecar.events(), j) == []
+        work.cluster.runner.run(["scontrol", "release", str(j)], as_user=NOBODY)
+    # released, they wait for the sidecar (parked), which places them
+    final = watch.all_final([submitted_held, held_later], 90, (sidecar,))
+    for j in (submitted_held, held_later):
+        assert final[j].state == "COMPLETED", final[j]
+        assert "place" in actions(sidecar.events(), j)
 
 
 def test_hints_changed_after_submit_cannot_stop_the_sidecar(

@@ -32,7 +32,7 @@ from hadar_slurm.sidecar.statedir import (
     write_epoch,
 )
 from hadar_slurm.slurm import SlurmCommandError, SlurmJob
-from hadar_slurm.slurm.errors import SlurmTimeoutError
+from hadar_slurm.slurm.errors import SlurmParseError, SlurmTimeoutError
 from hadar_slurm.store import StoreDamagedError, ThroughputStore
 from hadar_slurm.store_recovery import DAMAGED_SUFFIX, check_store
 from tests.test_sidecar_backend import NODES, FakeSlurm, job
@@ -405,6 +405,10 @@ def test_other_slurm_errors_stay_epoch_failed(config_file: Path) -> None:
     (SlurmCommandError(["squeue"], "failed with exit status 1", stderr="Unspecified error"),
      False),
     (ValueError("Socket timed out"), False),
+    # squeue/sinfo --json with a hung slurmctld (bench.soak, Slurm 22.05)
+    (SlurmParseError("squeue --json", "errors", "Failed while looking for jobs"), True),
+    (SlurmParseError("sinfo --json", "errors", "Unspecified error"), True),
+    (SlurmParseError("sinfo --json", "nodes", "not a list"), False),
 ])
 def test_is_unreachable(error: Exception, unreachable: bool) -> None:
     assert is_unreachable(error) is unreachable

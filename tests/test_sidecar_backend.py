@@ -19,7 +19,7 @@ import pytest
 from hadar_slurm.loop import Action, ActionKind, diff
 from hadar_slurm.policy.base import Decision, Placement, Reason
 from hadar_slurm.sidecar import fork as hadare
-from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
+from hadar_slurm.sidecar.api import UPDATE_FIELDS, DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
@@ -85,12 +85,17 @@ class FakeSlurm:
         return frozenset(j.job_id for j in self.jobs.values() if j.state not in FINAL_STATES)
 
     def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
+        unknown = set(fields) - set(UPDATE_FIELDS)  # (as the CLI backend refuses them)
+        assert not unknown, f"update_job: unsupported fields {sorted(unknown)}"
         self._do("update", job_id)
         j = self.jobs[job_id]
         self.jobs[job_id] = replace(
             j, admin_comment=fields.get("AdminComment", j.admin_comment),
             features=fields.get("Features", j.features),
-            dependency=fields.get("Dependency", j.dependency))
+            dependency=fields.get("Dependency", j.dependency),
+            eligible_time=None if fields.get("StartTime") == "now" else j.eligible_time,
+            state_reason="None" if fields.get("StartTime") == "now"
+            and j.state_reason == "BeginTime" else j.state_reason)
 
     def hold(self, job_id: int) -> None:
         self._do("hold", job_id)
@@ -609,3 +614,44 @@ def test_status_and_explain_say_why_a_job_is_outside_the_policy() -> None:
     assert "preempt=checkpoint" in explain(1, jobs_, state)
     assert "held by its user" in explain(2, jobs_, state)
     assert "did not make it" in explain(4, jobs_, state)
+
+
+# -- parked jobs: job_submit.lua keeps a hadar job for the sidecar by a begin time, not a hold --
+
+PARKED_UNTIL = 2000 + 10 * 365 * 86400  # (the fake's now is 2000)
+
+
+def parked(job_id: int, **kw: object) -> SlurmJob:
+    return replace(job(job_id, reason="BeginTime", admin="hadar: waits for the sidecar",
+                       **kw), eligible_time=PARKED_UNTIL)  # type: ignore[arg-type]
+
+
+def test_a_parked_job_is_started_where_it_is_placed_in_one_update() -> None:
+    api = FakeSlurm([parked(1), parked(2)], NODES)
+    b = backend(api)
+    decision, actions = decide(b, {1: [(0, 1)]})
+    assert b.views[1].parked and not b.views[1].held
+    b.apply(decision, actions, 2000.0)
+    # placed: NodeList, Features, the record and StartTime=now at once; job 2 waits as it is
+    assert api.log == [("update", 1)]
+    assert api.jobs[1].eligible_time is None and api.jobs[2].eligible_time == PARKED_UNTIL
+
+
+def test_a_users_hold_on_a_parked_job_is_visible_and_kept() -> None:
+    # Slurm keeps one hold per job and does not say who asked: only because job_submit.lua
+    # parks (not holds) can the user's own `scontrol hold` be told apart
+    api = FakeSlurm([replace(parked(1), state_reason="JobHeldUser")], NODES)
+    b = backend(api)
+    decision, actions = decide(b, {})
+    b.apply(decision, actions, 2000.0)
+    assert b.user_held == [1] and api.log == []
+
+
+def test_a_parked_job_with_bad_hints_is_started_unsteered() -> None:
+    api = FakeSlurm([parked(1, comment="hadar: model=nosuch steps=5")], NODES)
+    b = backend(api)
+    decision, actions = decide(b, {})
+    b.apply(decision, actions, 2000.0)
+    assert api.log == [("update", 1), ("update", 1)]  # the record, then StartTime=now
+    assert api.jobs[1].eligible_time is None
+    assert decode(api.jobs[1].admin_comment).state == "unsteered"

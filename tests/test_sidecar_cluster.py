@@ -22,6 +22,7 @@ import pytest
 from conftest import run_cli
 
 from hadar_slurm.logs import JsonLinesReader
+from hadar_slurm.sidecar.backend import is_parked
 from hadar_slurm.slurm import SlurmJob, commands
 from tests.slurm_cluster import REPO, DevCluster, dev_script, jobs, nodes_conf, submit
 
@@ -229,7 +230,8 @@ def test_mixed_workload_runs_where_the_policy_placed_it(work: Workdir) -> None:
              work.submit("plain-a100", 4, hints=None, gres="gpu:2", constraint="a100")]
     before = jobs(work.cluster)
     for j in hinted:
-        assert before[j].held, before[j]  # job_submit.lua holds hadar jobs for the sidecar
+        # job_submit.lua parks hadar jobs for the sidecar (a begin time years ahead)
+        assert is_parked(before[j], time.time()), before[j]
     sidecar = work.start_sidecar()
     config = str(work.path / "sidecar-0.toml")
     end = time.monotonic() + 60
@@ -352,7 +354,8 @@ def test_dry_run_changes_nothing(work: Workdir) -> None:
     assert sidecar.proc.wait(timeout=60) == 0
     after = jobs(work.cluster)
     for j in ids:
-        assert after[j].held and after[j].admin_comment == before[j].admin_comment
+        assert is_parked(after[j], time.time())
+        assert after[j].admin_comment == before[j].admin_comment
         assert after[j].features == before[j].features
     acts = [e for e in sidecar.events() if e.get("event") == "action"]
     assert {e["job"] for e in acts if e["action"] == "place"} == set(ids)

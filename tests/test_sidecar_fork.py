@@ -528,3 +528,18 @@ def test_record_of_a_fork_round_trips() -> None:
     assert "state=forked" in text and "group=57 copies=2 nofork=1 why=x y" in text
     assert decode(text) == rec
     assert decode("hadar epoch=1 state=forked group=-4") == JobRecord()
+
+
+def test_a_parked_job_is_forked_without_a_hold(tmp_path: Path) -> None:
+    # job_submit.lua parks a job (begin time years ahead); forked, it stays parked (and waits
+    # for its copies by its dependency): no hold, which would hide a hold of its user's
+    J_parked = replace(hinted(tmp_path), state_reason="BeginTime",
+                       admin_comment="hadar: waits for the sidecar",
+                       eligible_time=2000 + 10 * 365 * 86400)
+    api = FakeSlurm([J_parked], NODES)
+    b = backend(api)
+    step(b, {J: THREE}, 0)
+    assert api.log == [("batch_script", J), ("update", J), ("sbatch", 0), ("update", J)]
+    step(b, {J: THREE}, 1)  # the copies run as decided: nothing to change, still no hold
+    assert ("hold", J) not in api.log
+    assert api.jobs[J].eligible_time == J_parked.eligible_time

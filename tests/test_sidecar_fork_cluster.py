@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import pytest
 from conftest import run_cli
 
 from hadar_slurm.logs import read_events
+from hadar_slurm.sidecar.backend import is_parked
 from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import RunAs, SlurmJob, commands, parse_sbatch_parsable
@@ -145,12 +147,12 @@ def test_forked_into_three_copies_then_completes(fork: Fork) -> None:
     work.mkdir()
     # (the account is free text without accounting storage, as on the dev cluster)
     job_id = fork.submit(TRAIN, work, mem="300M", cpus_per_task=2, extra=["--account=proj-7"])
-    assert jobs(fork.cluster)[job_id].held  # job_submit.lua holds it for the sidecar
+    # job_submit.lua parks it for the sidecar (a begin time years ahead, not a hold)
+    assert is_parked(jobs(fork.cluster)[job_id], time.time())
 
     # epoch 0: forked into 3 copies, one heterogeneous job
     events = fork.one_epoch(fork.config("first"))
-    # (the plugin's user hold is made the sidecar's first: JobHeldAdmin)
-    assert actions(events, job_id) == ["hold", "fork_intent", "fork", "record"], events
+    assert actions(events, job_id) == ["fork_intent", "fork", "record"], events
     comps = fork.copies(job_id)
     leader = comps[0].job_id
     assert len(comps) == 3 and all(c.het_job_id == leader for c in comps)
@@ -163,7 +165,9 @@ def test_forked_into_three_copies_then_completes(fork: Fork) -> None:
     original = jobs(fork.cluster)[job_id]
     rec = decode(original.admin_comment)
     assert (rec.state, rec.group, rec.copies) == ("forked", leader, 3), original.admin_comment
-    assert original.held and original.dependency.startswith(f"afterany:{leader}")
+    # it waits, parked, for its copies (its dependency)
+    assert is_parked(original, time.time())
+    assert original.dependency.startswith(f"afterany:{leader}")
 
     # the relation, as squeue, status and explain show it (the job stays forked until the
     # next sidecar epoch, whatever the copies do meanwhile)
@@ -201,7 +205,7 @@ def test_forked_into_three_copies_then_completes(fork: Fork) -> None:
     # epoch 0 of a restarted sidecar: the copies ended, so the job runs unforked and its
     # runtime finds the work done
     events = fork.one_epoch(fork.config("second"))
-    assert actions(events, job_id) == ["place", "release"], events
+    assert actions(events, job_id) == ["place"], events  # (StartTime=now: it was parked)
     text = fork.cli("explain", str(job_id), "--config", str(fork.path / "second.toml"))
     assert f"progress (from the job tracker's progress.json): {WORK} of {WORK}" in text, text
     assert "copies' rates (last round): copy 0" in text, text
@@ -224,7 +228,7 @@ def test_failed_fork_runs_the_job_unforked(fork: Fork) -> None:
     job_id = fork.submit(REPORT, work)
     # (a root that is a file is refused when the config is read; one under a file is not)
     events = fork.one_epoch(fork.config("first", tracker_root=str(blocker / "trackers")))
-    assert actions(events, job_id) == ["hold", "place", "release"], events
+    assert actions(events, job_id) == ["place"], events
     failed = [e for e in events if e.get("event") == "fork_failed"]
     assert len(failed) == 1 and failed[0]["job"] == job_id, events
     assert "cannot write the tracker directory" in str(failed[0]["why"])
@@ -250,11 +254,10 @@ def test_sidecar_killed_after_sbatch_adopts_the_fork(fork: Fork) -> None:
     work = fork.path / "work"
     work.mkdir()
     job_id = fork.submit(WAIT_FOR_GO, work)
-    # killed right after its 3rd change to Slurm: its hold, the intent, then sbatch; not the
-    # record
+    # killed right after its 2nd change to Slurm: the intent, then sbatch; not the record
     events = fork.one_epoch(fork.config("first"), returncode=-signal.SIGKILL,
-                            HADAR_SIDECAR_CRASH_AFTER_WRITES="3")
-    assert actions(events, job_id) == ["hold", "fork_intent", "fork"], events
+                            HADAR_SIDECAR_CRASH_AFTER_WRITES="2")
+    assert actions(events, job_id) == ["fork_intent", "fork"], events
     assert any(e.get("event") == "crash_drill" for e in events)
     comps = fork.copies(job_id)
     leader = comps[0].job_id
@@ -267,13 +270,15 @@ def test_sidecar_killed_after_sbatch_adopts_the_fork(fork: Fork) -> None:
     original = jobs(fork.cluster)[job_id]
     rec = decode(original.admin_comment)
     assert (rec.state, rec.group, rec.copies) == ("forked", leader, 3)
-    assert original.held and original.dependency.startswith(f"afterany:{leader}")
+    # it waits, parked, for its copies (its dependency)
+    assert is_parked(original, time.time())
+    assert original.dependency.startswith(f"afterany:{leader}")
 
     (work / "go").write_text("")
     ended = fork.wait_copies(job_id)
     assert [c.state for c in ended] == ["COMPLETED"] * 3, ended
     events = fork.one_epoch(fork.config("third"))
-    assert actions(events, job_id) == ["place", "release"], events
+    assert actions(events, job_id) == ["place"], events  # (StartTime=now: it was parked)
     final = wait_job(fork.cluster, job_id, FINAL, timeout=60)
     assert final.state == "COMPLETED", final
     assert {c.het_job_id for c in fork.copies(job_id)} == {leader}  # one fork, never two
@@ -299,8 +304,7 @@ def test_a_job_of_another_user_is_forked_as_that_user(fork: Fork, nobody_dir: Pa
     nobody = RunAs(NOBODY, NOBODY, (), {"PATH": os.environ["PATH"]})
     job_id = fork.submit(REPORT, nobody_dir, as_user=nobody)
     events = fork.one_epoch(fork.config("first"))
-    # (the plugin's user hold is made the sidecar's first: JobHeldAdmin)
-    assert actions(events, job_id) == ["hold", "fork_intent", "fork", "record"], events
+    assert actions(events, job_id) == ["fork_intent", "fork", "record"], events
     ended = fork.wait_copies(job_id)
     assert [c.state for c in ended] == ["COMPLETED"] * 3, ended
     assert {c.user for c in ended} == {"nobody"}

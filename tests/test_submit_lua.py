@@ -1,20 +1,22 @@
 """slurm_conf/job_submit.lua on a real slurmctld (the session's dev cluster, started with the
-plugin): hadar jobs are checked, normalized to untyped GPUs and held; bad hints are refused at
+plugin): hadar jobs are checked, normalized to untyped GPUs and parked; bad hints are refused at
 sbatch time with the same decision and message as hadar_slurm.hints.parse_hints; other jobs are
 left alone.  Every job a test submits is cancelled when the test ends."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hadar_slurm.hints import HintError, is_hadar_comment, parse_hints
+from hadar_slurm.sidecar.backend import is_parked
 from hadar_slurm.slurm import Gres, commands, parse_sbatch_parsable, parse_scontrol_show
 from tests.slurm_cluster import DevCluster, jobs, wait_job
 
-ADMIN_COMMENT = "hadar: held for the sidecar"
+ADMIN_COMMENT = "hadar: waits for the sidecar"
 USER_HELD_COMMENT = "hadar: held by its user"  # sbatch --hold: the user's own hold
 
 
@@ -60,13 +62,14 @@ def sub(dev_cluster: DevCluster, tmp_path: Path) -> Iterator[Submitter]:
         submitter.cancel_all()
 
 
-def test_hinted_job_is_normalized_and_held(sub: Submitter) -> None:
+def test_hinted_job_is_normalized_and_parked(sub: Submitter) -> None:
     job_id, _ = sub.sbatch("hadar: model=resnet50 bs=64 steps=40000 sync=true", "--prefer=v100",
                            gres="gpu:v100:2", constraint="v100")
     assert job_id is not None
     job = jobs(sub.cluster)[job_id]
-    assert job.state == "PENDING" and job.state_reason == "JobHeldUser" and job.held, job
-    assert job.priority == 0
+    # parked for the sidecar: a begin time years ahead, not a hold (a hold of the user's shows)
+    assert job.state == "PENDING" and job.state_reason == "BeginTime" and not job.held, job
+    assert is_parked(job, time.time())
     assert job.gres == (Gres("gpu", None, 2),) and job.gpu_type is None  # untyped
     assert job.features == ""  # the sidecar picks the GPU type
     assert job.admin_comment == ADMIN_COMMENT
@@ -76,15 +79,14 @@ def test_hinted_job_is_normalized_and_held(sub: Submitter) -> None:
     assert shown["Features"] == "(null)" and "Prefer" not in shown and "TresPerJob" not in shown
 
 
-def test_normalized_job_can_be_placed_and_released(sub: Submitter) -> None:
+def test_normalized_job_can_be_placed_and_started(sub: Submitter) -> None:
     # --gpus=2 (tres_per_job) becomes --gres=gpu:2; the operator (as the sidecar will) sets
-    # NodeList and Features on the held job and releases it: it runs there.
+    # NodeList, Features and StartTime=now on the parked job: it runs there.
     job_id, _ = sub.sbatch("hadar: model=transformer bs=32 steps=100", "--gpus=v100:2")
     assert job_id is not None
     assert jobs(sub.cluster)[job_id].gres == (Gres("gpu", None, 2),)
     sub.cluster.runner.run(commands.scontrol_update_job(
-        job_id, {"NodeList": "node2", "Features": "p100"}))
-    sub.cluster.runner.run(commands.scontrol_release(job_id))
+        job_id, {"NodeList": "node2", "Features": "p100", "StartTime": "now"}))
     job = wait_job(sub.cluster, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=30)
     assert job.state == "COMPLETED" and job.node_names == ("node2",), job
     assert job.gpus_per_node == 2

@@ -24,7 +24,8 @@ from hadar_slurm.slurm.parse import (
 )
 
 #: Fields the sidecar sets with :meth:`SlurmApi.update_job` (``scontrol update`` names).
-UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "TresPerNode", "Dependency")
+UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "TresPerNode", "Dependency",
+                 "StartTime")
 
 
 class SlurmApi(Protocol):

@@ -65,8 +65,14 @@ NODE_BAD_FLAGS = frozenset({
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
 #: job_submit.lua's admin comment on a hadar job it holds for the sidecar, and on one its user
 #: submitted held (``sbatch --hold``), which the sidecar leaves alone until the user releases it.
-SUBMIT_HELD = "hadar: held for the sidecar"
+SUBMIT_HELD = "hadar: held for the sidecar"  # (by job_submit.lua of earlier versions)
 SUBMIT_USER_HELD = "hadar: held by its user"
+#: job_submit.lua's admin comment on a hadar job that waits for the sidecar *parked*: pending
+#: with a begin time years ahead (not held, so that a hold of its user's shows as JobHeldUser).
+SUBMIT_WAIT = "hadar: waits for the sidecar"
+#: A pending job whose begin time is further ahead than this is parked for the sidecar, which
+#: starts it with ``StartTime=now`` when it places it.
+PARK_HORIZON_S = 30 * 86400.0
 #: Records of a job the sidecar is moving (:meth:`SlurmBackend._preempt`).
 MOVE_STATES = frozenset({"preempting", "preempted"})
 #: How often the grace period checks whether the signalled jobs are gone already (s).
@@ -110,6 +116,7 @@ class JobView:
     # where each of ``rates`` came from (Knowledge.source: table/imported/measured/learned/
     # estimated; "" for no rate)
     rate_sources: tuple[str, ...] = ()
+    parked: bool = False  # waits for the sidecar by its begin time (is_parked), not held
 
     @property
     def job_id(self) -> int:
@@ -139,6 +146,7 @@ class Unsteered:
     job: SlurmJob
     record: JobRecord
     why: str
+    parked: bool = False
 
 
 @dataclass
@@ -191,6 +199,14 @@ def held_by_user(job: SlurmJob) -> bool:
     return held and not held_by_hadar(job)
 
 
+def is_parked(job: SlurmJob, now: float) -> bool:
+    """Pending, not held, with a begin time beyond :data:`PARK_HORIZON_S`: job_submit.lua's
+    way of keeping a hadar job for the sidecar."""
+    return (job.state in PENDING_STATES and job.state_reason not in HELD_REASONS
+            and job.state != "SPECIAL_EXIT" and job.eligible_time is not None
+            and job.eligible_time > now + PARK_HORIZON_S)
+
+
 def move_left_ended(job: SlurmJob) -> bool:
     """A job the sidecar was moving (record ``preempting``) that ended without being requeued:
     it failed during its grace period (e.g. died of the checkpoint signal), or exited with the
@@ -237,6 +253,7 @@ class SlurmBackend:
         self._should_stop = should_stop
         self.tracker_root = tracker_root
         self.views: dict[int, JobView] = {}
+        self._now = 0.0  # the time of the last snapshot
         self.unsteered: list[Unsteered] = []
         self.groups: dict[int, list[CopyGroup]] = {}  # every fork in the last read, by job
         self.orphans: list[GroupEnd] = []  # forks whose job is gone (or has a newer fork)
@@ -300,6 +317,7 @@ class SlurmBackend:
         self, epoch: int, now: float, round_s: float, policy_state: object,
     ) -> Snapshot:
         """The policy's view of the jobs and nodes of the last :meth:`read`."""
+        self._now = now
         nodes = sorted((n for n in self.nodes if n.gpu_type and n.gpus > 0),
                        key=lambda n: n.name)
         types: list[str] = []
@@ -361,6 +379,7 @@ class SlurmBackend:
             if view is None:
                 count(other_on_node, job)  # (a running job the sidecar does not steer)
                 continue
+            view.parked = is_parked(job, now)
             if view.running and view.group is None and (
                     view.hints.preempt_mode == "never" and view.record.state not in MOVE_STATES):
                 # it may not be stopped: it runs where it is, its GPUs are not the policy's
@@ -646,7 +665,7 @@ class SlurmBackend:
 
     def _unsteer(self, job: SlurmJob, record: JobRecord, why: str) -> None:
         if job.state in PENDING_STATES:
-            self.unsteered.append(Unsteered(job, record, why))
+            self.unsteered.append(Unsteered(job, record, why, is_parked(job, self._now)))
 
     # -- applying ------------------------------------------------------------------------
 
@@ -798,6 +817,8 @@ class SlurmBackend:
                 fields["TresPerNode"] = f"gres:gpu:{per_node}"
             fields["NodeList"] = ",".join(n for n, _ in place)
             fields["Features"] = "|".join(types)
+            if view.parked:
+                fields["StartTime"] = "now"  # (its begin time kept it for the sidecar)
             fields["AdminComment"] = rec.with_(
                 epoch=epoch, state="placed", place=place, gpus=view.gpus, group=0, copies=0,
                 why=why or (rec.why if rec.nofork else "")).encode()
@@ -825,8 +846,8 @@ class SlurmBackend:
     def _keep_waiting(self, view: JobView, epoch: int) -> None:
         """A pending job without a place this epoch must not be started by Slurm elsewhere."""
         job_id = view.job_id
-        if view.held and view.record.state != "placed":
-            return
+        if (view.held or view.parked) and view.record.state != "placed":
+            return  # (it waits as job_submit.lua left it, or held by the sidecar)
         if not view.held:
             if not self._write("hold", job_id, self.api.hold):
                 return
@@ -999,7 +1020,7 @@ class SlurmBackend:
         if fields and self._take_hold(view):
             self._write("adopt" if adopt else "record", job_id, self.api.update_job, fields,
                         group=g.leader, copies=g.size, nodes=[n for n, _ in place])
-        if not view.held:
+        if not (view.held or view.parked):
             self._write("hold", job_id, self.api.hold)
 
     def _fork(self, view: JobView, copies: dict[int, list[tuple[int, int]]], epoch: int,
@@ -1015,7 +1036,7 @@ class SlurmBackend:
         if view.fork_blocked:
             self._fork_failed(view, rows0, epoch, decision, f"not forked: {view.fork_blocked}")
             return
-        if not view.held:
+        if not (view.held or view.parked):
             # released by an earlier epoch and not started yet: hold it, fork it next epoch
             if self._write("hold", job_id, self.api.hold):
                 rec = view.record.with_(epoch=epoch, state="held", place=(), gpus=view.gpus)
@@ -1123,6 +1144,8 @@ class SlurmBackend:
                         why=u.why)
         if held_by_hadar(u.job):
             self._write("release", job_id, self.api.release)
+        elif u.parked:
+            self._write("start", job_id, self.api.update_job, {"StartTime": "now"})
 
 
 

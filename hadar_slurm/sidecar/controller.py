@@ -254,7 +254,10 @@ class Sidecar:
         try:
             ended = self.backend.ended_since_epoch()
         except SlurmError as exc:
-            log_event(self.logger, "finish_poll_failed", logging.WARNING, error=str(exc))
+            if is_unreachable(exc):
+                self.reach.failed(exc, at="finish_poll")
+            else:
+                log_event(self.logger, "finish_poll_failed", logging.WARNING, error=str(exc))
             return False
         if ended:
             log_event(self.logger, "jobs_ended", jobs=ended, epoch=self.loop.epoch,

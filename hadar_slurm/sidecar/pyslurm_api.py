@@ -105,6 +105,7 @@ _UPDATE_ATTRS = {
     "AdminComment": "admin_comment",
     "TresPerNode": "gres_per_node",
     "Dependency": "dependencies",  # a string as scontrol takes it ("afterany:42")
+    "StartTime": "begin_time",  # "now", or a time as scontrol takes it
 }
 
 _VERSION_HINT = (
@@ -498,6 +499,7 @@ def _job(job: Any) -> SlurmJob:
         mem_per_node_mb=r.number("memory_per_node") or None,
         mem_per_cpu_mb=r.number("memory_per_cpu") or None,
         cpus_per_node=r.number("min_cpus_per_node") or None,
+        eligible_time=r.number("eligible_time") or None,
     )
 
 

@@ -47,7 +47,10 @@ UNREACHABLE = re.compile(
     r"unable to contact slurm controller|socket timed out|connection refused|"
     r"connection timed out|communication connection failure|slurm_persist_conn|"
     r"unable to connect|zero bytes were transmitted|slurmctld.*not responding|"
-    r"no route to host|network is unreachable", re.IGNORECASE)
+    r"no route to host|network is unreachable|"
+    # what squeue/sinfo --json (22.05) put in their `errors` when slurmctld does not answer
+    # (seen with a SIGSTOPped slurmctld: the client waits MessageTimeout, then reports these)
+    r"field 'errors': (unspecified error|failed while looking for jobs)", re.IGNORECASE)
 
 
 def is_unreachable(exc: BaseException) -> bool:

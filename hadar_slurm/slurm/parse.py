@@ -94,6 +94,8 @@ class SlurmJob:
     mem_per_node_mb: int | None = None  # --mem (None when not asked per node)
     mem_per_cpu_mb: int | None = None  # --mem-per-cpu, or DefMemPerCPU when nothing was asked
     cpus_per_node: int | None = None  # CPUs asked per node (--cpus-per-task x tasks per node)
+    #: when a pending job may start at the earliest (its begin time; None: unset / 0)
+    eligible_time: int | None = None
 
     @property
     def gpus_per_node(self) -> int:
@@ -441,6 +443,7 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
         mem_per_cpu_mb=f.number("memory_per_cpu") or None,
         # (22.05 reports cpus_per_task as null even when asked; this one it fills in)
         cpus_per_node=f.number("minimum_cpus_per_node") or None,
+        eligible_time=f.number("eligible_time") or None,
     )
 
 
