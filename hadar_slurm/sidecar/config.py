@@ -182,24 +182,23 @@ def _optional_path(value: object, base: Path) -> str | None:
     return _resolve(text, base) if text.strip() else None
 
 
+def _not_a_file(path: str | None, fix: str) -> str | None:
+    """``path`` (None: unset), which must not name an existing non-directory."""
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        raise _InvalidValueError(f"{path} is not a directory", fix)
+    return path
+
+
 def _state_dir(value: object, base: Path) -> str | None:
     """The state directory; ``""`` (unset) is refused by :func:`parse_config` (no default)."""
-    path = _optional_path(value, base)
-    if path is not None and Path(path).exists() and not Path(path).is_dir():
-        raise _InvalidValueError(f"{path} is not a directory",
-                                 'give a directory of its own for this sidecar, e.g. '
-                                 '"/var/lib/hadar-slurm"')
-    return path
+    return _not_a_file(_optional_path(value, base), 'give a directory of its own for this '
+                       'sidecar, e.g. "/var/lib/hadar-slurm"')
 
 
 def _optional_dir(value: object, base: Path) -> str | None:
     """A directory path or unset (``""``); it must not name an existing non-directory."""
-    path = _optional_path(value, base)
-    if path is not None and Path(path).exists() and not Path(path).is_dir():
-        raise _InvalidValueError(f"{path} is not a directory",
-                                 'give a directory shared by the nodes, or "" for each job\'s '
-                                 "working directory")
-    return path
+    return _not_a_file(_optional_path(value, base), 'give a directory shared by the nodes, or '
+                       '"" for each job\'s working directory')
 
 
 def _partition(value: object, _base: Path) -> str | None:
