@@ -4,7 +4,9 @@ This is the slow, obviously-correct twin of the compiled core (``cython_core/had
 Both take and return NumPy arrays only, do the same floating-point operations in the same order,
 and must return identical decisions (tests compare them on random instances).
 
-What it computes (``../shared/HADAR.md``, reconstructed in the OASiS family):
+What it computes (Hadar's online primal-dual scheduler, reconstructed in the OASiS family
+(INFOCOM 2018) from the papers' abstracts: Sultana et al., arXiv 2503.10918, 2025; Hadar,
+IPDPS 2024):
 
 * **Prices.**  A price per GPU-second ``p[h, t] = L * (U / L) ** (g[h, t] / c[h])`` for each GPU
   type ``h`` and epoch ``t`` of the rolling horizon, where ``g`` is what admitted jobs already
@@ -33,7 +35,7 @@ What it computes (``../shared/HADAR.md``, reconstructed in the OASiS family):
 Only epoch 0 of the plan is dispatched; the next epoch re-plans from scratch (rolling horizon).
 
 Utility: ``f(T) = k / (T + age)`` with ``T`` the finish time from now and ``k = w * ideal``
-(weight times the job's runtime alone on its best type), as in HADAR.md.
+(weight times the job's runtime alone on its best type), as in the Hadar papers.
 
 Also here, with their compiled twins: :func:`balance_split` (the type split),
 :func:`drain_prices` (the drain bound and the type prices that certify it) and :func:`match`

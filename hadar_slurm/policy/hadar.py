@@ -1,10 +1,10 @@
-"""``hadar``: the Hadar primal-dual scheduler (HADAR.md), one epoch at a time.
+"""``hadar``: the Hadar primal-dual scheduler (Hadar, IPDPS 2024), one epoch at a time.
 
 The policy layer prepares arrays, decides the queue order and the GPU types each job may use,
 and calls the core (:mod:`hadar_slurm.core`: compiled, with a NumPy reference twin) for the
 per-type worker counts of this epoch, which the node matcher turns into a placement.
 
-HADAR.md leaves open how to order the jobs and how to weigh the makespan against the JCT; the
+The papers leave open how to order the jobs and how to weigh the makespan against the JCT; the
 choices below get both close to their bounds on Gavel's traces (see ``bench/quality.py``):
 
 1. **Drain prices.**  :func:`drain_estimate` computes a lower bound ``T_drain`` on the time to

@@ -1,4 +1,4 @@
-"""``hadare``: HadarE, Hadar with a job forker and a job tracker (HADAR.md, "HadarE").
+"""``hadare``: HadarE, Hadar with a job forker and a job tracker (Sultana et al., 2025).
 
 HadarE may fork a job into copies that train at once on separate nodes; the job tracker adds
 up the copies' iterations (the job is done when they reach its work) and consolidates their
