@@ -227,7 +227,7 @@ def test_registered() -> None:
 # -- Gavel's published figures ---------------------------------------------------------------------
 
 # Gavel's own (makespan s, average JCT s) on its traces, cluster 4 V100 : 4 P100 : 4 K80,
-# from the table in shared/data/gavel/README.md (Gavel commit c4fa400):
+# as Gavel published them for its simulator (Gavel commit c4fa400):
 # max_min_fairness_perf = gavel-las, min_total_duration_perf = gavel-makespan.
 GAVEL = {
     ("gavel-las", "static_32_seed0"): (32825, 20983),
