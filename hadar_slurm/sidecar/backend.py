@@ -75,8 +75,6 @@ SUBMIT_WAIT = "hadar: waits for the sidecar"
 PARK_HORIZON_S = 30 * 86400.0
 #: Records of a job the sidecar is moving (:meth:`SlurmBackend._preempt`).
 MOVE_STATES = frozenset({"preempting", "preempted"})
-#: How often the grace period checks whether the signalled jobs are gone already (s).
-GRACE_POLL_S = 1.0
 #: The exit status with which a job says "checkpointed on the preemption signal, run me again"
 #: (EX_TEMPFAIL; hadar_slurm.runtime exits so).  A job the sidecar preempts that ends with it
 #: during the grace period is requeued held like one still running, not taken for finished.
@@ -124,7 +122,7 @@ class JobView:
 
     @property
     def held(self) -> bool:
-        return self.job.state in PENDING_STATES and self.job.state_reason in HELD_REASONS
+        return self.job.held
 
     @property
     def forked_running(self) -> bool:
@@ -172,13 +170,13 @@ def held_by_hadar(job: SlurmJob) -> bool:
 
     * ``JobHeldAdmin``: only an operator (the sidecar) holds so;
     * ``SPECIAL_EXIT``: slurmctld held it after a checkpoint exit (``RequeueExitHold=75``);
-    * ``JobHeldUser`` with the plugin's submit mark (:data:`SUBMIT_HELD`: job_submit.lua holds
-      every hadar job for the sidecar with a user hold, the only kind a plugin can make), or on
-      a job whose record says the sidecar is moving it (``scontrol requeuehold`` also shows as
-      ``JobHeldUser``).
+    * ``JobHeldUser`` on a job whose record says the sidecar is moving it (``scontrol
+      requeuehold`` also shows as ``JobHeldUser``), or with :data:`SUBMIT_HELD`, the mark of an
+      earlier job_submit.lua that held hadar jobs (today's parks them: :func:`is_parked`).
 
     Any other ``JobHeldUser`` is the user's: ``sbatch --hold`` (the plugin marks it
-    :data:`SUBMIT_USER_HELD` instead), or ``scontrol hold`` on a job the sidecar had released."""
+    :data:`SUBMIT_USER_HELD`), or ``scontrol hold`` on a parked job, or on one the sidecar had
+    released."""
     if job.admin_comment.strip() == SUBMIT_USER_HELD:
         return False  # (whatever the reason: a job an operator submitted held is JobHeldAdmin)
     if job.state == "SPECIAL_EXIT":
@@ -194,16 +192,13 @@ def held_by_hadar(job: SlurmJob) -> bool:
 
 def held_by_user(job: SlurmJob) -> bool:
     """Held by its user (see :func:`held_by_hadar`)."""
-    held = job.state == "SPECIAL_EXIT" or (
-        job.state in PENDING_STATES and job.state_reason in HELD_REASONS)
-    return held and not held_by_hadar(job)
+    return job.held and not held_by_hadar(job)
 
 
 def is_parked(job: SlurmJob, now: float) -> bool:
     """Pending, not held, with a begin time beyond :data:`PARK_HORIZON_S`: job_submit.lua's
     way of keeping a hadar job for the sidecar."""
-    return (job.state in PENDING_STATES and job.state_reason not in HELD_REASONS
-            and job.state != "SPECIAL_EXIT" and job.eligible_time is not None
+    return (job.state in PENDING_STATES and not job.held and job.eligible_time is not None
             and job.eligible_time > now + PARK_HORIZON_S)
 
 
@@ -253,7 +248,6 @@ class SlurmBackend:
         self._should_stop = should_stop
         self.tracker_root = tracker_root
         self.views: dict[int, JobView] = {}
-        self._now = 0.0  # the time of the last snapshot
         self.unsteered: list[Unsteered] = []
         self.groups: dict[int, list[CopyGroup]] = {}  # every fork in the last read, by job
         self.orphans: list[GroupEnd] = []  # forks whose job is gone (or has a newer fork)
@@ -270,6 +264,7 @@ class SlurmBackend:
         self.job_errors: list[tuple[str, int, str]] = []
         self.node_names: tuple[str, ...] = ()
         self.node_type_names: tuple[str, ...] = ()
+        self._node_type: dict[str, str] = {}  # node name -> its GPU type (last snapshot)
         self.gpu_types: tuple[str, ...] = ()
         self.jobs: list[SlurmJob] = []
         self.nodes: list[SlurmNode] = []
@@ -317,7 +312,6 @@ class SlurmBackend:
         self, epoch: int, now: float, round_s: float, policy_state: object,
     ) -> Snapshot:
         """The policy's view of the jobs and nodes of the last :meth:`read`."""
-        self._now = now
         nodes = sorted((n for n in self.nodes if n.gpu_type and n.gpus > 0),
                        key=lambda n: n.name)
         types: list[str] = []
@@ -331,6 +325,7 @@ class SlurmBackend:
         self.knowledge.refresh()
         self.node_names = tuple(n.name for n in nodes)
         self.node_type_names = tuple(n.gpu_type or "" for n in nodes)
+        self._node_type = dict(zip(self.node_names, self.node_type_names, strict=True))
         node_index = {name: k for k, name in enumerate(self.node_names)}
 
         views: dict[int, JobView] = {}
@@ -372,7 +367,7 @@ class SlurmBackend:
                 raise  # the store's, not the job's: the controller plans without the store
             except Exception as exc:  # one job must not stop the epoch
                 self._job_error("read", job.job_id, exc)
-                self._unsteer(job, decode(job.admin_comment),
+                self._unsteer(job, decode(job.admin_comment), now,
                               f"sidecar error: {_error_text(exc)}")
                 count(other_on_node, job)
                 continue
@@ -460,7 +455,8 @@ class SlurmBackend:
         active: dict[int, CopyGroup] = {}
         for original, groups in found.items():
             job = by_id.get(original)
-            ours = [g for g in groups if self._made_here(job, g)]
+            rec = decode(job.admin_comment) if job is not None else JobRecord()
+            ours = [g for g in groups if self._made_here(job, rec, g)]
             for g in groups:
                 if g not in ours and g.leader not in self._untrusted_seen:
                     self._untrusted_seen.add(g.leader)
@@ -479,7 +475,6 @@ class SlurmBackend:
                         f"ended ({job.state})")
                 self.orphans.extend(GroupEnd(g, None, f"job {original} {what}") for g in live)
                 continue
-            rec = decode(job.admin_comment)
             if rec.state == "forked":
                 named = [g for g in live if g.leader == rec.group]
             elif rec.state == "forking":
@@ -496,7 +491,7 @@ class SlurmBackend:
                          for c in g.components}
         return active
 
-    def _made_here(self, job: SlurmJob | None, group: CopyGroup) -> bool:
+    def _made_here(self, job: SlurmJob | None, rec: JobRecord, group: CopyGroup) -> bool:
         """Whether ``group`` is a fork the sidecar submitted for ``job``: ``job`` is a hadar
         job, every component is its owner's and runs the plan the sidecar wrote into its tracker
         directory, and, while the job's record names a fork, none newer than that one.  (A
@@ -512,7 +507,6 @@ class SlurmBackend:
         if not all(c.command == plan or c.command.startswith(plan + " ")
                    for c in group.components):
             return False
-        rec = decode(job.admin_comment)
         return not (rec.state == "forked" and group.leader > rec.group)
 
     def _view(self, job: SlurmJob, now: float, node_index: dict[str, int],
@@ -524,12 +518,13 @@ class SlurmBackend:
         try:
             hints = parse_hints(job.comment, self.catalog, gpus=gpus)
         except InputError as exc:
-            self._unsteer(job, record, f"bad hints: {exc.one_line()}")
+            self._unsteer(job, record, now, f"bad hints: {exc.one_line()}")
             return None
         rates = tuple(self.table.rate(hints.job_type, gpus, t) for t in self.gpu_types)
         if not any(r > 0 for r in rates):
-            self._unsteer(job, record, f"no GPU type of this cluster ({', '.join(self.gpu_types)})"
-                          f" has a throughput for {hints.job_type} on {gpus} GPU(s)")
+            self._unsteer(job, record, now, f"no GPU type of this cluster "
+                          f"({', '.join(self.gpu_types)}) has a throughput for {hints.job_type} "
+                          f"on {gpus} GPU(s)")
             return None
         if record.state == "unsteered":
             return None  # released to Slurm's own scheduler earlier; stays so
@@ -610,13 +605,12 @@ class SlurmBackend:
                 progress = hadare.read_progress(own)
         if progress is None:
             return
-        types = dict(zip(self.node_names, self.node_type_names, strict=True))
         parts = [(0, job)] if group is None else [
             (c.het_job_offset if c.het_job_offset is not None else k, c)
             for k, c in enumerate(group.components)]
         ran: dict[int, SlurmRun] = {}
         for index, part in parts:
-            used = {types.get(name, "") for name in part.node_names}
+            used = {self._node_type.get(name, "") for name in part.node_names}
             if part.state in RUNNING_STATES and part.start_time and len(used) == 1 \
                     and "" not in used:
                 ran[index] = SlurmRun(used.pop(), float(part.start_time))
@@ -663,9 +657,9 @@ class SlurmBackend:
             return str(exc)
         return ""
 
-    def _unsteer(self, job: SlurmJob, record: JobRecord, why: str) -> None:
+    def _unsteer(self, job: SlurmJob, record: JobRecord, now: float, why: str) -> None:
         if job.state in PENDING_STATES:
-            self.unsteered.append(Unsteered(job, record, why, is_parked(job, self._now)))
+            self.unsteered.append(Unsteered(job, record, why, is_parked(job, now)))
 
     # -- applying ------------------------------------------------------------------------
 
