@@ -35,7 +35,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -48,7 +48,7 @@ from hadar_slurm.policy.base import Decision, Reason, Snapshot
 from hadar_slurm.policy.hadar import HadarPolicy
 from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
-from hadar_slurm.sidecar.backend import SlurmBackend
+from hadar_slurm.sidecar.backend import JobView, SlurmBackend
 from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
 from hadar_slurm.sidecar.learn import Knowledge
 from hadar_slurm.sidecar.metrics import FinishTracker, SidecarMetrics, summarize_epoch
@@ -413,6 +413,27 @@ class Sidecar:
                           path=self.config.state_dir, error=str(exc))
 
 
+def _job_info(view: JobView, snapshot: Snapshot, rows: Sequence[tuple[int, int]],
+              remaining: float, *, reason: str, reason_text: str, component: str,
+              detail: str) -> dict[str, object]:
+    """What status/explain show of one job: its hints, estimates, rates, where it is placed
+    (``rows``: (node index, GPUs)) and why."""
+    return {
+        "model": view.hints.model, "batch_size": view.hints.batch_size,
+        "job_type": view.hints.job_type, "gpus": view.gpus, "steps": view.hints.steps,
+        "done_est": round(view.done, 1), "remaining_est": round(remaining, 1),
+        "rates": {t: round(float(r), 4)
+                  for t, r in zip(snapshot.gpu_types, view.rates, strict=False)},
+        "rate_sources": dict(zip(snapshot.gpu_types, view.rate_sources, strict=False)),
+        "reason": reason, "reason_text": reason_text, "component": component,
+        "detail": detail,
+        "placed": [[snapshot.node_names[k], c] for k, c in rows],
+        "gpu_type": "|".join(sorted({snapshot.gpu_types[snapshot.node_type[k]]
+                                     for k, _ in rows})),
+        "slurm_state": view.job.state, "running": view.running,
+    }
+
+
 def epoch_state(
     config: SidecarConfig, backend: SlurmBackend, snapshot: Snapshot, decision: Decision,
 ) -> dict[str, object]:
@@ -423,28 +444,15 @@ def epoch_state(
     for i, job_id in enumerate(snapshot.job_ids.tolist()):
         view = backend.views[job_id]
         code = Reason(int(decision.reason[i]))
-        rows = placed.get(job_id, [])
-        info: dict[str, object] = {
-            "model": view.hints.model, "batch_size": view.hints.batch_size,
-            "job_type": view.hints.job_type, "gpus": view.gpus, "steps": view.hints.steps,
-            "done_est": round(view.done, 1),
-            "remaining_est": round(float(snapshot.remaining[i]), 1),
-            "rates": {t: round(float(snapshot.rate[i, h]), 4)
-                      for h, t in enumerate(snapshot.gpu_types)},
-            "rate_sources": dict(zip(snapshot.gpu_types, view.rate_sources, strict=False)),
-            "reason": code.name, "reason_text": code.text, "component": code.component,
-            "detail": decision.detail.get(job_id, ""),
-            "placed": [[snapshot.node_names[k], c] for k, c in rows],
-            "gpu_type": "|".join(sorted({snapshot.gpu_types[snapshot.node_type[k]]
-                                         for k, _ in rows})),
-            "slurm_state": view.job.state, "running": view.running,
-            # HadarE
-            "max_copies": view.max_copies, "fork_blocked": view.fork_blocked,
-            "copies": len(copies_of.get(job_id, {})),
-            "placed_copies": [[c, snapshot.node_names[k], n]
-                              for c, cr in sorted(copies_of.get(job_id, {}).items())
-                              for k, n in cr],
-        }
+        cp = copies_of.get(job_id, {})
+        info = _job_info(
+            view, snapshot, placed.get(job_id, []), float(snapshot.remaining[i]),
+            reason=code.name, reason_text=code.text, component=code.component,
+            detail=decision.detail.get(job_id, ""))
+        info.update(max_copies=view.max_copies, fork_blocked=view.fork_blocked,
+                    copies=len(cp), placed_copies=[[c, snapshot.node_names[k], n]
+                                                   for c, cr in sorted(cp.items())
+                                                   for k, n in cr])
         jobs[str(job_id)] = info
         if view.group is not None:
             info["forked"] = {
@@ -462,23 +470,12 @@ def epoch_state(
             }
     for job_id, view in sorted(backend.pinned.items()):
         # running jobs hadar may not stop: not the policy's, but explain tells about them
-        where = [[snapshot.node_names[k], c] for k, c in view.rows]
-        jobs[str(job_id)] = {
-            "model": view.hints.model, "batch_size": view.hints.batch_size,
-            "job_type": view.hints.job_type, "gpus": view.gpus, "steps": view.hints.steps,
-            "done_est": round(view.done, 1),
-            "remaining_est": round(max(0.0, view.hints.steps - view.done), 1),
-            "rates": {t: round(float(r), 4) for t, r in zip(snapshot.gpu_types, view.rates,
-                                                            strict=False)},
-            "rate_sources": dict(zip(snapshot.gpu_types, view.rate_sources, strict=False)),
-            "reason": "PINNED", "component": "hints",
-            "reason_text": "runs where it was placed until it ends (preempt=never)",
-            "detail": "", "placed": where,
-            "gpu_type": "|".join(sorted({snapshot.gpu_types[snapshot.node_type[k]]
-                                         for k, _ in view.rows})),
-            "slurm_state": view.job.state, "running": True, "max_copies": 1,
-            "fork_blocked": "", "copies": 0, "placed_copies": [], "pinned": True,
-        }
+        info = _job_info(
+            view, snapshot, list(view.rows), max(0.0, view.hints.steps - view.done),
+            reason="PINNED", component="hints",
+            reason_text="runs where it was placed until it ends (preempt=never)", detail="")
+        info.update(max_copies=1, fork_blocked="", copies=0, placed_copies=[], pinned=True)
+        jobs[str(job_id)] = info
     return {
         "epoch": decision.epoch, "time": snapshot.now, "policy": config.policy,
         "dry_run": config.dry_run, "epoch_seconds": config.epoch_seconds,
