@@ -13,6 +13,7 @@ from typing import Any
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.hints import is_hadar_comment, parse_hints
+from hadar_slurm.sidecar.backend import held_by_user
 from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmJob
@@ -127,9 +128,7 @@ def _pinned(job: SlurmJob, state: Mapping[str, Any] | None) -> bool:
 
 
 def _user_held(job: SlurmJob, state: Mapping[str, Any] | None) -> bool:
-    return bool(_listed("user_held", job, state)) or (
-        job.state in ("PENDING", "SPECIAL_EXIT") and job.state_reason == "JobHeldUser"
-        and job.admin_comment.strip() == "hadar: held by its user")
+    return bool(_listed("user_held", job, state)) or held_by_user(job)
 
 
 #: After a GPU type in ``status``: the job's throughput there is an estimate, not a measurement.
