@@ -260,7 +260,7 @@ def test_sbatch_parsable() -> None:
 
 
 def test_argv_builders() -> None:
-    assert commands.squeue_json() == ["squeue", "--json"]
+    assert commands.squeue_json() == ["squeue", "--json", "--states=all"]
     assert commands.sinfo_json() == ["sinfo", "--json"]
     assert commands.sbatch(wrap="sleep 1", gres="gpu:1", constraint="p100", hold=True,
                            job_name="-x", comment="a b") == [

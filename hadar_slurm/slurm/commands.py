@@ -31,8 +31,9 @@ def _value(name: str, value: object) -> str:
 
 
 def squeue_json() -> list[str]:
-    """All jobs (pending, running, and finished ones younger than MinJobAge) as JSON."""
-    return ["squeue", "--json"]
+    """All jobs (pending, running, and finished ones younger than MinJobAge) as JSON.  22.05
+    lists them all anyway; 24.11+ apply squeue's default state filter without ``--states=all``."""
+    return ["squeue", "--json", "--states=all"]
 
 
 #: Every job state that is not final, as ``squeue --states`` names them (Slurm 22.05+).
