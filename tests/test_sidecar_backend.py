@@ -24,6 +24,7 @@ from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
 from hadar_slurm.slurm.parse import FINAL_STATES, Gres
+from hadar_slurm.slurm.version import SlurmVersion, parse_version
 from hadar_slurm.throughputs import default_table
 
 HINT = "hadar: model=resnet50 bs=64 steps=40000 preempt=checkpoint"
@@ -65,12 +66,16 @@ class FakeSlurm:
         self.submitted: list[tuple[str, RunAs, str | None]] = []
         self.submit_error: Exception | None = None
         self.script = "#!/bin/bash\necho training\n"
+        self.version = "slurm 22.05.8"  # what `scontrol version` prints
 
     def _do(self, what: str, job_id: int) -> None:
         self.commands += 1
         if (what, job_id) in self.fail:
             raise SlurmCommandError(("scontrol", what, str(job_id)), "failed")
         self.log.append((what, job_id))
+
+    def slurm_version(self) -> SlurmVersion:
+        return parse_version(self.version)
 
     def read_jobs(self) -> list[SlurmJob]:
         self.commands += 1
