@@ -37,6 +37,7 @@ from pathlib import Path
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy import REGISTRY
+from hadar_slurm.slurm.version import tested_text
 from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
 
 SECTIONS = ("slurm", "scheduler", "hadare", "sidecar", "metrics")
@@ -450,6 +451,14 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_choice(LOG_LEVELS),
     ),
     ConfigKey(
+        "sidecar", "allow_untested_slurm", "bool", "false",
+        "Run on a Slurm release series this hadar-slurm was not tested on. At start the "
+        "sidecar reads the release (`scontrol version`; slurmctld's with pyslurm), logs it "
+        "(slurm_version event) and, unless this is true, refuses to start (exit status 2) on "
+        f"a series other than {tested_text()}.",
+        check=_bool,
+    ),
+    ConfigKey(
         "metrics", "address", "string", '""',
         'Where the sidecar serves its Prometheus metrics (/metrics), as HOST:PORT, e.g. '
         '"127.0.0.1:9810"; port 0 picks a free port (logged in the start event). "" (the '
@@ -498,6 +507,7 @@ class SidecarConfig:
     log_format: str
     log_file: str | None
     log_level: str
+    allow_untested_slurm: bool
     metrics_address: str
     metrics_allow_remote: bool
 
