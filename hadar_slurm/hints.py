@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.hetjob import MAX_COPIES
+from hadar_slurm.sidecar.record import MAX_ARGS_BYTES
 from hadar_slurm.throughputs import ThroughputTable, default_table
 
 __all__ = [
@@ -452,7 +453,7 @@ def lua_catalog_block(catalog: ModelCatalog) -> str:
     and ``HADAR_LIMITS``, the other bounds (see the module docstring)."""
     limits = {"comment_bytes": MAX_COMMENT_BYTES, "value_bytes": MAX_VALUE_BYTES,
               "quote_bytes": QUOTE_BYTES, "steps": MAX_STEPS, "weight_min": MIN_WEIGHT,
-              "weight_max": MAX_WEIGHT, "gpus": MAX_GPUS}
+              "weight_max": MAX_WEIGHT, "gpus": MAX_GPUS, "args_bytes": MAX_ARGS_BYTES}
     lines = [LUA_BEGIN, f"local HADAR_MAX_COPIES = {MAX_COPIES}",
              "local HADAR_LIMITS = {",
              *(f"  {k} = {v!r}," for k, v in limits.items()),

@@ -1,4 +1,5 @@
--- job_submit.lua - hadar-slurm's job_submit plugin (JobSubmitPlugins=lua; Slurm 22.05, Lua 5.1).
+-- job_submit.lua - hadar-slurm's job_submit plugin (JobSubmitPlugins=lua; Lua 5.1).  One file
+-- for Slurm 22.05, 24.11 and 26.05: where they differ, it follows what Slurm itself wrote.
 -- Install it beside slurm.conf.  The dev cluster loads it when started with HADAR_DEVCLUSTER_LUA=1
 -- (slurm_conf/dev-cluster.sh copies it there at `up`).
 --
@@ -11,7 +12,9 @@
 --     job, SchedMD bug 17184): the count is read from --gres/--gpus-per-node (tres_per_node),
 --     --gpus (tres_per_job), --gpus-per-task (tres_per_task, times the tasks) or --gpus-per-socket
 --     (tres_per_socket), 1 when none was asked, checked against the model's GPU counts, and
---     written back as untyped tres_per_node "gres:gpu:N" (other gres are kept); the other GPU
+--     written back as untyped tres_per_node "gres:gpu:N" (other gres are kept), spelled as
+--     Slurm spelled the request ("gres:" on 22.05, "gres/" on 24.11+, which refuse each
+--     other's); a job that asked for no GPU keeps its request (the sidecar sets it); the other GPU
 --     requests, --constraint and --prefer are cleared: the sidecar picks the GPU type and sets
 --     NodeList and Features itself;
 --   * it waits for the sidecar with a begin time ten years ahead (pending, reason BeginTime: not
@@ -19,6 +22,9 @@
 --     requeueable, and gets the admin comment "hadar: waits for the sidecar"; a job its user
 --     submitted held (sbatch --hold) gets "hadar: held by its user" instead, and the sidecar
 --     leaves it until the user releases it.  The sidecar sets StartTime=now when it places it.
+--   * the batch script's arguments are recorded in that admin comment (" args=N:a,b%20c": each
+--     byte outside A-Za-z0-9._/+@- as %XX; "args=-" when longer than HADAR_LIMITS.args_bytes),
+--     for HadarE's copies: Slurm 24.11 keeps them nowhere else, 22.05 only joined by spaces.
 -- Every other job is left exactly as submitted.  slurm_job_modify passes everything through.
 --
 -- The model catalog below is generated from the throughput table, with the bounds of every value
@@ -37,6 +43,7 @@ local HADAR_LIMITS = {
   weight_min = 0.001,
   weight_max = 1000.0,
   gpus = 9999,
+  args_bytes = 2048,
 }
 local HADAR_MODEL_NAMES = {"a3c", "cyclegan", "lm", "recommendation", "resnet18", "resnet50", "transformer"}
 local HADAR_MODELS = {
@@ -328,6 +335,38 @@ local function is_set(n, no_val)
   return type(n) == "number" and n > 0 and n < no_val
 end
 
+-- How Slurm spells a gres in the job's own requests: "gres:" (22.05) or "gres/" (24.11+); nil
+-- when the job asked for none
+local function gres_prefix(job_desc)
+  for _, field in ipairs({"tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket"}) do
+    local value = job_desc[field]
+    if type(value) == "string" then
+      local sep = value:match("gres([:/])")
+      if sep ~= nil then return "gres" .. sep end
+    end
+  end
+  return nil
+end
+
+-- " args=N:item,..." for the admin comment: the batch script's arguments (argv[1..argc-1];
+-- argv[0] is the script), each byte outside A-Za-z0-9._/+@- as %XX (hadar_slurm/sidecar/
+-- record.py's encode_args); " args=-" when longer than HADAR_LIMITS.args_bytes
+local function args_text(job_desc)
+  local argv, argc, items = job_desc.argv, job_desc.argc, {}
+  if type(argv) == "table" and type(argc) == "number" then
+    for i = 1, argc - 1 do
+      local arg = argv[i]
+      if type(arg) ~= "string" then return " args=-" end
+      items[#items + 1] = (arg:gsub("[^A-Za-z0-9%._/%+@%-]", function(c)
+        return string.format("%%%02X", c:byte())
+      end))
+    end
+  end
+  local text = tostring(#items) .. ":" .. table.concat(items, ",")
+  if #text > HADAR_LIMITS.args_bytes then return " args=-" end
+  return " args=" .. text
+end
+
 -- "gres:gpu:v100:2,gres:mps:10" -> GPU count (nil: no GPU), the non-GPU entries
 local function split_tres(tres)
   local count, others = nil, {}
@@ -380,8 +419,11 @@ local function submit_hadar_job(job_desc, submit_uid)
     return slurm.ERROR
   end
 
-  table.insert(others, 1, "gres:gpu:" .. tostring(gpus))
-  job_desc.tres_per_node = table.concat(others, ",")
+  local prefix = gres_prefix(job_desc)
+  if prefix ~= nil then  -- (else no GPU was asked: the sidecar sets the count when it places)
+    table.insert(others, 1, prefix .. "gpu:" .. tostring(gpus))
+    job_desc.tres_per_node = table.concat(others, ",")
+  end
   -- "" clears a string field (22.05 stores NULL); only fields that are set are touched
   for _, field in ipairs({"tres_per_job", "tres_per_task", "tres_per_socket", "features",
                           "prefer"}) do
@@ -395,9 +437,9 @@ local function submit_hadar_job(job_desc, submit_uid)
   job_desc.begin_time = os.time() + WAIT_SECONDS
   job_desc.requeue = 1
   if user_hold then
-    job_desc.admin_comment = USER_HELD_COMMENT
+    job_desc.admin_comment = USER_HELD_COMMENT .. args_text(job_desc)
   else
-    job_desc.admin_comment = ADMIN_COMMENT
+    job_desc.admin_comment = ADMIN_COMMENT .. args_text(job_desc)
   end
   slurm.log_info("hadar job_submit.lua: hadar job of uid %u: %s on %s GPUs, held",
                  submit_uid, hints.job_type, tostring(gpus))

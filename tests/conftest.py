@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from hadar_slurm.model import Job
 from hadar_slurm.slurm import commands
 from hadar_slurm.throughputs import ThroughputTable, parse_csv
-from tests.slurm_cluster import DevCluster, start_dev_cluster
+from tests.slurm_cluster import SESSION, DevCluster, start_dev_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,6 +90,56 @@ def run_cli(
         [sys.executable, "-m", "hadar_slurm", *args], capture_output=True, text=True,
         cwd=cwd, env=full, timeout=timeout, check=False,
     )
+
+
+# ---------------------------------------------------------------- the real-cluster tests
+# Every test that uses the dev cluster (directly or through another fixture) is marked `slurm`:
+# `pytest -m slurm` runs just those (as `make test` does on each newer Slurm release, in its
+# chroot), and the session ends with one line saying how many ran on which Slurm; with
+# HADAR_SLURM_SUMMARY=FILE it also writes that as JSON.
+
+_SLURM_OUTCOMES: Counter[str] = Counter()
+_SLURM_SECONDS = [0.0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slurm: runs against the real Slurm dev cluster (set on every test that uses "
+        "the dev_cluster fixture)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "dev_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slurm" not in report.keywords:
+        return
+    _SLURM_SECONDS[0] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        _SLURM_OUTCOMES[report.outcome] += 1
+    elif report.when == "teardown" and report.outcome == "failed":
+        _SLURM_OUTCOMES["error"] += 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    ran = sum(_SLURM_OUTCOMES.values())
+    if not ran:
+        return
+    summary = {"slurm": SESSION["slurm"] or "not started", "ran": ran,
+               "passed": _SLURM_OUTCOMES["passed"], "failed": _SLURM_OUTCOMES["failed"],
+               "errors": _SLURM_OUTCOMES["error"], "skipped": _SLURM_OUTCOMES["skipped"],
+               "seconds": round(_SLURM_SECONDS[0], 1)}
+    terminalreporter.write_line(
+        f"real-cluster tests on Slurm {summary['slurm']}: {ran} ran, {summary['passed']} passed, "
+        f"{summary['failed']} failed, {summary['errors']} errors, {summary['skipped']} skipped "
+        f"({summary['seconds']:.0f} s)")
+    out = os.environ.get("HADAR_SLURM_SUMMARY")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(summary) + "\n")
 
 
 @pytest.fixture(scope="session")

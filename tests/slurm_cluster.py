@@ -38,6 +38,12 @@ class DevCluster:
     dir: Path
     env: dict[str, str]  # what dev-cluster.sh needs (dir, port)
     runner: SlurmRunner
+    version: str = ""  # `scontrol version` of the cluster's Slurm, e.g. "24.11.5"
+
+
+#: The Slurm release the session's dev cluster runs ("" before it started); the summary of the
+#: real-cluster tests (tests/conftest.py) names it.
+SESSION = {"slurm": ""}
 
 
 def nodes_conf() -> dict[str, tuple[str, int]]:
@@ -110,7 +116,10 @@ def start_dev_cluster() -> Iterator[DevCluster]:
             if up.returncode != 0:
                 pytest.fail(f"dev-cluster.sh up failed ({up.returncode}):\n{up.stderr[-3000:]}")
         conf = cluster_dir / "etc" / "slurm.conf"
-        yield DevCluster(cluster_dir, env, SlurmRunner(conf, timeout=30))
+        runner = SlurmRunner(conf, timeout=30)
+        version = runner.run(["scontrol", "version"]).stdout.split()[-1]
+        SESSION["slurm"] = version
+        yield DevCluster(cluster_dir, env, runner, version)
     finally:
         if own:
             down = dev_script("down", env, timeout=120)
@@ -119,6 +128,13 @@ def start_dev_cluster() -> Iterator[DevCluster]:
                     shutil.rmtree(cluster_dir, ignore_errors=True)
                 else:  # leave it for the next session's _reap_stale, and say so
                     print(f"dev-cluster.sh down failed:\n{down.stderr}")
+
+
+def spelled(cluster: DevCluster, tres: str) -> str:
+    """A GPU request as the cluster's Slurm writes it in ``tres_per_node``: ``gres:gpu:2`` on
+    22.05, ``gres/gpu:2`` on 24.11 and later (the releases tested)."""
+    major, minor = (int(p) for p in cluster.version.split(".")[:2])
+    return tres if (major, minor) <= (22, 5) else tres.replace("gres:", "gres/", 1)
 
 
 def jobs(cluster: DevCluster) -> dict[int, SlurmJob]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import PENDING_STATES, RUNNING_STATES, SlurmBackend
 from hadar_slurm.sidecar.config import default_config
 from hadar_slurm.sidecar.controller import epoch_state
-from hadar_slurm.sidecar.record import JobRecord, decode
+from hadar_slurm.sidecar.record import JobRecord, decode, encode_args
 from hadar_slurm.sidecar.report import explain, status_rows
 from hadar_slurm.slurm import SlurmCommandError, SlurmJob, SlurmTimeoutError
 from hadar_slurm.throughputs import default_table
@@ -32,13 +33,17 @@ FORK_HINT = "hadar: model=resnet50 bs=64 steps=40000 fork=3"
 J = 10
 CopyRows = dict[int, list[tuple[int, int]]]
 THREE: CopyRows = {0: [(0, 1)], 1: [(1, 1)], 2: [(2, 1)]}  # node1 v100, node2 p100, node3 k80
+#: The script's arguments, as job_submit.lua records them at submit (Slurm 24.11+ report the
+#: script's path alone as the command).
+ARGS = ("--steps", "40000", "--out", "model.pt")
 
 
 def hinted(tmp_path: Path, job_id: int = J, **kw: object) -> SlurmJob:
     """A hinted job of this process's user (so the sidecar may act for it, root or not)."""
+    kw.setdefault("admin", f"hadar: held for the sidecar args={encode_args(ARGS)}")
     base = job(job_id, comment=str(kw.pop("comment", FORK_HINT)), **kw)  # type: ignore[arg-type]
     return replace(base, user_id=os.geteuid(), group_id=os.getegid(), workdir=str(tmp_path),
-                   command=f"{tmp_path}/train.sh --steps 40000 --out model.pt")
+                   command=f"{tmp_path}/train.sh")
 
 
 def backend(api: SlurmApi, **kw: object) -> SlurmBackend:
@@ -201,7 +206,7 @@ def test_crash_after_sbatch_then_the_copies_end_is_not_forked_again(tmp_path: Pa
 
 def test_an_interrupted_fork_that_was_never_submitted_may_fork_again(tmp_path: Path) -> None:
     # an earlier fork (cancelled by a move) is still in squeue; the new one died before sbatch
-    old = JobRecord(epoch=4, state="forking", place=(("node1", 1), ("node2", 1)), gpus=1,
+    old = JobRecord(epoch=4, state="forking", place=(("node1", 1), ("node2", 1)), gpus=1, args=ARGS,
                     group=5, copies=2)
     api = FakeSlurm([hinted(tmp_path, admin=old.encode()),
                      replace(job(5, comment=f"hadar-copy-of={J}", admin="", state="CANCELLED"),
@@ -410,14 +415,18 @@ def test_who_may_be_forked(tmp_path: Path) -> None:
         replace(hinted(tmp_path, 5), workdir=""),
         replace(hinted(tmp_path, 6), admin_comment=JobRecord(epoch=1, state="held", nofork=True,
                                                              why="fork failed: x").encode()),
+        # its script's arguments were not recorded (too long, or submitted without the plugin)
+        hinted(tmp_path, 7, admin="hadar: waits for the sidecar args=-"),
+        hinted(tmp_path, 8, admin="hadar: waits for the sidecar"),
     ], NODES)
     b = backend(api)
     snap = b.snapshot(0, 2000.0, 60.0, None)
-    assert snap.max_copies is not None and snap.max_copies.tolist() == [1, 3, 1, 1, 1, 1]
-    blocked = {j: b.views[j].fork_blocked for j in range(1, 7)}
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [1, 3, 1, 1, 1, 1, 1, 1]
+    blocked = {j: b.views[j].fork_blocked for j in range(1, 9)}
     assert blocked[1] == "" and blocked[2] == ""
     assert "user and group id" in blocked[3] and "dependency" in blocked[4]
     assert "working directory" in blocked[5] and blocked[6] == "fork failed: x"
+    assert blocked[7] == blocked[8] and "arguments were not recorded" in blocked[7]
     api.can_fork = False  # e.g. the pyslurm backend
     b.snapshot(0, 2000.0, 60.0, None)
     assert "cannot fork" in b.views[2].fork_blocked and b.views[2].max_copies == 1
@@ -427,8 +436,28 @@ def test_who_may_be_forked(tmp_path: Path) -> None:
     assert rec.state == "placed" and rec.why.startswith("not forked: the fake backend")
 
 
+def test_copies_get_the_recorded_arguments_exactly(tmp_path: Path) -> None:
+    # Arguments with spaces, quotes, commas and shell syntax reach the copies as they were
+    # given to sbatch: one word each, quoted in the plan (no shell ever splits them).
+    args = ("a", "b c", "", "it's", "$(touch x)", "x,y=%20")
+    api = FakeSlurm([hinted(tmp_path, admin=f"hadar: held for the sidecar "
+                                            f"args={encode_args(args)}")], NODES)
+    b = backend(api)
+    # an epoch that only places the job keeps the arguments in its record
+    step(b, {J: {0: [(1, 1)]}}, 0)
+    assert decode(api.jobs[J].admin_comment).args == args
+    api.jobs[J] = replace(api.jobs[J], state_reason="JobHeldAdmin", priority=0)
+    step(b, {J: THREE}, 1)
+    text = (tmp_path / ".hadar-tracker" / str(J) / "fork.sbatch").read_text()
+    # the command array of the plan, one element a line, read as the shell would
+    lines = text.split("_hadar_cmd=(\n", 1)[1].split("\n)\n", 1)[0].splitlines()
+    words = [w for line in lines for w in shlex.split(line)]
+    assert words == ["bash", str(tmp_path / ".hadar-tracker" / str(J) / "job.sh"), *args]
+    assert decode(api.jobs[J].admin_comment).args == args  # kept by the fork's record too
+
+
 def test_a_released_job_is_held_before_it_is_forked(tmp_path: Path) -> None:
-    placed = JobRecord(epoch=0, state="placed", place=(("node2", 1),), gpus=1)
+    placed = JobRecord(epoch=0, state="placed", place=(("node2", 1),), gpus=1, args=ARGS)
     api = FakeSlurm([hinted(tmp_path, reason="Resources", admin=placed.encode())], NODES)
     b = backend(api)
     step(b, {J: THREE}, 1)
@@ -534,7 +563,7 @@ def test_a_parked_job_is_forked_without_a_hold(tmp_path: Path) -> None:
     # job_submit.lua parks a job (begin time years ahead); forked, it stays parked (and waits
     # for its copies by its dependency): no hold, which would hide a hold of its user's
     J_parked = replace(hinted(tmp_path), state_reason="BeginTime",
-                       admin_comment="hadar: waits for the sidecar",
+                       admin_comment=f"hadar: waits for the sidecar args={encode_args(ARGS)}",
                        eligible_time=2000 + 10 * 365 * 86400)
     api = FakeSlurm([J_parked], NODES)
     b = backend(api)

@@ -13,8 +13,9 @@ import pytest
 
 from hadar_slurm.hints import HintError, is_hadar_comment, parse_hints
 from hadar_slurm.sidecar.backend import is_parked
+from hadar_slurm.sidecar.record import MAX_ARGS_BYTES, decode, mark
 from hadar_slurm.slurm import Gres, commands, parse_sbatch_parsable, parse_scontrol_show
-from tests.slurm_cluster import DevCluster, jobs, wait_job
+from tests.slurm_cluster import DevCluster, jobs, spelled, wait_job
 
 ADMIN_COMMENT = "hadar: waits for the sidecar"
 USER_HELD_COMMENT = "hadar: held by its user"  # sbatch --hold: the user's own hold
@@ -29,11 +30,13 @@ class Submitter:
         self.ids: list[int] = []
 
     def sbatch(self, comment: str | None, *options: str, wrap: str = "sleep 1",
-               hold: bool = False, gres: str | None = None,
-               constraint: str | None = None) -> tuple[int | None, str]:
+               hold: bool = False, gres: str | None = None, constraint: str | None = None,
+               script: Path | None = None, args: tuple[str, ...] = (),
+               ) -> tuple[int | None, str]:
         """(job id or None when refused, sbatch's stderr)."""
         argv = commands.sbatch(
-            wrap=wrap, comment=comment, gres=gres, constraint=constraint, hold=hold,
+            wrap=None if script else wrap, script=str(script) if script else None,
+            script_args=args, comment=comment, gres=gres, constraint=constraint, hold=hold,
             job_name="hadar-it-lua", chdir=str(self.workdir), output="/dev/null",
             extra=options)
         out = self.cluster.runner.run(argv, check=False)
@@ -72,10 +75,11 @@ def test_hinted_job_is_normalized_and_parked(sub: Submitter) -> None:
     assert is_parked(job, time.time())
     assert job.gres == (Gres("gpu", None, 2),) and job.gpu_type is None  # untyped
     assert job.features == ""  # the sidecar picks the GPU type
-    assert job.admin_comment == ADMIN_COMMENT
+    assert mark(job.admin_comment) == ADMIN_COMMENT
+    assert decode(job.admin_comment).args == ()  # (sbatch --wrap: a script without arguments)
     assert job.comment == "hadar: model=resnet50 bs=64 steps=40000 sync=true"
     shown = sub.show(job_id)
-    assert shown["TresPerNode"] == "gres:gpu:2" and shown["Requeue"] == "1"
+    assert shown["TresPerNode"] == spelled(sub.cluster, "gres:gpu:2") and shown["Requeue"] == "1"
     assert shown["Features"] == "(null)" and "Prefer" not in shown and "TresPerJob" not in shown
 
 
@@ -102,13 +106,41 @@ def test_unhinted_job_is_left_as_submitted(sub: Submitter) -> None:
     assert job.gres == (Gres("gpu", "k80", 1),) and job.features == "k80"
     assert job.comment == comment and job.admin_comment == ""
     shown = sub.show(job_id)
-    assert shown["TresPerNode"] == "gres:gpu:k80:1" and shown["Prefer"] == "k80"
+    assert shown["TresPerNode"] == spelled(sub.cluster, "gres:gpu:k80:1")
+    assert shown["Prefer"] == "k80"
     assert shown["Requeue"] == "0"
 
     no_comment, _ = sub.sbatch(None, hold=True, gres="gpu:2")
     assert no_comment is not None
     job = jobs(sub.cluster)[no_comment]
     assert job.comment == "" and job.admin_comment == "" and job.gres == (Gres("gpu", None, 2),)
+
+
+ARGS = ("a", "b c", "", "--steps=3", "x,y:z=%20", "é", "-", "2:a,b", "'; rm -rf / #")
+
+
+def test_script_arguments_are_recorded(sub: Submitter, tmp_path: Path) -> None:
+    # Slurm 24.11+ report only the script's path as the job's command, 22.05 its arguments
+    # joined by spaces: job_submit.lua records them, exactly, in the admin comment.
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    comment = "hadar: model=resnet50 bs=64 steps=10"
+    job_id, stderr = sub.sbatch(comment, script=script, args=ARGS, gres="gpu:1")
+    assert job_id is not None, stderr
+    job = jobs(sub.cluster)[job_id]
+    assert mark(job.admin_comment) == ADMIN_COMMENT
+    assert decode(job.admin_comment).args == ARGS, job.admin_comment
+
+    held, stderr = sub.sbatch(comment, script=script, args=("only",), hold=True)
+    assert held is not None, stderr
+    assert decode(jobs(sub.cluster)[held].admin_comment).args == ("only",)
+
+    # too long to record: the job is accepted (and never forked: its arguments are unknown)
+    long_args = ("%" * (MAX_ARGS_BYTES // 3 + 1),)
+    long_id, stderr = sub.sbatch(comment, script=script, args=long_args)
+    assert long_id is not None, stderr
+    job = jobs(sub.cluster)[long_id]
+    assert job.admin_comment == ADMIN_COMMENT + " args=-" and decode(job.admin_comment).args is None
 
 
 # (comment, extra sbatch options, the GPU count job_submit.lua reads from them)
@@ -181,8 +213,9 @@ def test_lua_decides_as_python(sub: Submitter, comment: str, options: tuple[str,
         assert job_id is not None, f"Lua refused what Python accepts: {stderr}"
         job = jobs(sub.cluster)[job_id]
         if is_hadar_comment(comment):  # submitted with --hold: the user's own hold
-            assert job.gres == (Gres("gpu", None, gpus),)
-            assert job.admin_comment == USER_HELD_COMMENT
+            # (no GPU asked: none written; the sidecar sets the count when it places the job)
+            assert job.gres == ((Gres("gpu", None, gpus),) if options else ())
+            assert mark(job.admin_comment) == USER_HELD_COMMENT
         else:
             assert job.admin_comment == ""
     else:

@@ -50,7 +50,7 @@ from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.fork import CopyGroup, ForkError, Progress
 from hadar_slurm.sidecar.learn import Knowledge, SlurmRun
-from hadar_slurm.sidecar.record import JobRecord, decode
+from hadar_slurm.sidecar.record import MAX_ARGS_BYTES, JobRecord, decode, mark
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES, RUNNING_STATES
 from hadar_slurm.store import StoreDamagedError
@@ -177,7 +177,7 @@ def held_by_hadar(job: SlurmJob) -> bool:
     Any other ``JobHeldUser`` is the user's: ``sbatch --hold`` (the plugin marks it
     :data:`SUBMIT_USER_HELD`), or ``scontrol hold`` on a parked job, or on one the sidecar had
     released."""
-    if job.admin_comment.strip() == SUBMIT_USER_HELD:
+    if mark(job.admin_comment) == SUBMIT_USER_HELD:
         return False  # (whatever the reason: a job an operator submitted held is JobHeldAdmin)
     if job.state == "SPECIAL_EXIT":
         return True
@@ -185,7 +185,7 @@ def held_by_hadar(job: SlurmJob) -> bool:
         return False
     if job.state_reason == "JobHeldAdmin":
         return True
-    if job.admin_comment.strip() == SUBMIT_HELD:
+    if mark(job.admin_comment) == SUBMIT_HELD:
         return True
     return decode(job.admin_comment).state in MOVE_STATES
 
@@ -650,6 +650,10 @@ class SlurmBackend:
                  if d not in ours and d in alive]
         if waits and group is None:
             return f"it waits for its dependency ({job.dependency})"
+        if record.args is None and group is None:
+            return ("its script's arguments were not recorded when it was submitted "
+                    "(job_submit.lua records them in the admin comment, up to "
+                    f"{MAX_ARGS_BYTES} bytes): it runs unforked")
         try:
             hadare.tracker_dir(job, self.tracker_root)
             hadare.owner_of(job)
@@ -1052,7 +1056,7 @@ class SlurmBackend:
             plan = ForkPlan(
                 original_job_id=job_id, job_name=hadare.sbatch_name(job.name, job_id),
                 command=("bash", os.path.join(tracker, hadare.SCRIPT_FILE),
-                         *hadare.script_args(job)),
+                         *(view.record.args or ())),
                 copies=tuple(specs), workdir=job.workdir, tracker_dir=tracker,
                 output=os.path.join(tracker, "fork-%j.out"), partition=job.partition or None,
                 time_limit_min=job.time_limit_min or None, account=job.account or None,

@@ -300,14 +300,6 @@ def _number(value: object) -> float | None:
     return x if math.isfinite(x) and x >= 0 else None
 
 
-def script_args(job: SlurmJob) -> list[str]:
-    """The arguments J's batch script was submitted with.  Slurm 22.05 reports only the
-    script's path and its arguments joined by spaces (``command``), so an argument that
-    contains a space comes back as two."""
-    words = job.command.split()
-    return words[1:]
-
-
 def sbatch_name(name: str, job_id: int) -> str:
     """J's name as it may stand in an ``#SBATCH --job-name=`` line (other characters become
     ``_``)."""

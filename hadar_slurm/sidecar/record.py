@@ -18,6 +18,10 @@ heterogeneous job ``group`` on ``place``), ``forking`` (the sidecar is submittin
 scheduler because the sidecar cannot steer it; ``why`` says why, always last since it may hold
 spaces).  ``nofork=1`` marks a job that is not forked again (a fork of
 it failed, or its copies ended by themselves: it finishes unforked).
+``args`` is the arguments the job's batch script was submitted with, as job_submit.lua recorded
+them at submit (:func:`encode_args`; Slurm 24.11+ keeps them nowhere else, and 22.05 only joined
+by spaces): HadarE's copies run the script with them.  The plugin's own marks (``hadar: waits for
+the sidecar args=...``) carry them too; every record the sidecar writes keeps them.
 ``done`` is the steps done and ``att`` the seconds run per GPU type in earlier (finished or
 preempted) runs; the current run adds to them from its start time, or from ``until`` when that
 is later (the work up to ``until`` is already in ``done``).
@@ -26,9 +30,19 @@ is later (the work up to ``until`` is already in ``done``).
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 PREFIX = "hadar"
+#: How job_submit.lua's marks begin (``hadar: waits for the sidecar``, ...).
+MARK_PREFIX = "hadar:"
+#: The most bytes the arguments may take encoded; longer ones are recorded as ``args=-`` (not
+#: recorded: the job runs, but is never forked).  job_submit.lua has the same bound.
+MAX_ARGS_BYTES = 2048
+#: Bytes that stand for themselves in an encoded argument; every other byte is ``%XX``.
+_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/+@-")
+_ENCODED_ITEM = re.compile(r"(?:[A-Za-z0-9._/+@-]|%[0-9A-F]{2})*")
 STATES = ("placed", "held", "preempting", "preempted", "forking", "forked", "unsteered")
 
 
@@ -45,6 +59,7 @@ class JobRecord:
     copies: int = 0  # HadarE: how many copies it runs as (0: not forked)
     nofork: bool = False  # HadarE: never fork it again
     deadline: float = 0.0  # preempting: Unix time by which it must be back in the queue
+    args: tuple[str, ...] | None = None  # the script's arguments (None: not recorded)
     why: str = ""
 
     @property
@@ -75,6 +90,8 @@ class JobRecord:
             parts.append("nofork=1")
         if self.deadline > 0:
             parts.append(f"deadline={self.deadline:.0f}")
+        if self.args is not None:
+            parts.append("args=" + encode_args(self.args))
         if self.why:
             parts.append("why=" + " ".join(self.why.split()))
         return " ".join(parts)
@@ -84,6 +101,9 @@ def decode(text: str) -> JobRecord:
     """Read an admin comment; anything that is not a record of ours gives an empty record
     (a site may use admin comments for other things: they are never an error here)."""
     words = text.strip().split(" ")
+    if words and words[0] == MARK_PREFIX:  # job_submit.lua's mark: only the arguments
+        given = [w[len("args="):] for w in words if w.startswith("args=")]
+        return JobRecord(args=decode_args(given[-1]) if given else None)
     if not words or words[0] != PREFIX:
         return JobRecord()
     values: dict[str, str] = {}
@@ -113,10 +133,54 @@ def decode(text: str) -> JobRecord:
             attained=attained, until=_finite(values.get("until", "0")),
             group=_whole(values.get("group", "0")), copies=_whole(values.get("copies", "0")),
             nofork=values.get("nofork", "0") == "1",
-            deadline=_finite(values.get("deadline", "0")), why=values.get("why", ""),
+            deadline=_finite(values.get("deadline", "0")),
+            args=decode_args(values["args"]) if "args" in values else None,
+            why=values.get("why", ""),
         )
     except ValueError:
         return JobRecord()
+
+
+def mark(text: str) -> str:
+    """job_submit.lua's mark in an admin comment without its recorded arguments
+    (``hadar: waits for the sidecar args=1:x`` -> ``hadar: waits for the sidecar``)."""
+    return text.strip().split(" args=", 1)[0].strip()
+
+
+def encode_args(args: Sequence[str]) -> str:
+    """``N:item,item`` with each argument's UTF-8 bytes (``surrogateescape``: any bytes) outside
+    ``A-Za-z0-9._/+@-`` written ``%XX``: one word, no space, comma or ``=`` in it, and the
+    count tells ``0:`` (none) from ``1:`` (one empty argument).  ``-`` when longer than
+    :data:`MAX_ARGS_BYTES` (not recorded).  job_submit.lua writes the same text."""
+    items = ["".join(chr(b) if b in _PLAIN else f"%{b:02X}"
+                     for b in a.encode("utf-8", "surrogateescape")) for a in args]
+    text = f"{len(items)}:" + ",".join(items)
+    return text if len(text) <= MAX_ARGS_BYTES else "-"
+
+
+def decode_args(text: str) -> tuple[str, ...] | None:
+    """The arguments :func:`encode_args` wrote; None for ``-`` or anything malformed (then
+    they are unknown, which keeps the job from being forked, never a wrong argument)."""
+    count, colon, rest = text.partition(":")
+    if not colon or not count.isdigit() or len(count) > 6:
+        return None
+    n = int(count)
+    items = rest.split(",") if n else ([] if rest == "" else None)
+    if items is None or len(items) != n or not all(_ENCODED_ITEM.fullmatch(i) for i in items):
+        return None
+    out = []
+    for item in items:
+        raw = bytearray()
+        k = 0
+        while k < len(item):
+            if item[k] == "%":
+                raw.append(int(item[k + 1:k + 3], 16))
+                k += 3
+            else:
+                raw.append(ord(item[k]))
+                k += 1
+        out.append(raw.decode("utf-8", "surrogateescape"))
+    return tuple(out)
 
 
 def _whole(text: str) -> int:
