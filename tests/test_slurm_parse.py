@@ -1,5 +1,6 @@
-"""Unit tests of the Slurm boundary: parsers on captured (22.05) and hand-written (v0.0.40)
-outputs, argv builders, and the runner's guards.  No Slurm needed."""
+"""Unit tests of the Slurm boundary: parsers on captured 22.05 output and on tolerance/error
+cases, argv builders, and the runner's guards.  No Slurm needed.  The captures of Slurm 24.11
+and 26.05 have their own tests in ``test_slurm_captures.py``."""
 
 from __future__ import annotations
 
@@ -92,43 +93,43 @@ def test_scontrol_show_job_text() -> None:
     assert rec["AllocNode:Sid"].startswith("localhost:")
 
 
-# ------------------------------------------------------------------ newer shapes (hand-written)
+# ------------------------------------------------------------------ shapes the captures lack
 
 
-def test_squeue_v0040_shapes() -> None:
-    jobs = {j.job_id: j for j in parse_squeue_json(load("squeue-v0.0.40-handwritten.json"))}
-    run = jobs[101]
-    assert run.state == "RUNNING" and run.state_flags == ()
-    assert run.gres == (Gres("gpu", "v100", 2),) and run.user == "alice"
-    assert run.priority == 4294901759 and run.start_time == 1700000005
-    assert run.time_limit_min is None  # infinite
-    req = jobs[102]
-    assert req.state == "PENDING" and req.state_flags == ("REQUEUED",)
-    assert req.gres == (Gres("gpu", None, 4),) and req.features == "p100"
-    assert req.start_time is None and req.time_limit_min == 60  # unset start
-    wide = jobs[103]
-    assert wide.node_names == ("node1", "node2") and wide.state == "COMPLETED"
-    assert wide.comment == "" and wide.admin_comment == ""  # missing keys
+def test_sinfo_node_in_two_partitions_is_merged() -> None:
+    """A node listed in two partitions is two groups of ``sinfo --json`` (23.x+); the captures
+    have one partition, so the 24.11 capture's node3 group is given a second partition here."""
+    doc = json.loads(load("sinfo-24.11.json"))
+    (group,) = [g for g in doc["sinfo"] if g["nodes"]["nodes"] == ["node3"]]
+    doc["sinfo"].append({**group, "partition": {**group["partition"], "name": "debug"}})
+    nodes = {n.name: n for n in parse_sinfo_json(doc)}
+    assert sorted(nodes) == ["node1", "node2", "node3", "node4"]
+    assert nodes["node3"].partitions == ("gpu", "debug")
+    assert nodes["node1"].partitions == ("gpu",)
 
 
-def test_sinfo_v0040_groups() -> None:
-    nodes = {n.name: n for n in parse_sinfo_json(load("sinfo-v0.0.40-handwritten.json"))}
-    assert sorted(nodes) == ["node1", "node2"]
-    n1, n2 = nodes["node1"], nodes["node2"]
-    assert n1.state == "IDLE" and n1.gres == (Gres("gpu", "v100", 4),) and n1.gpus_used == 0
-    assert n1.cpus == 4 and n1.real_memory_mb == 4000
-    assert n2.state == "MIXED" and n2.state_flags == ("DRAIN",)
-    assert n2.features == ("p100", "nvlink") and n2.active_features == ("p100",)
-    assert n2.partitions == ("gpu", "debug")  # listed once per partition, merged
-    assert n2.gpus_used == 2 and n2.alloc_cpus == 2
+def test_job_state_flags_of_a_list_state() -> None:
+    """A list ``job_state`` keeps its flags (the captures' jobs have none: a requeued job of
+    24.11/26.05 is plain PENDING); the 24.11 capture's job 4 with a flag added."""
+    doc = json.loads(load("squeue-24.11.json"))
+    (raw,) = [j for j in doc["jobs"] if j["job_id"] == 4]
+    job = parse_squeue_json({"jobs": [{**raw, "job_state": ["PENDING", "REQUEUED"]}]})[0]
+    assert (job.state, job.state_flags, job.state_reason) == ("PENDING", ("REQUEUED",),
+                                                              "Resources")
 
 
-def test_node_objects_v0040() -> None:
-    nodes = {n.name: n for n in parse_sinfo_json(load("nodes-v0.0.40-handwritten.json"))}
-    assert nodes["node4"].state == "ALLOCATED" and nodes["node4"].features == ("a100",)
-    assert nodes["node4"].gpus == 8 and nodes["node4"].gpus_used == 8
-    assert nodes["node3"].state == "DOWN" and nodes["node3"].state_flags == ("NOT_RESPONDING",)
-    assert nodes["node3"].gres_used == ()
+def test_scontrol_free_text_in_the_2605_oneliner() -> None:
+    """26.05 ends a free-text value with one space only (24.11: two), so a comment with spaces
+    and ``=`` ends at the next key Slurm prints (StdErr): the 26.05 one-line record of job 9 with
+    its comment replaced by a hints comment."""
+    line = load("scontrol-show-job-26.05-oneliner.txt").splitlines()[-1]
+    assert " Comment=note:job=7 StdErr=" in line
+    rec = parse_scontrol_show(line.replace(
+        "Comment=note:job=7", "Comment=hadar: model=a3c bs=64 steps=10"))
+    assert rec["Comment"] == "hadar: model=a3c bs=64 steps=10"
+    assert "model" not in rec and "bs" not in rec
+    assert rec["StdErr"] == "" and rec["StdOut"] == "/slurm-9.out"
+    assert rec["SubmitLine"].endswith("--comment=note:job=7 --wrap=sleep 600")
 
 
 # ------------------------------------------------------------------ tolerance and errors

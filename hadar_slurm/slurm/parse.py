@@ -8,8 +8,13 @@ They read the shapes of Slurm 22.05 (data_parser openapi/v0.0.38) and of the new
 - numbers: plain, ``null``, or ``{"set": bool, "infinite": bool, "number": n}``;
 - node features: a comma-separated string or a list;
 - ``sinfo --json``: a ``nodes`` list (22.05) or a ``sinfo`` list of node groups (23.x+);
-- GPU requests: ``gres:gpu:v100:2`` (22.05 ``tres_per_node``), ``gres/gpu:v100=2`` (TRES form of
-  newer releases), ``gpu:2``, and node gres such as ``gpu:v100:4(S:0-1)``.
+- GPU requests: ``gres:gpu:v100:2`` (22.05 ``tres_per_node``), ``gres/gpu:v100:2`` (24.11,
+  26.05), ``gres/gpu:v100=2`` (TRES form), ``gpu:2``, and node gres such as ``gpu:v100:4(S:0-1)``
+  (22.05) or ``gpu:v100:4`` (24.11+, no socket suffix);
+- ``meta``: ``meta.Slurm`` and ``meta.plugin.type`` (22.05) or ``meta.slurm`` and
+  ``meta.plugin.data_parser`` (23.x+), read by :func:`json_meta`.
+
+The tests read real captures of Slurm 22.05.8, 24.11.5 and 26.05.5 (``tests/data/slurm``).
 
 Missing keys get neutral defaults (empty string, ``None``, empty tuple); a value of the wrong
 kind raises :class:`SlurmParseError` naming the source, the job or node and the field.
@@ -28,10 +33,13 @@ from hadar_slurm.slurm.errors import SlurmParseError
 __all__ = [
     "Gres",
     "SlurmJob",
+    "SlurmMeta",
     "SlurmNode",
     "expand_hostlist",
+    "json_meta",
     "parse_gres",
     "parse_sbatch_parsable",
+    "parse_scontrol_records",
     "parse_scontrol_show",
     "parse_sinfo_json",
     "parse_squeue_json",
@@ -83,7 +91,9 @@ class SlurmJob:
     user_id: int | None = None  # the owner's uid (None: not reported)
     group_id: int | None = None  # the owner's primary gid
     workdir: str = ""  # current_working_directory
-    command: str = ""  # the batch script's path and its arguments, joined by spaces
+    #: the batch script's path; 22.05 adds its arguments (joined by spaces), 24.11 and 26.05
+    #: give the path alone ("" for ``--wrap``)
+    command: str = ""
     dependency: str = ""  # e.g. "afterany:57(unfulfilled)"; "" when none
     required_nodes: str = ""  # --nodelist as asked (a pending job has no ``nodes`` yet)
     het_job_id: int | None = None  # the leader's id of a heterogeneous job's component
@@ -471,6 +481,69 @@ def _none_text(text: str) -> str:
     return "" if text in ("(null)", "None") else text
 
 
+# ------------------------------------------------------------------------------ meta
+
+
+@dataclass(frozen=True)
+class SlurmMeta:
+    """Who wrote a ``squeue``/``sinfo``/``scontrol`` ``--json`` document: the Slurm ``release``
+    (``"24.11.5"``), its ``major`` and ``minor`` numbers (24, 11) and the ``data_parser``
+    (``"v0.0.41"``; ``""`` when the document does not name one, as 22.05's does not)."""
+
+    release: str
+    major: int
+    minor: int
+    data_parser: str
+
+
+def json_meta(data: str | bytes | Mapping[str, Any], source: str = "slurm --json") -> SlurmMeta:
+    """The ``meta`` object of any ``--json`` output: 22.05 writes ``meta.Slurm.version`` (numbers)
+    and ``meta.plugin.type`` (``openapi/v0.0.38``, not a data parser); 23.x+ write
+    ``meta.slurm.version`` (strings: ``"24"``, ``"05"``), ``meta.slurm.release`` and
+    ``meta.plugin.data_parser`` (``data_parser/v0.0.42``).  The document's ``errors`` are not
+    looked at (a document that reports errors still says who wrote it)."""
+    if isinstance(data, str | bytes):
+        try:
+            doc = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise SlurmParseError(source, "(document)", f"not valid JSON: {exc}") from exc
+    else:
+        doc = data
+    top = _Fields(doc, source, "(document)")
+    if not isinstance(top.obj.get("meta"), Mapping):
+        raise top.error("meta", f"expected an object, got {_kind(top.obj.get('meta'))}")
+    meta = top.sub("meta")
+    key = "slurm" if "slurm" in meta.obj else "Slurm"
+    slurm = meta.sub(key)
+    release = slurm.text("release")
+    version = slurm.sub("version")
+    major, minor = _version_part(version, "major"), _version_part(version, "minor")
+    if (major is None or minor is None) and release:
+        m = re.match(r"^(\d+)\.(\d+)(?:\.\d+)?", release)
+        if m is None:
+            raise slurm.error("release", f"expected a release like 24.11.5, got {release!r}")
+        major, minor = int(m.group(1)), int(m.group(2))
+    if major is None or minor is None:
+        raise slurm.error("version", "missing (and no release)")
+    if not release:
+        micro = _version_part(version, "micro")
+        release = f"{major}.{minor:02d}" + ("" if micro is None else f".{micro}")
+    parser = meta.sub("plugin").text("data_parser")
+    return SlurmMeta(release=release, major=major, minor=minor,
+                     data_parser=parser.rpartition("/")[2])
+
+
+def _version_part(version: _Fields, key: str) -> int | None:
+    """``major``/``minor``/``micro`` of ``meta.*.version``: a number (22.05) or a string of
+    digits (23.x+: ``"05"``)."""
+    value = version.obj.get(key)
+    if isinstance(value, str):
+        if not value.isdigit():
+            raise version.error(key, f"expected digits, got {value!r}")
+        return int(value)
+    return version.number(key)
+
+
 # ------------------------------------------------------------------------------ sinfo --json
 
 
@@ -536,7 +609,11 @@ def _sinfo_group(raw: object, source: str, index: int) -> list[SlurmNode]:
     cpus = f.sub("cpus")
     memory = f.sub("memory")
     partition = f.sub("partition").text("name")
-    alloc = cpus.number("allocated") if len(names) == 1 else None
+    # a group's cpus.allocated is its nodes' sum: one node's own only when the group has one
+    # node or nothing is allocated (nodes with different allocations can share a group)
+    alloc = cpus.number("allocated")
+    if len(names) > 1 and alloc != 0:
+        alloc = None
     return [
         SlurmNode(
             name=name,
@@ -582,23 +659,79 @@ def parse_job_ids(stdout: str, *, source: str = "squeue --format=%A") -> frozens
 
 
 _KEY = re.compile(r"^([A-Za-z][A-Za-z0-9_:/]*)=(.*)$")
+_WORD = re.compile(r"\S+")
+
+#: Keys whose value is free text (spaces, ``=``) that Slurm prints last on its line: the value
+#: runs to the end of the line (multi-line form) or to the next key Slurm prints after it
+#: (``--oneliner``; 22.05 and 24.11 print a space after a comment, so two before the next key,
+#: 26.05 only the one between keys).
+_FREE_TEXT_KEYS = frozenset({"Command", "SubmitLine", "AdminComment", "SystemComment",
+                             "Comment", "Extra"})
+#: What may follow a free-text value in a job record (Slurm's ``job_info.c`` order).
+_AFTER_FREE_TEXT = re.compile(
+    r" (?:SubmitLine|WorkDir|AdminComment|SystemComment|Comment|Extra|StdErr|StdIn|StdOut"
+    r"|Power|BurstBuffer|BurstBufferState|CpuFreq(?:Min|Max|Gov)|Gres[A-Za-z]+"
+    r"|KillOInInvalidDependent|SpreadJob|OOMKillStep|CpusPerTres|MemPerTres|Tres[A-Za-z]+"
+    r"|MailUser|NtasksPerTRES|Container|SELinuxContext|ResvPorts)=")
 
 
 def parse_scontrol_show(text: str) -> dict[str, str]:
-    """``Key=Value`` pairs of one record of ``scontrol show`` (one-line or multi-line form).
-    A word without ``=`` continues the previous value (``Reason=Not responding``); for keys
-    that repeat, the first wins."""
+    """``Key=Value`` pairs of one record of ``scontrol show`` (one-line or multi-line form); of
+    several records (a heterogeneous job's components) only the first is read: see
+    :func:`parse_scontrol_records`.  A word without ``=`` continues the previous value
+    (``Reason=Not responding``); the free-text values (``Comment``, ``AdminComment``,
+    ``SystemComment``, ``Extra``, ``Command``, ``SubmitLine``) keep their spaces and ``=``
+    (``Comment=hadar: model=a3c steps=10``); for keys that repeat, the first wins."""
+    records = _scontrol_records(text)
+    return _scontrol_record(records[0]) if records else {}
+
+
+def parse_scontrol_records(text: str) -> tuple[dict[str, str], ...]:
+    """Every record of ``scontrol show`` output, each as :func:`parse_scontrol_show` reads it:
+    one per line with ``--oneliner``, else one per block whose first line starts in column 0
+    (``scontrol show job`` of a heterogeneous job's leader prints one record per component)."""
+    return tuple(_scontrol_record(r) for r in _scontrol_records(text))
+
+
+def _scontrol_records(text: str) -> list[str]:
+    records: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if records and line[0].isspace():
+            records[-1].append(line)
+        else:
+            records.append([line])
+    return ["\n".join(lines) for lines in records]
+
+
+def _scontrol_record(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     last: str | None = None
-    for word in text.split():
-        m = _KEY.match(word)
-        if m is not None:
-            key = m.group(1)
-            if key in out:
-                last = None  # a repeated key: ignore it and its continuation words
-                continue
-            last = key
-            out[key] = m.group(2)
-        elif last is not None:
-            out[last] = f"{out[last]} {word}"
+    pos = 0
+    while (m := _WORD.search(text, pos)) is not None:
+        word, pos = m.group(), m.end()
+        km = _KEY.match(word)
+        if km is None:
+            if last is not None:
+                out[last] = f"{out[last]} {word}"
+            continue
+        key, value = km.group(1), km.group(2)
+        if key in _FREE_TEXT_KEYS:
+            start = m.start() + len(key) + 1
+            pos = _free_text_end(text, start)
+            value = text[start:pos].rstrip(" ")
+        if key in out:
+            last = None  # a repeated key: ignore it and its continuation words
+            continue
+        out[key] = value
+        last = None if key in _FREE_TEXT_KEYS else key
     return out
+
+
+def _free_text_end(text: str, start: int) -> int:
+    line_end = text.find("\n", start)
+    if line_end < 0:
+        line_end = len(text)
+    m = _AFTER_FREE_TEXT.search(text, start, line_end)
+    return line_end if m is None else m.start()
