@@ -297,7 +297,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         sidecar.install_signal_handlers()
         return sidecar.run(max_epochs=max_epochs)
     except SlurmConfigError as exc:
-        raise InputError(str(exc), source=config.source, field="[slurm] conf") from None
+        raise _slurm_config_error(exc, config) from None
+
+
+def _slurm_config_error(exc: SlurmConfigError, config: SidecarConfig) -> InputError:
+    """One line naming the key to fix: ``[slurm] backend`` for the pyslurm backend's errors
+    (they carry ``field``), else ``[slurm] conf``."""
+    return InputError(str(exc), source=config.source,
+                      field=str(getattr(exc, "field", "[slurm] conf")))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -326,7 +333,7 @@ def _read_jobs(config: SidecarConfig) -> list[SlurmJob]:
     try:
         return slurm_api(config).read_jobs()
     except SlurmConfigError as exc:
-        raise InputError(str(exc), source=config.source, field="[slurm] conf") from None
+        raise _slurm_config_error(exc, config) from None
     except SlurmError as exc:
         raise InputError(f"cannot read Slurm's queue: {exc}") from None
 

@@ -22,6 +22,8 @@ shaped after pyslurm's source (repository PySlurm/pyslurm), and only as far as t
   ``available_features``, ``active_features``, ``total_cpus``, ``allocated_cpus``,
   ``real_memory``, ``partitions``.
 - ``pyslurm/core/error.pyx``: ``RPCError(errno, msg)``.
+- ``pyslurm/core/slurmctld/config.pyx``: ``slurmctld.Config.load()``, whose ``version`` is
+  slurmctld's release (``"25.11.2"``).
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from typing import cast
 
 import pytest
 
+from hadar_slurm import cli
 from hadar_slurm.sidecar.api import CliApi, SlurmApi
 from hadar_slurm.sidecar.pyslurm_api import (
     PyslurmApi,
+    PyslurmMismatchError,
     PyslurmUnsupportedError,
     make_api,
     pyslurm_available,
@@ -101,6 +105,7 @@ class FakePyslurm(ModuleType):
                  nodes: list[SimpleNamespace] | None = None) -> None:
         super().__init__("pyslurm")
         self.__version__ = "25.11.0"
+        self.slurm_release = "25.11.2"  # slurmctld's, as slurmctld.Config.load() reports it
         self.calls: list[tuple[int, str, tuple[object, ...], dict[str, object]]] = []
         self.fail: FakeRPCError | None = None
         self.RPCError = FakeRPCError
@@ -151,9 +156,17 @@ class FakePyslurm(ModuleType):
                     raise fake.fail
                 return FakeCollection({n.name: n for n in node_list})
 
+        class Config:
+            @staticmethod
+            def load() -> SimpleNamespace:
+                if fake.fail is not None:
+                    raise fake.fail
+                return SimpleNamespace(version=fake.slurm_release)
+
         self.Job = Job
         self.Jobs = Jobs
         self.Nodes = Nodes
+        self.slurmctld = SimpleNamespace(Config=Config)
 
 
 def held_job() -> SimpleNamespace:
@@ -436,7 +449,8 @@ def test_make_api_auto_without_pyslurm(
     assert not pyslurm_available()
     api = make_api("auto", factory)
     assert isinstance(api, CliApi) and api.runner is made[0]
-    with pytest.raises(SlurmConfigError, match=r"major\.minor matches this site's Slurm"):
+    with pytest.raises(SlurmConfigError, match=r"pyslurm 25\.11, which builds and runs only "
+                       r"against Slurm 25\.11"):
         make_api("pyslurm", factory)
     with pytest.raises(SlurmError, match="cannot be imported"):
         PyslurmApi()
@@ -507,3 +521,85 @@ def test_make_api_gives_pyslurm_a_runner_for_forks(
         api = make_api(backend, factory)
         assert isinstance(api, PyslurmApi) and api.can_fork
     assert made == []
+
+
+# ------------------------------------------------------------------------------ Slurm's version
+
+
+def test_slurm_version_is_slurmctlds(api: PyslurmApi, fake: FakePyslurm) -> None:
+    v = api.slurm_version()
+    assert (v.release, v.series, v.tested) == ("25.11.2", "25.11", False)
+    assert api.commands == 1
+    fake.fail = FakeRPCError(1007, "Unable to contact slurm controller")
+    with pytest.raises(SlurmCommandError) as info:
+        api.slurm_version()
+    assert info.value.argv == ("pyslurm", "slurmctld.Config.load")
+
+
+@pytest.mark.parametrize(("release", "built"), [("24.11.5", "25.11.0"), ("25.11.2", "24.05.0"),
+                                                ("25.11.2", "unknown")])
+def test_pyslurm_for_another_slurm_is_one_line_naming_both(
+        fake: FakePyslurm, release: str, built: str) -> None:
+    fake.slurm_release, fake.__version__ = release, built
+    with pytest.raises(PyslurmMismatchError) as info:
+        PyslurmApi(module=fake).slurm_version()
+    text = str(info.value)
+    assert "\n" not in text and info.value.field == "[slurm] backend"
+    assert f"pyslurm {built} (built for Slurm " in text
+    assert f"talks to slurmctld of Slurm {release}" in text
+    assert "pyslurm 25.11, which builds and runs only against Slurm 25.11" in text
+    assert 'fix: set backend = "cli" under [slurm]' in text
+
+
+def test_pyslurm_without_slurmctld_config_is_a_mismatch(fake: FakePyslurm) -> None:
+    del fake.slurmctld
+    with pytest.raises(PyslurmMismatchError, match=r"has no slurmctld\.Config"):
+        PyslurmApi(module=fake).slurm_version()
+
+
+def stub_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str, rc: int = 0) -> None:
+    """``scontrol`` first on PATH: prints ``out``, exits ``rc``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "scontrol"
+    stub.write_text(f"#!/bin/sh\nprintf '%s\\n' '{out}'\nexit {rc}\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_pyslurm_backend_without_pyslurm_names_the_slurm_found(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runner_factory: Runners) -> None:
+    block_pyslurm(monkeypatch)
+    stub_scontrol(tmp_path, monkeypatch, "slurm 24.11.5")
+    _, factory = runner_factory
+    with pytest.raises(PyslurmMismatchError) as info:
+        make_api("pyslurm", factory)
+    assert str(info.value).startswith("Slurm 24.11.5 found, but pyslurm cannot be imported (")
+    # scontrol failing too: the line says what it can
+    stub_scontrol(tmp_path, monkeypatch, "scontrol: fatal: no slurm.conf", rc=1)
+    with pytest.raises(PyslurmMismatchError) as info:
+        make_api("pyslurm", factory)
+    assert str(info.value).startswith("pyslurm cannot be imported (")
+
+
+def test_run_with_the_pyslurm_backend_and_no_pyslurm_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        clean_logger: None) -> None:
+    block_pyslurm(monkeypatch)
+    stub_scontrol(tmp_path, monkeypatch, "slurm 22.05.8")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f'''[slurm]
+conf = "{conf}"
+backend = "pyslurm"
+[sidecar]
+state_dir = "{tmp_path / 'state'}"
+log_file = "{tmp_path / 'sidecar.log'}"
+''')
+    assert cli.main(["run", "--config", str(config), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"hadar-slurm: error: {config}: field '[slurm] backend': Slurm "
+                          "22.05.8 found, but pyslurm cannot be imported ("), err
+    assert "only against Slurm 25.11" in err and 'set backend = "cli"' in err

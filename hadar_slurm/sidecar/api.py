@@ -1,8 +1,9 @@
 """What the sidecar needs from Slurm, as one small interface with two implementations.
 
-:class:`SlurmApi` is the whole surface: one batched read of all jobs, one of all nodes, and a
-handful of per-job actions.  :class:`CliApi` speaks the Slurm CLI (``squeue --json``,
-``sinfo --json``, ``scontrol``, ``scancel``) through :class:`~hadar_slurm.slurm.SlurmRunner`;
+:class:`SlurmApi` is the whole surface: the Slurm release (read once, at start), one batched
+read of all jobs, one of all nodes, and a handful of per-job actions.  :class:`CliApi` speaks the
+Slurm CLI (``scontrol version``, ``squeue --json``, ``sinfo --json``, ``scontrol``,
+``scancel``) through :class:`~hadar_slurm.slurm.SlurmRunner`;
 :mod:`hadar_slurm.sidecar.pyslurm_api` maps the same calls onto pyslurm.  Everything else
 (parsing hints, the snapshot, the diff, the decisions) is shared code above this interface.
 
@@ -22,6 +23,7 @@ from hadar_slurm.slurm.parse import (
     parse_sinfo_json,
     parse_squeue_json,
 )
+from hadar_slurm.slurm.version import SlurmVersion, parse_version, scontrol_version
 
 #: Fields the sidecar sets with :meth:`SlurmApi.update_job` (``scontrol update`` names).
 UPDATE_FIELDS = ("NodeList", "Features", "AdminComment", "NumNodes", "TresPerNode", "Dependency",
@@ -39,6 +41,10 @@ class SlurmApi(Protocol):
     @property
     def commands(self) -> int:
         """Slurm calls issued so far (reads and actions)."""
+        ...
+
+    def slurm_version(self) -> SlurmVersion:
+        """The Slurm release this implementation talks to (read once, at start)."""
         ...
 
     def read_jobs(self) -> list[SlurmJob]:
@@ -95,7 +101,8 @@ class SlurmApi(Protocol):
 
 
 class CliApi:
-    """:class:`SlurmApi` over the Slurm command line tools (Slurm 22.05 .. 25.x)."""
+    """:class:`SlurmApi` over the Slurm command line tools (tested with Slurm 22.05, 24.11 and
+    26.05)."""
 
     name = "cli"
     can_fork = True
@@ -107,6 +114,9 @@ class CliApi:
     def _run(self, argv: list[str]) -> str:
         self.commands += 1
         return self.runner.run(argv).stdout
+
+    def slurm_version(self) -> SlurmVersion:
+        return parse_version(self._run(scontrol_version()))
 
     def read_jobs(self) -> list[SlurmJob]:
         return list(parse_squeue_json(self._run(commands.squeue_json()), source="squeue --json"))
@@ -163,6 +173,9 @@ class DryRunApi:
     @property
     def commands(self) -> int:
         return self.inner.commands
+
+    def slurm_version(self) -> SlurmVersion:
+        return self.inner.slurm_version()
 
     def read_jobs(self) -> list[SlurmJob]:
         return self.inner.read_jobs()

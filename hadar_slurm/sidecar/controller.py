@@ -20,6 +20,15 @@ start; a damaged one is moved aside and rebuilt (``store_recovered``, :func:`ope
 found later is ``store_failed`` and the epochs go on with the base tables (:class:`SidecarStore`).
 SIGTERM/SIGINT stop it after the current epoch (the wait between epochs is cut short).
 
+The Slurm release: before the first read the sidecar asks its API for it (``scontrol version``)
+and logs it (``slurm_version``: ``release``, ``series``, ``tested``, ``allow_untested``).  A
+series not in :data:`~hadar_slurm.slurm.version.TESTED_SERIES` stops the start with one line
+(an :class:`InputError` naming ``[sidecar] allow_untested_slurm``, exit status 2) unless that
+key is true; output that is not a version counts as an untested release.  A failure to ask is
+handled as the start's first read is (``slurm_unreachable`` or ``start_read_failed``, retried):
+``scontrol`` missing or a broken slurm.conf would fail every read after it too.  The release is
+in ``state.json`` (``slurm_version``) and in the ``hadar_slurm_info`` metric.
+
 Metrics (:mod:`hadar_slurm.sidecar.metrics`): with ``[metrics] address`` set, ``/metrics`` is
 served there while :meth:`Sidecar.run` runs (dry runs too); each epoch's summary updates them
 and extends the ``epoch`` log line (GPUs busy per type, queue, jobs seen finished and their
@@ -54,11 +63,16 @@ from hadar_slurm.sidecar.learn import Knowledge
 from hadar_slurm.sidecar.metrics import FinishTracker, SidecarMetrics, summarize_epoch
 from hadar_slurm.sidecar.pyslurm_api import make_api
 from hadar_slurm.sidecar.statedir import StateDirLock, is_unreachable, read_epoch, write_epoch
-from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmRunner
+from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmParseError, SlurmRunner
+from hadar_slurm.slurm.version import SlurmVersion, check_version, tested_text
 from hadar_slurm.store import Entry, Key, StoreDamagedError, ThroughputStore
 from hadar_slurm.store_recovery import recover_store
 
 STATE_FILE = "state.json"
+#: The config key that lets the sidecar run on a Slurm series it was not tested on.
+UNTESTED_FIELD = "[sidecar] allow_untested_slurm"
+UNTESTED_FIX = ("set allow_untested_slurm = true under [sidecar] to run on it anyway, or run a "
+                "tested Slurm")
 
 _T = TypeVar("_T")
 
@@ -247,6 +261,8 @@ class Sidecar:
         self.metrics = SidecarMetrics(config.policy, dry_run=config.dry_run)
         self.reach = Reachability(self.logger, self.metrics)
         self.finishes = FinishTracker()
+        self.slurm_version: SlurmVersion | None = None
+        self._slurm_checked = False
 
     def _job_ended(self) -> bool:
         """Whether a job that ran at the last epoch has ended since (its GPUs are free): then
@@ -282,6 +298,36 @@ class Sidecar:
         records alone could take the counter back)."""
         self.backend.read()
         return max(self.backend.last_epoch(), read_epoch(self.state_dir)) + 1
+
+    def check_slurm_version(self) -> None:
+        """Ask Slurm its release, log it (``slurm_version``) and refuse an untested series
+        unless the config allows it (:class:`InputError`, one line).  Errors of the asking
+        itself (:class:`SlurmError`) are the caller's, as for any Slurm read at start."""
+        c = self.config
+        try:
+            version = self.api.slurm_version()
+        except SlurmParseError as exc:  # not a version: an untested Slurm, or not Slurm at all
+            level = logging.WARNING if c.allow_untested_slurm else logging.ERROR
+            log_event(self.logger, "slurm_version", level, release=None, series=None,
+                      tested=False, allow_untested=c.allow_untested_slurm, error=str(exc))
+            if not c.allow_untested_slurm:
+                raise InputError(
+                    f"cannot tell which Slurm this is ({exc}): this hadar-slurm was tested on "
+                    f"Slurm {tested_text()}", source=c.source, field=UNTESTED_FIELD,
+                    fix=UNTESTED_FIX) from None
+            self._slurm_checked = True
+            return
+        refused = check_version(version, c.allow_untested_slurm)
+        level = (logging.INFO if version.tested else
+                 logging.ERROR if refused else logging.WARNING)
+        log_event(self.logger, "slurm_version", level, release=version.release,
+                  series=version.series, tested=version.tested,
+                  allow_untested=c.allow_untested_slurm)
+        if refused is not None:
+            raise InputError(refused, source=c.source, field=UNTESTED_FIELD, fix=UNTESTED_FIX)
+        self.slurm_version = version
+        self._slurm_checked = True
+        self.metrics.slurm(version.release, tested=version.tested)
 
     def close(self) -> None:
         """Close the store and release the state_dir lock (idempotent)."""
@@ -336,6 +382,8 @@ class Sidecar:
                   state_dir=self.state_dir)
         while not self.stop.is_set():
             try:
+                if not self._slurm_checked:
+                    self.check_slurm_version()
                 self.loop.epoch = self.recover_epoch()
                 self.reach.answered()
                 break
@@ -407,7 +455,8 @@ class Sidecar:
         self.metrics.observe(summary)
         if snapshot is not None and decision is not None:
             try:
-                write_state(self.config, self.backend, snapshot, decision)
+                write_state(self.config, self.backend, snapshot, decision,
+                            slurm_version=self.slurm_version)
             except OSError as exc:
                 log_event(self.logger, "state_write_failed", logging.WARNING,
                           path=self.config.state_dir, error=str(exc))
@@ -436,6 +485,7 @@ def _job_info(view: JobView, snapshot: Snapshot, rows: Sequence[tuple[int, int]]
 
 def epoch_state(
     config: SidecarConfig, backend: SlurmBackend, snapshot: Snapshot, decision: Decision,
+    *, slurm_version: SlurmVersion | None = None,
 ) -> dict[str, object]:
     """What ``status``/``explain`` show about the last epoch, JSON-ready."""
     placed = decision.placement.by_job_sorted()
@@ -479,6 +529,7 @@ def epoch_state(
     return {
         "epoch": decision.epoch, "time": snapshot.now, "policy": config.policy,
         "dry_run": config.dry_run, "epoch_seconds": config.epoch_seconds,
+        "slurm_version": None if slurm_version is None else slurm_version.release,
         "gpu_types": list(snapshot.gpu_types),
         "nodes": [{"name": n, "gpu_type": snapshot.gpu_types[int(snapshot.node_type[k])],
                    "gpus_for_hadar": int(snapshot.node_gpus[k])}
@@ -495,12 +546,13 @@ def epoch_state(
 
 
 def write_state(config: SidecarConfig, backend: SlurmBackend, snapshot: Snapshot,
-                decision: Decision) -> Path:
+                decision: Decision, *, slurm_version: SlurmVersion | None = None) -> Path:
     state_dir = Path(config.require_state_dir())
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / STATE_FILE
     tmp = path.with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(epoch_state(config, backend, snapshot, decision), indent=1))
+    tmp.write_text(json.dumps(epoch_state(config, backend, snapshot, decision,
+                                          slurm_version=slurm_version), indent=1))
     os.replace(tmp, path)
     return path
 

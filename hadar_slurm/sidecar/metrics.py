@@ -33,6 +33,7 @@ so that tests can make several)::
                                                    (Unix time; 0 while reachable)
     hadar_slurm_outages_total           counter    times slurmctld stopped answering
     hadar_info{policy,version,dry_run}  gauge      always 1
+    hadar_slurm_info{release,tested}    gauge      1 for the Slurm release read at start
 
 Errors are counted by a :class:`logging.Handler` on the ``hadar_slurm`` logger, so every
 warning the sidecar logs is counted, wherever it is raised (the backend, the fork code); a
@@ -299,6 +300,9 @@ class SidecarMetrics:
                           ["policy", "version", "dry_run"], registry=r)
         self.info.labels(policy=policy, version=version,
                          dry_run="true" if dry_run else "false").set(1)
+        self.slurm_info = Gauge(
+            "hadar_slurm_info", "The Slurm release the sidecar talks to, read at start, and "
+            "whether it is a tested series (always 1)", ["release", "tested"], registry=r)
         for state in JOB_STATES:
             self.jobs.labels(state=state).set(0)
         for kind in ERROR_KINDS:
@@ -330,6 +334,11 @@ class SidecarMetrics:
         self.placed.inc(s.placements)
         for f in s.finished:
             self.finished.labels(state=f.state).inc()
+
+    def slurm(self, release: str, *, tested: bool) -> None:
+        """The Slurm release read at start (``hadar_slurm_info``: one sample, the last set)."""
+        self.slurm_info.clear()
+        self.slurm_info.labels(release=release, tested="true" if tested else "false").set(1)
 
     def unreachable_since(self, when: float) -> None:
         """slurmctld stopped answering at ``when`` (Unix time): a new outage."""

@@ -48,6 +48,11 @@ Known differences from the CLI, all from pyslurm itself:
   :attr:`PyslurmApi.can_fork` is False and the sidecar never offers the policy more than one
   copy of a job.  Ending a fork stays in pyslurm (``signal_steps`` is
   ``send_signal(steps="children")``, every step but the batch step).
+- :meth:`PyslurmApi.slurm_version` is slurmctld's (``pyslurm.slurmctld.Config.load().version``,
+  ``pyslurm/core/slurmctld/config.pyx``); ``scontrol version`` gives the client's.  When its
+  series is not the one this pyslurm was built for (``__version__``'s ``major.minor``), it
+  raises :class:`PyslurmMismatchError`, as :func:`make_api` does when pyslurm cannot be
+  imported: one line with what was found, what pyslurm needs, and the fix (the CLI backend).
 - :meth:`PyslurmApi.update_job` cannot set ``NumNodes`` (``JobSubmitDescription`` ignores
   ``nodes`` on update) nor clear a field (an empty value means "unchanged" in pyslurm); both raise
   :class:`PyslurmUnsupportedError` before anything is sent.
@@ -56,12 +61,18 @@ Known differences from the CLI, all from pyslurm itself:
 from __future__ import annotations
 
 import importlib
+import re
 import signal as _signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from hadar_slurm.sidecar.api import UPDATE_FIELDS, CliApi, SlurmApi
-from hadar_slurm.slurm.errors import SlurmCommandError, SlurmConfigError, SlurmParseError
+from hadar_slurm.slurm.errors import (
+    SlurmCommandError,
+    SlurmConfigError,
+    SlurmError,
+    SlurmParseError,
+)
 from hadar_slurm.slurm.parse import (
     FINAL_STATES,
     Gres,
@@ -71,10 +82,13 @@ from hadar_slurm.slurm.parse import (
     parse_gres,
 )
 from hadar_slurm.slurm.runner import RunAs, SlurmRunner
+from hadar_slurm.slurm.version import SlurmVersion, parse_release, tested_text
 
 __all__ = [
     "BACKENDS",
+    "PYSLURM_SERIES",
     "PyslurmApi",
+    "PyslurmMismatchError",
     "PyslurmUnsupportedError",
     "make_api",
     "pyslurm_available",
@@ -84,6 +98,9 @@ __all__ = [
 BACKENDS = ("auto", "cli", "pyslurm")
 
 SOURCE = "pyslurm"
+
+#: The pyslurm release series this backend is written for; it needs the Slurm of that series.
+PYSLURM_SERIES = "25.11"
 
 #: Job state flags that pyslurm reports instead of the base state, with that base state (the
 #: flag is set only on jobs of that base state); see Slurm's ``job_state_string``.
@@ -108,15 +125,25 @@ _UPDATE_ATTRS = {
     "StartTime": "begin_time",  # "now", or a time as scontrol takes it
 }
 
-_VERSION_HINT = (
-    "install the pyslurm release whose major.minor matches this site's Slurm (pyslurm X.Y.* "
-    "builds and runs only against Slurm X.Y, e.g. pyslurm 25.11.* for Slurm 25.11), "
-    "or use the 'cli' backend"
-)
 
 
 class PyslurmUnsupportedError(SlurmConfigError, ValueError):
     """A request that pyslurm cannot express (use the ``cli`` backend for it)."""
+
+
+class PyslurmMismatchError(SlurmConfigError):
+    """The pyslurm backend cannot work here (pyslurm cannot be imported, or it is not built for
+    the Slurm that answers): one line with ``found``, what pyslurm needs, and the fix."""
+
+    #: The config key to fix, for the CLI's one-line error.
+    field = "[slurm] backend"
+
+    def __init__(self, found: str) -> None:
+        self.found = found
+        super().__init__(
+            f"{found}; the pyslurm backend is written for pyslurm {PYSLURM_SERIES}, which "
+            f"builds and runs only against Slurm {PYSLURM_SERIES} (fix: set backend = \"cli\" "
+            f"under [slurm]: the default CLI backend, tested with Slurm {tested_text()})")
 
 
 # ------------------------------------------------------------------------------ import
@@ -135,20 +162,33 @@ def _import_pyslurm() -> Any:
     try:
         return importlib.import_module("pyslurm")
     except (ImportError, OSError) as exc:
-        raise SlurmConfigError(
-            f"the pyslurm backend needs pyslurm, which cannot be imported "
-            f"({type(exc).__name__}: {exc}); {_VERSION_HINT}"
-        ) from exc
+        raise PyslurmMismatchError(
+            f"pyslurm cannot be imported ({type(exc).__name__}: {exc})") from exc
+
+
+def _slurm_found(runner_factory: Callable[[], SlurmRunner]) -> str:
+    """``"Slurm 24.11.5 found"`` (``scontrol version``), or ``""`` when the CLI cannot say."""
+    try:
+        return f"Slurm {CliApi(runner_factory()).slurm_version().release} found"
+    except SlurmError:
+        return ""
 
 
 def make_api(backend: str, runner_factory: Callable[[], SlurmRunner]) -> SlurmApi:
     """The :class:`SlurmApi` for ``backend``: ``"pyslurm"`` (:class:`PyslurmApi`; a
-    :class:`SlurmConfigError` when pyslurm cannot be imported), ``"cli"`` (:class:`CliApi` over
-    ``runner_factory()``) or ``"auto"`` (pyslurm when it imports, else the CLI).
-    ``runner_factory`` is called when the CLI is chosen, and by pyslurm's backend the first
-    time it forks a job (HadarE's forks go through the CLI)."""
+    :class:`PyslurmMismatchError` naming the Slurm found when pyslurm cannot be imported),
+    ``"cli"`` (:class:`CliApi` over ``runner_factory()``) or ``"auto"`` (pyslurm when it
+    imports, else the CLI).  ``runner_factory`` is called when the CLI is chosen, by pyslurm's
+    backend the first time it forks a job (HadarE's forks go through the CLI), and for
+    ``scontrol version`` when pyslurm cannot be imported."""
     if backend == "pyslurm":
-        return PyslurmApi(fork_runner=runner_factory)
+        try:
+            return PyslurmApi(fork_runner=runner_factory)
+        except PyslurmMismatchError as exc:
+            found = _slurm_found(runner_factory)
+            if not found:
+                raise
+            raise PyslurmMismatchError(f"{found}, but {exc.found}") from exc
     if backend == "cli":
         return CliApi(runner_factory())
     if backend == "auto":
@@ -206,6 +246,25 @@ class PyslurmApi:
             raise SlurmCommandError(what, f"failed: {_describe(exc)}") from exc
 
     # reads
+
+    def slurm_version(self) -> SlurmVersion:
+        """slurmctld's release; :class:`PyslurmMismatchError` when this pyslurm is not built for
+        its series."""
+        config_cls = getattr(getattr(self._pyslurm, "slurmctld", None), "Config", None)
+        if config_cls is None:
+            raise PyslurmMismatchError(
+                f"pyslurm {self.version} has no slurmctld.Config (pyslurm "
+                f"{PYSLURM_SERIES} has it)")
+        config = self._call((SOURCE, "slurmctld.Config.load"), lambda: config_cls.load())
+        found = parse_release(str(getattr(config, "version", None)),
+                              source=f"{SOURCE} slurmctld.Config")
+        built = re.match(r"\d+\.\d+", self.version)
+        if built is None or built.group() != found.series:
+            raise PyslurmMismatchError(
+                f"pyslurm {self.version} (built for Slurm "
+                f"{built.group() if built else 'unknown'}) talks to slurmctld of Slurm "
+                f"{found.release}")
+        return found
 
     def read_jobs(self) -> list[SlurmJob]:
         jobs = self._call((SOURCE, "Jobs.load"), lambda: self._pyslurm.Jobs.load())

@@ -155,8 +155,9 @@ def format_status(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
     if state:
         age = time.time() - float(state.get("time", 0.0))
         mode = " (dry run: nothing was changed)" if state.get("dry_run") else ""
+        slurm = f", Slurm {state['slurm_version']}" if state.get("slurm_version") else ""
         lines.append(f"last epoch {state.get('epoch')} ({age:.0f} s ago), policy "
-                     f"{state.get('policy')}{mode}")
+                     f"{state.get('policy')}{mode}{slurm}")
     else:
         lines.append("the sidecar has not run an epoch yet (no state file)")
     rows = status_rows(jobs, state, show_all)
