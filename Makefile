@@ -17,7 +17,7 @@ DEB_DEPS := munge:munged slurmctld:slurmctld slurmd:slurmd slurm-client:sinfo \
 	slurmrestd:slurmrestd libslurm-dev:/usr/include/slurm/slurm.h docker-compose:docker-compose
 
 .PHONY: venv deps demo test lint typecheck pytest clean distclean cluster-up cluster-down \
-	cluster-status cluster-demo dist compose-file
+	cluster-status cluster-demo dist compose-file test-slurm slurm-envs
 
 venv: $(STAMP)
 
@@ -71,13 +71,30 @@ typecheck: venv
 pytest: venv
 	$(BIN)/pytest -q tests
 
-# The Slurm integration tests (tests/test_dev_cluster.py) start their own private dev cluster
-# (slurm_conf/dev-cluster.sh, own state dir and ports) in a session fixture and always stop it,
-# also when a test fails; they are skipped without root or Slurm, except on CI.
+# The Slurm integration tests (every test that uses the dev_cluster fixture, marked `slurm`)
+# start their own private dev cluster (slurm_conf/dev-cluster.sh, own state dir and ports) in a
+# session fixture and always stop it, also when a test fails; they are skipped without root or
+# Slurm, except on CI.  `make test` runs every test on the host's Slurm (Debian bookworm's
+# 22.05), then the real-cluster tests again on each newer release in SLURM_SUITES, each in a
+# Debian chroot that slurm_conf/slurm-env.sh builds once and caches (trixie: 24.11, sid: 26.05),
+# and prints one table of the results per release (out/slurm-tests/summary.txt).
+SLURM_SUITES ?= trixie sid
 test: venv deps
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy $(TYPECHECK_PATHS)
-	$(BIN)/pytest -q tests
+	rm -rf out/slurm-tests
+	HADAR_SLURM_SUMMARY=out/slurm-tests/host.json $(BIN)/pytest -q tests
+	bash slurm_conf/test-versions.sh $(SLURM_SUITES)
+
+# The real-cluster tests on one newer Slurm only (a quicker loop): make test-slurm SUITE=sid
+SUITE ?= trixie
+test-slurm:
+	rm -f out/slurm-tests/host.json
+	bash slurm_conf/test-versions.sh $(SUITE)
+
+# Build (or check) the chroots of the newer Slurm releases without testing.
+slurm-envs:
+	for s in $(SLURM_SUITES); do bash slurm_conf/slurm-env.sh build $$s || exit 1; done
 
 # A dev cluster to work with by hand (default state dir /tmp/hadar-devcluster):
 #   make cluster-up; eval "$$(slurm_conf/dev-cluster.sh env)"; sinfo; ...; make cluster-down

@@ -3,8 +3,8 @@
 # once from Debian's own archive and cached, in which the project's dev cluster and tests run.
 #
 #   slurm-env.sh build SUITE          build (or check) the chroot of SUITE; prints its path
-#   slurm-env.sh run SUITE -- CMD...  run CMD inside (as root, with the project at /opt/p and a
-#                                     clean environment), mounting and unmounting around it
+#   slurm-env.sh run SUITE -- CMD...  run CMD inside (as root, in the project mounted at /opt/p,
+#                                     with a clean environment), mounting and unmounting around it
 #   slurm-env.sh version SUITE        the Debian version of the Slurm inside
 #   slurm-env.sh remove SUITE         unmount and delete the chroot
 #   slurm-env.sh suites               the suites this script knows, one per line: SUITE VERSION
@@ -154,8 +154,9 @@ run() {
   local rc=0
   # A plain environment inside; the caller's SLURM_CONF etc. name host paths.
   chroot "$r" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    HOME=/root LANG=C.UTF-8 ${HADAR_TEST_ON_CI:+HADAR_TEST_ON_CI=$HADAR_TEST_ON_CI} \
-    ${CI:+CI=$CI} "$@" || rc=$?
+    HOME=/root LANG=C.UTF-8 \
+    ${CI:+CI=$CI} ${HADAR_SLURM_SUMMARY:+HADAR_SLURM_SUMMARY=$HADAR_SLURM_SUMMARY} \
+    /bin/sh -c 'cd /opt/p && exec "$@"' sh "$@" || rc=$?
   umount_all "$r"
   return "$rc"
 }
