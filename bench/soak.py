@@ -419,8 +419,9 @@ class Supervisor:
 
     @staticmethod
     def base_argv() -> list[str]:
-        exe = REPO / ".venv" / "bin" / "hadar-slurm"
-        return [str(exe)] if exe.exists() else [sys.executable, "-m", "hadar_slurm"]
+        # this Python's hadar_slurm (the checkout's venv, or a chroot's own Python: a venv's
+        # entry point there would name an interpreter of the host)
+        return [sys.executable, "-m", "hadar_slurm"]
 
     def _argv(self) -> list[str]:
         return [*self.base_argv(), "run", "--config", str(self.config)]
@@ -891,7 +892,8 @@ class Soak:
             self.ctld_ok.set()
             self.resume_nodes()
             for th in threads:
-                th.join(timeout=60)
+                if th.ident is not None:  # (not started when the sidecar failed to start)
+                    th.join(timeout=60)
             left = [r.job_id for r in self.live() if r.job_id is not None]
             if left:
                 self.runner.run(commands.scancel(left), check=False, timeout=60)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hadar_slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from hadar_slurm.slurm import commands, parse_sbatch_parsable, parse_scontrol_show
-from tests.slurm_cluster import DevCluster, jobs, wait_job
+from tests.slurm_cluster import DevCluster, jobs, spelled, wait_job
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 REPORT = 'echo "$HADAR_COPY_INDEX $(hostname) $HADAR_COPY_GPU_TYPE $CUDA_VISIBLE_DEVICES" >> "$1"'
@@ -76,7 +76,7 @@ def test_three_copies_run_as_one_hetjob(
     assert ids[0] == job_id and all(c["HetJobId"] == str(job_id) for c in comps)
     for comp, copy in zip(comps, copies, strict=True):
         assert comp["NodeList"] == copy.node and comp["Features"] == copy.gpu_type
-        assert comp["TresPerNode"] == f"gres:gpu:{copy.gpus}"
+        assert comp["TresPerNode"] == spelled(dev_cluster, f"gres:gpu:{copy.gpus}")
         assert comp["Comment"] == "hadar-copy-of=4242" and comp["JobState"] == "COMPLETED"
         assert "hadar" not in comp.get("AdminComment", "")  # job_submit.lua left it alone
     listed = dev_cluster.runner.run(

@@ -29,7 +29,7 @@ from hadar_slurm.hints import (
     parse_hints,
     quote,
 )
-from hadar_slurm.sidecar.record import decode
+from hadar_slurm.sidecar.record import decode, mark
 from hadar_slurm.slurm import Gres, parse_sbatch_parsable
 from tests.slurm_cluster import DevCluster, jobs
 from tests.test_sidecar_backend import NODES, FakeSlurm, backend, decide, job
@@ -290,7 +290,7 @@ def test_lua_decides_as_python(dev_cluster: DevCluster, lua_jobs: list[int], tmp
     if case.want is None:
         assert out.returncode == 0, f"Lua refused what the table accepts: {out.stderr}"
         job_ = jobs(dev_cluster)[lua_jobs[-1]]
-        assert job_.admin_comment == ADMIN_COMMENT
+        assert mark(job_.admin_comment) == ADMIN_COMMENT and decode(job_.admin_comment).args == ()
         assert job_.gres == (Gres("gpu", None, case.gpus),)
     else:
         assert out.returncode != 0, f"Lua accepted what the table refuses: {message}"

@@ -81,6 +81,8 @@ META = [
     ("squeue-26.05.json", "26.05.5", 26, 5, "v0.0.45"),
     ("squeue-26.05-states-all.json", "26.05.5", 26, 5, "v0.0.45"),
     ("sinfo-26.05.json", "26.05.5", 26, 5, "v0.0.45"),
+    ("squeue-24.11-special-exit.json", "24.11.5", 24, 11, "v0.0.42"),
+    ("squeue-26.05-special-exit.json", "26.05.5", 26, 5, "v0.0.45"),
 ]
 
 
@@ -546,7 +548,26 @@ def test_scontrol_show_node_2411() -> None:
         "cpu=2,mem=512M")
 
 
+# A job that exited 75 under RequeueExitHold=75 (job 1, `ckpt`: `sleep 1; exit 75`), put back
+# in the queue held by slurmctld: 24.11+ list it as ["PENDING", "SPECIAL_EXIT"], scontrol as
+# JobState=SPECIAL_EXIT (22.05: "SPECIAL_EXIT" in both).
+SPECIAL_EXIT = ["24.11", "26.05"]
+
+
+@pytest.mark.parametrize("version", SPECIAL_EXIT)
+def test_a_checkpoint_exit_held_by_slurmctld(version: str) -> None:
+    (job,) = parse_squeue_json(load(f"squeue-{version}-special-exit.json"))
+    assert (job.job_id, job.name, job.state, job.state_reason) == (
+        1, "ckpt", "SPECIAL_EXIT", "JobHeldUser")
+    assert job.state_flags == () and job.held and job.exit_code == 75
+    shown = parse_scontrol_show(load(f"scontrol-show-job-{version}-special-exit.txt"))
+    assert (shown["JobState"], shown["Reason"], shown["Restarts"], shown["ExitCode"]) == (
+        "SPECIAL_EXIT", "JobHeldUser", "1", "75:0")
+
+
 def test_every_capture_is_read_here() -> None:
     read = ({m[0] for m in META} | set(JOB_DOCS) | {s[0] for s in SINFO}
-            | {t[0] for t in SCONTROL_TEXT} | {"scontrol-show-node-24.11.txt"})
+            | {t[0] for t in SCONTROL_TEXT} | {"scontrol-show-node-24.11.txt"}
+            | {f"{kind}-{v}-special-exit.{ext}" for v in SPECIAL_EXIT
+               for kind, ext in (("squeue", "json"), ("scontrol-show-job", "txt"))})
     assert {p.name for p in DATA.iterdir() if p.name != "README.md"} == read

@@ -412,6 +412,10 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
     job_id = f.required_int("job_id")
     f.what = f"job {job_id}"
     state, flags = f.state("job_state")
+    if "SPECIAL_EXIT" in flags:
+        # 24.11+ list a job that RequeueExitHold put back as ["PENDING", "SPECIAL_EXIT"]; 22.05
+        # and `scontrol show job` of every release name it SPECIAL_EXIT: one name here
+        state, flags = "SPECIAL_EXIT", tuple(x for x in flags if x != "SPECIAL_EXIT")
     nodes = f.text("nodes")
     user = f.text("user_name")
     if not user:
