@@ -241,6 +241,47 @@ def test_failed_fork_runs_the_job_unforked(fork: Fork) -> None:
     assert line.split()[0] == "job" and line.split()[2] == final.node_names[0]
 
 
+# Each copy, and the job itself, writes the arguments it got, one per line after their count.
+ARGS_REPORT = """#!/bin/bash
+printf '%s\\n' "$#" "$@" > "$PWD/args-${HADAR_COPY_INDEX:-job}.txt"
+"""
+# what a user would type: sbatch --comment=... --gres=gpu:2 script.sh a 'b c' (and a few harder)
+SCRIPT_ARGS = ["a", "b c", "", "it's \"quoted\"", "$(touch pwned)", "x,y=%20"]
+
+
+def test_copies_and_the_job_get_the_scripts_arguments_exactly(fork: Fork) -> None:
+    # Slurm 24.11+ report a job's command as the script's path alone (22.05: the arguments
+    # joined by spaces): job_submit.lua records them at submit, and the copies get them, one
+    # word each, as the job itself does when Slurm runs it.
+    work = fork.path / "work"
+    work.mkdir()
+    path = work / "train.sh"
+    path.write_text(ARGS_REPORT)
+    path.chmod(0o755)
+    job_id = parse_sbatch_parsable(fork.cluster.runner.run(commands.sbatch(
+        script=str(path), script_args=SCRIPT_ARGS, job_name="args", gres="gpu:2",
+        comment=HINT, chdir=str(work), output=str(work / "job-%j.out"))).stdout)
+    fork.submitted.append(job_id)
+    assert decode(jobs(fork.cluster)[job_id].admin_comment).args == tuple(SCRIPT_ARGS)
+
+    events = fork.one_epoch(fork.config("first"))
+    assert actions(events, job_id) == ["fork_intent", "fork", "record"], events
+    ended = fork.wait_copies(job_id)
+    assert [c.state for c in ended] == ["COMPLETED"] * 3, ended
+    assert [c.gpus_per_node for c in ended] == [2, 2, 2]
+    # a second sidecar places the job itself (its copies ended) where the policy chose
+    events = fork.one_epoch(fork.config("second"))
+    (placed,) = [e for e in events if e.get("event") == "action" and e.get("job") == job_id]
+    assert placed["action"] == "place", events
+    final = wait_job(fork.cluster, job_id, FINAL, timeout=60)
+    assert final.state == "COMPLETED", final
+    assert list(final.node_names) == placed["nodes"], (final, placed)
+    for who in ("0", "1", "2", "job"):
+        lines = (work / f"args-{who}.txt").read_text().split("\n")
+        assert lines[0] == str(len(SCRIPT_ARGS)) and lines[1:-1] == SCRIPT_ARGS, (who, lines)
+    assert not (work / "pwned").exists()
+
+
 # Copies that wait (at most 60 s) until the test creates "go"; the job itself does not wait.
 WAIT_FOR_GO = """#!/bin/bash
 if [ -n "${HADAR_COPY_INDEX:-}" ]; then

@@ -98,11 +98,13 @@ def test_normalized_job_can_be_placed_and_started(sub: Submitter) -> None:
 
 def test_unhinted_job_is_left_as_submitted(sub: Submitter) -> None:
     comment = "not for hadar: model=nonsense"
-    job_id, _ = sub.sbatch(comment, "--prefer=k80", "--no-requeue", wrap="sleep 30",
-                           gres="gpu:k80:1", constraint="k80")
+    # (a begin time an hour ahead keeps it pending: 24.11+ drop Prefer from a running job)
+    job_id, _ = sub.sbatch(comment, "--prefer=k80", "--no-requeue", "--begin=now+3600",
+                           wrap="sleep 30", gres="gpu:k80:1", constraint="k80")
     assert job_id is not None
     job = jobs(sub.cluster)[job_id]
-    assert not job.held and job.state in ("PENDING", "RUNNING") and job.priority != 0, job
+    assert not job.held and job.state == "PENDING" and job.priority != 0, job
+    assert job.state_reason == "BeginTime" and not is_parked(job, time.time())  # its own
     assert job.gres == (Gres("gpu", "k80", 1),) and job.features == "k80"
     assert job.comment == comment and job.admin_comment == ""
     shown = sub.show(job_id)
