@@ -119,9 +119,7 @@ def submit(work: Workdir, path: Path, hints: str | None, *args: str,
 
 
 class Watch:
-    """Every state each job was seen in, polling squeue.  A state with the ``COMPLETING`` flag
-    is seen as ``FAILED+COMPLETING``: slurmctld is still ending the job, and may yet requeue it
-    (24.11+ show a checkpoint exit so for a moment before ``RequeueExitHold`` puts it back)."""
+    """Every state each job was seen in, polling squeue."""
 
     def __init__(self, cluster: DevCluster) -> None:
         self.cluster = cluster
@@ -131,9 +129,8 @@ class Watch:
         now = jobs(self.cluster)
         for j, job in now.items():
             states = self.seen.setdefault(j, [])
-            state = job.state + ("+COMPLETING" if "COMPLETING" in job.state_flags else "")
-            if not states or states[-1] != state:
-                states.append(state)
+            if not states or states[-1] != job.state:
+                states.append(job.state)
         return now
 
     def until(self, what: str, ok: object, timeout: float,
@@ -151,9 +148,7 @@ class Watch:
     def all_final(self, ids: list[int], timeout: float,
                   sidecars: tuple[Sidecar, ...] = ()) -> dict[int, SlurmJob]:
         return self.until(f"jobs {ids} finished",
-                          lambda now: all(i in now and now[i].state in FINAL
-                                          and "COMPLETING" not in now[i].state_flags
-                                          for i in ids),
+                          lambda now: all(i in now and now[i].state in FINAL for i in ids),
                           timeout, sidecars)
 
 

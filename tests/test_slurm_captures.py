@@ -22,6 +22,7 @@ from hadar_slurm.slurm import (
     parse_sinfo_json,
     parse_squeue_json,
 )
+from hadar_slurm.slurm.parse import FINAL_STATES
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
 
@@ -559,10 +560,21 @@ def test_a_checkpoint_exit_held_by_slurmctld(version: str) -> None:
     (job,) = parse_squeue_json(load(f"squeue-{version}-special-exit.json"))
     assert (job.job_id, job.name, job.state, job.state_reason) == (
         1, "ckpt", "SPECIAL_EXIT", "JobHeldUser")
-    assert job.state_flags == () and job.held and job.exit_code == 75
+    assert job.state_flags == ("PENDING",) and job.held and job.exit_code == 75
     shown = parse_scontrol_show(load(f"scontrol-show-job-{version}-special-exit.txt"))
     assert (shown["JobState"], shown["Reason"], shown["Restarts"], shown["ExitCode"]) == (
         "SPECIAL_EXIT", "JobHeldUser", "1", "75:0")
+
+
+@pytest.mark.parametrize("version", SPECIAL_EXIT)
+def test_a_job_slurmctld_is_still_ending_is_completing(version: str) -> None:
+    # (the 24.11+ list form a moment before RequeueExitHold: seen on the dev cluster when
+    # slurmctld was stopped while the job exited; 22.05 says COMPLETING)
+    doc = json.loads(load(f"squeue-{version}-special-exit.json"))
+    raw = {**doc["jobs"][0], "job_state": ["FAILED", "COMPLETING"], "state_reason": "None"}
+    (job,) = parse_squeue_json({"jobs": [raw]})
+    assert (job.state, job.state_flags) == ("COMPLETING", ("FAILED",))
+    assert job.state not in FINAL_STATES and not job.held
 
 
 def test_every_capture_is_read_here() -> None:

@@ -412,10 +412,13 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
     job_id = f.required_int("job_id")
     f.what = f"job {job_id}"
     state, flags = f.state("job_state")
-    if "SPECIAL_EXIT" in flags:
-        # 24.11+ list a job that RequeueExitHold put back as ["PENDING", "SPECIAL_EXIT"]; 22.05
-        # and `scontrol show job` of every release name it SPECIAL_EXIT: one name here
-        state, flags = "SPECIAL_EXIT", tuple(x for x in flags if x != "SPECIAL_EXIT")
+    # One name for one state on every release: 24.11+ list as flags what 22.05 (and `scontrol
+    # show job` of every release) name as the state.  A job that RequeueExitHold put back is
+    # ["PENDING", "SPECIAL_EXIT"] (22.05: SPECIAL_EXIT); one slurmctld is still ending is
+    # ["FAILED", "COMPLETING"] (22.05: COMPLETING): not final yet, it may still be requeued.
+    for name in ("SPECIAL_EXIT", "COMPLETING"):
+        if name in flags and state != name:
+            state, flags = name, (state, *(x for x in flags if x != name))
     nodes = f.text("nodes")
     user = f.text("user_name")
     if not user:
