@@ -150,6 +150,10 @@ run() {
   r=$(build "$suite")
   exec 9>"$ENVS/$suite.lock"
   flock -w 600 9 || die "another command holds $suite for more than 10 minutes"
+  # unmounted however the command ends (also on Ctrl-C or a kill of this script)
+  trap 'umount_all "'"$r"'"' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
   mount_env "$r"
   local rc=0
   # A plain environment inside; the caller's SLURM_CONF etc. name host paths.
