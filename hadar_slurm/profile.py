@@ -89,8 +89,7 @@ from hadar_slurm.model import normalize_gpu_type
 from hadar_slurm.nvml import GpuSampler, GpuUsage, NvmlUnavailable, list_gpus
 from hadar_slurm.slurm import SlurmError, SlurmNode, SlurmRunner, commands
 from hadar_slurm.slurm.parse import (
-    PENDING_STATES,
-    RUNNING_STATES,
+    UNFINISHED_STATES,
     parse_sbatch_parsable,
     parse_sinfo_json,
     parse_squeue_json,
@@ -121,8 +120,8 @@ DEFAULT_ITERS = 20
 #: Most timed iterations in --seconds mode (the runtime needs a finite amount of work).
 MAX_TIMED_ITERS = 10**8
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
-#: Job states after which a profiling job will not run again.
-_LIVE = RUNNING_STATES | PENDING_STATES | {"COMPLETING"}
+#: Job states of a profiling job that has not ended.
+_LIVE = UNFINISHED_STATES
 _WRAPPER = """#!/bin/sh
 # hadar-slurm profile: a benchmark job.  Its command is this script's arguments (an argv given
 # to sbatch), run as is: no shell parses it.

@@ -27,7 +27,15 @@ from hadar_slurm.slurm import (
     parse_sinfo_json,
     parse_squeue_json,
 )
-from hadar_slurm.slurm.parse import FINAL_STATES
+from hadar_slurm.slurm.parse import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    PENDING_STATES,
+    QUEUED_STATES,
+    RUNNING_STATES,
+    SQUEUE_LIVE_STATES,
+    UNFINISHED_STATES,
+)
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
 
@@ -248,6 +256,22 @@ def test_live_job_ids() -> None:
     assert parse_job_ids("") == frozenset()
     with pytest.raises(SlurmParseError, match=r"line 2.*expected a job id, got '12\+1'"):
         parse_job_ids("11\n12+1\n")
+
+
+def test_job_state_sets_are_one_family() -> None:
+    """parse.py defines every job-state set; the others are these very objects."""
+    from hadar_slurm.sidecar import fork, report
+
+    assert commands.LIVE_STATES is SQUEUE_LIVE_STATES
+    assert fork.LIVE_STATES is QUEUED_STATES == PENDING_STATES | RUNNING_STATES
+    assert report.ACTIVE is ACTIVE_STATES
+    assert commands.squeue_live_ids()[2] == (
+        "--states=PENDING,RUNNING,CONFIGURING,SUSPENDED,COMPLETING,REQUEUED,REQUEUE_HOLD,"
+        "REQUEUE_FED,RESV_DEL_HOLD,SPECIAL_EXIT,STOPPED,SIGNALING,STAGE_OUT,RESIZING")
+    assert UNFINISHED_STATES == QUEUED_STATES | {"COMPLETING"}
+    assert ACTIVE_STATES < UNFINISHED_STATES <= set(SQUEUE_LIVE_STATES)
+    assert len(set(SQUEUE_LIVE_STATES)) == len(SQUEUE_LIVE_STATES)
+    assert not set(SQUEUE_LIVE_STATES) & FINAL_STATES
 
 
 def test_sbatch_parsable() -> None:

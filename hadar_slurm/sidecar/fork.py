@@ -32,7 +32,7 @@ from pathlib import Path
 
 from hadar_slurm.runtime.tracker import PROGRESS_FILE
 from hadar_slurm.slurm import RunAs, SlurmJob
-from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
+from hadar_slurm.slurm.parse import QUEUED_STATES, RUNNING_STATES
 
 #: The comment of every component of a fork of job J: ``hadar-copy-of=J``.
 COPY_OF = "hadar-copy-of="
@@ -42,7 +42,7 @@ SCRIPT_FILE = "job.sh"
 HINTS_FILE = "hints"
 PLAN_FILE = "fork.sbatch"
 #: Component states of a fork that still runs or waits.
-LIVE_STATES = PENDING_STATES | RUNNING_STATES
+LIVE_STATES = QUEUED_STATES
 _MAX_PROGRESS_BYTES = 1 << 20
 _COPY_OF = re.compile(r"^hadar-copy-of=([0-9]+)$")
 _DEP_JOB = re.compile(r"^[a-z]+:([0-9]+)")

@@ -17,8 +17,9 @@ from hadar_slurm.sidecar.backend import held_by_user
 from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmJob
+from hadar_slurm.slurm.parse import ACTIVE_STATES
 
-ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "REQUEUED")
+ACTIVE = ACTIVE_STATES
 
 
 def _jobs_of(state: Mapping[str, Any] | None) -> Mapping[str, Any]:

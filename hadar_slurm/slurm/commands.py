@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from hadar_slurm.slurm.parse import SQUEUE_LIVE_STATES
+
 _UPDATE_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 
 
@@ -37,9 +39,7 @@ def squeue_json() -> list[str]:
 
 
 #: Every job state that is not final, as ``squeue --states`` names them (Slurm 22.05+).
-LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING", "REQUEUED",
-               "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT", "STOPPED",
-               "SIGNALING", "STAGE_OUT", "RESIZING")
+LIVE_STATES = SQUEUE_LIVE_STATES
 
 
 def squeue_live_ids() -> list[str]:

@@ -31,6 +31,13 @@ from typing import Any
 from hadar_slurm.slurm.errors import SlurmParseError
 
 __all__ = [
+    "ACTIVE_STATES",
+    "FINAL_STATES",
+    "PENDING_STATES",
+    "QUEUED_STATES",
+    "RUNNING_STATES",
+    "SQUEUE_LIVE_STATES",
+    "UNFINISHED_STATES",
     "Gres",
     "SlurmJob",
     "SlurmMeta",
@@ -66,6 +73,22 @@ FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_F
 #: slurmctld itself put back in the queue, held.
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                             "SPECIAL_EXIT"})
+#: Job states in which a job waits or holds its GPUs (a forked job's copies that still count).
+QUEUED_STATES = PENDING_STATES | RUNNING_STATES
+#: Job states of a job that has not ended: queued, or still ending (``COMPLETING``).
+UNFINISHED_STATES = QUEUED_STATES | {"COMPLETING"}
+#: The jobs ``hadar-slurm status`` lists without ``--all``: unlike :data:`UNFINISHED_STATES`,
+#: without the held requeued ones (``REQUEUE_HOLD``, ``REQUEUE_FED``, ``SPECIAL_EXIT``), as it
+#: always listed them.
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING",
+                           "REQUEUED"})
+#: Every job state that is not final, as ``squeue --states`` names them (Slurm 22.05+), in the
+#: order the command line gives them: :data:`UNFINISHED_STATES` and the states this module
+#: never reads as a base state (``RESV_DEL_HOLD``, ``STOPPED``, ``SIGNALING``, ``STAGE_OUT``,
+#: ``RESIZING``).
+SQUEUE_LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING",
+                      "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+                      "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING")
 
 
 @dataclass(frozen=True)
