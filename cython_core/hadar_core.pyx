@@ -51,6 +51,7 @@ cdef enum:
 
 # ----------------------------------------------------------------------------------------------
 # plan
+# The algorithm: docs/algorithm.md, "Prices" to "Admission and the dual variable".
 
 
 cdef inline double _run_seconds(
@@ -519,6 +520,7 @@ def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, cap
 
 # ----------------------------------------------------------------------------------------------
 # balance_split
+# The algorithm: docs/algorithm.md, "Drain prices and the type split".
 
 
 cdef inline bint _movable(
@@ -847,6 +849,7 @@ def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
 
 # ----------------------------------------------------------------------------------------------
 # drain_prices
+# The algorithm: docs/algorithm.md, "Drain prices and the type split".
 
 
 def drain_prices(remaining, scale, rate, capacity, iterations):
@@ -970,6 +973,7 @@ def drain_prices(remaining, scale, rate, capacity, iterations):
 
 # ----------------------------------------------------------------------------------------------
 # match
+# The algorithm: docs/algorithm.md, "Gang repacking and the matcher".
 
 
 def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):

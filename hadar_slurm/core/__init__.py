@@ -3,6 +3,7 @@
 Both expose the same functions with the same results (see :mod:`hadar_slurm.core.reference`):
 ``plan`` (one epoch of the primal-dual planner), ``balance_split`` (the type split),
 ``drain_prices`` (the drain bound and its type prices) and ``match`` (resource matching).
+The algorithm they implement: docs/algorithm.md.
 """
 
 from __future__ import annotations

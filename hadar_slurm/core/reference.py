@@ -8,10 +8,12 @@ What it computes (Hadar's online primal-dual scheduler, reconstructed in the OAS
 (INFOCOM 2018) from the papers' abstracts: Sultana et al., arXiv 2503.10918, 2025; Hadar,
 IPDPS 2024):
 
-* **Prices.**  A price per GPU-second ``p[h, t] = L * (U / L) ** (g[h, t] / c[h])`` for each GPU
-  type ``h`` and epoch ``t`` of the rolling horizon, where ``g`` is what admitted jobs already
-  hold.  ``L`` and ``U`` (the smallest and largest utility per GPU-second among the jobs in play)
-  are estimated by the caller (:func:`hadar_slurm.core.utility_bounds`).  Prices are per GPU
+* **Prices.**  A price per GPU-second
+  ``p[h, t] = price_floor[h] * price_ratio ** (g[h, t] / c[h])`` for each GPU type ``h`` and
+  epoch ``t`` of the rolling horizon, where ``g`` is what admitted jobs already hold.  The
+  caller passes ``price_ratio = U / L``, with ``L`` and ``U`` the smallest and largest utility
+  per GPU-second among the jobs in play (:func:`hadar_slurm.policy.hadar.utility_bounds`), and
+  a floor of at most ``L / 2`` per type (the textbook form has ``L``).  Prices are per GPU
   *type*, not per node: nodes of one type are interchangeable to the price, and which nodes a
   job gets is decided afterwards by the matcher (the queue-order / resource-matching split).
 * **Dual subroutine** (:func:`_best_schedule`), per job against the current prices: in each
@@ -40,6 +42,8 @@ Utility: ``f(T) = k / (T + age)`` with ``T`` the finish time from now and ``k = 
 Also here, with their compiled twins: :func:`balance_split` (the type split),
 :func:`drain_prices` (the drain bound and the type prices that certify it) and :func:`match`
 (resource matching: per-type GPU counts to nodes).
+
+The algorithm, step by step with pointers into the code: docs/algorithm.md.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ def _run_seconds(
     return round_s
 
 
+# The algorithm: docs/algorithm.md, "A job's best schedule (the dual subroutine)".
 def _epoch_option(
     i: int, t: int, remaining_work: float, scale: I64, rate: F64, sync: I64, current: I64,
     free: I64, price: F64, round_s: float, migration_s: float, counts_out: I64,
@@ -289,6 +294,7 @@ def _best_schedule(
     return best_payoff
 
 
+# The algorithm: docs/algorithm.md, "Prices", "Admission and the dual variable".
 def plan(
     remaining: F64, scale: I64, rate: F64, fill_rate: F64, ukey: F64, age: F64, sync: I64,
     current: I64, order: I64, capacity: I64, round_s: float, horizon: int, migration_s: float,
@@ -451,6 +457,7 @@ def _fastest_option(i: int, scale: I64, rate: F64, sync: I64, free: I64) -> tupl
     return best_prog, best
 
 
+# The algorithm: docs/algorithm.md, "Drain prices and the type split".
 def balance_split(
     gpu_s: F64, capacity: I64, pi: F64, scale: I64, window: float, max_moves: int,
 ) -> F64:
@@ -738,6 +745,7 @@ def _exchange(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64,
     return changed
 
 
+# The algorithm: docs/algorithm.md, "Drain prices and the type split".
 def drain_prices(
     remaining: F64, scale: I64, rate: F64, capacity: I64, iterations: int,
 ) -> tuple[float, F64]:
@@ -827,6 +835,7 @@ def drain_prices(
     return bound, best_pi
 
 
+# The algorithm: docs/algorithm.md, "Gang repacking and the matcher".
 def match(
     node_type: I64, node_gpus: I64, counts: I64, order: I64,
     cur_job: I64, cur_node: I64, cur_count: I64,

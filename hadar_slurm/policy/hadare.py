@@ -48,6 +48,7 @@ from hadar_slurm.policy.base import (
 from hadar_slurm.policy.hadar import HadarPolicy, drain_estimate
 
 
+# The algorithm: docs/algorithm.md, "How many copies".
 def fork_drain(remaining: FloatArray, scale: IntArray, rate: FloatArray,
                capacity: IntArray) -> float:
     """A lower bound on the time to finish ``remaining`` when jobs may use any number of GPUs.
@@ -75,6 +76,7 @@ class HadarEState:
     target: float
 
 
+# The algorithm: docs/algorithm.md, "HadarE: forking jobs into copies".
 @dataclass
 class HadarEPolicy:
     """HadarE.  ``max_copies``: the cap on copies per job when the snapshot has none (the
