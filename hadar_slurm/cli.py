@@ -36,6 +36,7 @@ import numpy as np
 from hadar_slurm import __version__, cli_hints, cli_nvml, cli_report, cli_store
 from hadar_slurm.cluster import load_cluster
 from hadar_slurm.consolidation import ConsolidationCost
+from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.hetjob import MAX_COPIES
 from hadar_slurm.loop import EpochRecord
@@ -105,13 +106,9 @@ def parse_seconds(text: str, what: str, *, positive: bool = False,
     """A number of seconds given on the command line as ``--WHAT`` (> 0 when ``positive``,
     else >= 0)."""
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise InputError(f"expected a number of seconds {'>' if positive else '>='} 0, "
-                         f"got {text!r}", field=what, fix=f"e.g. --{what} {example}")
-    return value
+        return parse_seconds_value(text, positive=positive)
+    except ValueError as exc:
+        raise InputError(str(exc), field=what, fix=f"e.g. --{what} {example}") from None
 
 
 def parse_copies(text: str) -> int:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from hadar_slurm.cli_store import DB_HELP, store_path
+from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.nvml import NvmlUnavailable, gres_conf, list_gpus, short_type_name
 from hadar_slurm.profile import (
@@ -126,12 +127,10 @@ def _positive_int(what: str, low: int = 1) -> Callable[[str], int]:
 
 def _seconds(text: str) -> float:
     try:
-        value = float(text)
+        return parse_seconds_value(text, positive=True)
     except ValueError:
-        value = -1.0
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, got {text!r}") from None
 
 
 def _gpu_types(text: str) -> list[str]:

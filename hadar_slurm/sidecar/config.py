@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time
 from pathlib import Path
 
+from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy import REGISTRY
 from hadar_slurm.slurm.version import tested_text
@@ -124,13 +125,11 @@ def _seconds(*, allow_zero: bool) -> Check:
     bound = ">= 0" if allow_zero else "> 0"
 
     def check(value: object, _base: Path) -> float:
-        problem = f"must be a number of seconds {bound}, got {_show(value)}"
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _InvalidValueError(problem)
-        seconds = float(value)
-        if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-            raise _InvalidValueError(problem)
-        return seconds
+        try:
+            return parse_seconds_value(value, positive=not allow_zero, text=False)
+        except ValueError:
+            raise _InvalidValueError(
+                f"must be a number of seconds {bound}, got {_show(value)}") from None
 
     return check
 
