@@ -49,7 +49,7 @@ from hadar_slurm.sidecar.report import explain, format_status, status_rows
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.run import SimResult, simulate
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmJob
-from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
+from hadar_slurm.throughputs import ThroughputTable, load_tables
 from hadar_slurm.trace import (
     BUNDLED_TRACES,
     check_runnable,
@@ -72,8 +72,7 @@ def default_policy() -> str:
 
 def load_throughputs(path: str | None) -> ThroughputTable:
     """The bundled Gavel table, with the entries of ``path`` (if given) merged over it."""
-    table = default_table()
-    return table if path is None else table.merged(load_table(path))
+    return load_tables(() if path is None else (path,))
 
 
 def load_jobs(trace: str, table: ThroughputTable, cluster: ClusterSpec) -> tuple[list[Job], str]:

@@ -26,7 +26,7 @@ import ast
 import csv
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -222,3 +222,13 @@ def default_table() -> ThroughputTable:
     """Gavel's measured table for v100, p100 and k80, shipped with the package."""
     ref = resources.files("hadar_slurm") / "data" / "gavel" / "simulation_throughputs.json"
     return parse_gavel_json(ref.read_text(), "gavel:simulation_throughputs.json")
+
+
+def load_tables(paths: Iterable[str | Path]) -> ThroughputTable:
+    """The bundled Gavel table (:func:`default_table`) with the entries of each of ``paths``
+    merged over it, in order (a later file wins).  The simulator's ``--throughputs`` and the
+    sidecar's ``[scheduler] throughputs`` both read their tables here."""
+    table = default_table()
+    for path in paths:
+        table = table.merged(load_table(path))
+    return table

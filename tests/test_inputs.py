@@ -371,3 +371,21 @@ def test_unknown_policy_lists_known_ones() -> None:
     assert info.value.field == "policy"
     assert "unknown policy 'nope'" in info.value.problem
     assert info.value.fix is not None and "fifo" in info.value.fix
+
+
+def test_one_throughput_loader_for_simulate_and_the_sidecar(tmp_path: Path) -> None:
+    from hadar_slurm.cli import load_throughputs
+    from hadar_slurm.sidecar.config import default_config, load_table_for
+    from hadar_slurm.throughputs import default_table, load_tables
+
+    bundled = default_table().rates
+    assert load_tables([]).rates == bundled
+    assert load_throughputs(None).rates == bundled
+    assert load_table_for(default_config()).rates == bundled
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    header = "job_type,scale_factor,gpu_type,steps_per_second\n"
+    first.write_text(header + "X,1,v100,1.0\nY,1,v100,2.0\n")
+    second.write_text(header + "X,1,v100,3.0\n")
+    merged = load_tables([first, second]).rates
+    assert merged[("X", 1)]["v100"] == 3.0 and merged[("Y", 1)]["v100"] == 2.0
+    assert load_throughputs(str(first)).rates == load_tables([first]).rates

@@ -39,7 +39,7 @@ from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy import REGISTRY
 from hadar_slurm.slurm.version import tested_text
-from hadar_slurm.throughputs import ThroughputTable, default_table, load_table
+from hadar_slurm.throughputs import ThroughputTable, load_tables
 
 SECTIONS = ("slurm", "scheduler", "hadare", "sidecar", "metrics")
 DEFAULTS_SOURCE = "<defaults>"
@@ -704,10 +704,7 @@ def load_config(path: str | Path) -> SidecarConfig:
 
 def load_table_for(config: SidecarConfig) -> ThroughputTable:
     """The bundled Gavel table with ``config.throughputs`` merged over it, in order."""
-    table = default_table()
-    for path in config.throughputs:
-        table = table.merged(load_table(path))
-    return table
+    return load_tables(config.throughputs)
 
 
 # -- docs ------------------------------------------------------------------------------------
