@@ -1,8 +1,8 @@
 """The epoch loop: snapshot -> policy -> diff -> apply, the same for Slurm and the simulator.
 
 The mechanism owns the loop, the timing and the diff; a :class:`ClusterBackend` owns the world
-(real Slurm, or the trace-driven simulator) and a :class:`Clock` owns time (wall clock, or
-simulated time that jumps).  There is no "simulate" flag anywhere in here.
+(real Slurm, or the trace-driven simulator) and a :class:`Clock` owns time (the sidecar's wall
+clock, or simulated time that jumps).  There is no "simulate" flag anywhere in here.
 """
 
 from __future__ import annotations
@@ -19,21 +19,12 @@ from hadar_slurm.policy.base import Decision, Policy, Snapshot
 
 
 class Clock(Protocol):
+    """Where the loop's time comes from: :class:`SimClock` in the simulator, the sidecar's
+    wall clock (``sidecar.controller.StopClock``) on Slurm."""
+
     def now(self) -> float: ...
 
     def sleep_until(self, t: float) -> None: ...
-
-
-class WallClock:
-    """Real time (seconds since the epoch)."""
-
-    def now(self) -> float:
-        return time.time()
-
-    def sleep_until(self, t: float) -> None:
-        delay = t - time.time()
-        if delay > 0:
-            time.sleep(delay)
 
 
 class SimClock:

@@ -27,7 +27,15 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 class Reason(enum.IntEnum):
-    """Why a job is (not) placed in an epoch.  Each code names the component that decided."""
+    """Why a job is (not) placed in an epoch.  Each code names the component that decided.
+
+    A policy stamps each job with the code of the component that refused it, where it refused
+    it: the matcher (``NO_FREE_GPU``: given GPU counts, no nodes could hold them), Hadar's gang
+    repacking (``NOT_PACKED``), its horizon (``NO_CAPACITY``: none of the GPUs it may use is
+    free in any epoch of the plan), its dual (``PRICED_OUT``; ``DEFERRED``: admitted for a
+    later epoch and nothing it can use is idle now), Gavel's round and LP, FIFO's queue.
+    Values are stable (6 was ``NOT_ARRIVED``, never used: snapshots hold submitted jobs only).
+    """
 
     PLACED = 0
     PRICED_OUT = 1
@@ -35,8 +43,10 @@ class Reason(enum.IntEnum):
     NO_THROUGHPUT = 3
     SHARE_SERVED = 4
     QUEUE_ORDER = 5
-    NOT_ARRIVED = 6
     AWAITING_ALLOCATION = 7
+    NOT_PACKED = 8
+    NO_CAPACITY = 9
+    DEFERRED = 10
 
     @property
     def component(self) -> str:
@@ -61,10 +71,24 @@ _REASON_TEXT = {
         "waits: it already received its LP share; jobs further below their share go first",
     ),
     Reason.QUEUE_ORDER: ("fifo", "waits: earlier jobs in the queue took the free GPUs"),
-    Reason.NOT_ARRIVED: ("loop", "not submitted yet"),
     Reason.AWAITING_ALLOCATION: (
         "gavel.lp",
         "waits: arrived after the last LP allocation; gets a share when it is recomputed",
+    ),
+    Reason.NOT_PACKED: (
+        "hadar.gang",
+        "waits: a multi-GPU job ahead of it took its GPUs so that its gang can start, and no "
+        "other free GPUs fit it this epoch",
+    ),
+    Reason.NO_CAPACITY: (
+        "hadar.horizon",
+        "waits: none of the GPUs it runs well on is free in any epoch of the plan's horizon, "
+        "and no other GPU it can use is idle now",
+    ),
+    Reason.DEFERRED: (
+        "hadar.dual",
+        "waits: the plan runs it in a later epoch, when the GPUs it runs well on are cheaper, "
+        "and no GPU it can use is idle now",
     ),
 }
 

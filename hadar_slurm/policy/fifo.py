@@ -39,5 +39,6 @@ class FifoPolicy:
                     free[h] -= need
                     break
         placement, placed = match_nodes(snapshot, counts, order)
+        reason[(counts.sum(axis=1) > 0) & ~placed] = Reason.NO_FREE_GPU  # the matcher refused
         reason[placed] = Reason.PLACED
         return Decision(snapshot.epoch, placement, reason)

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from hadar_slurm.core import balance_split, drain_prices, plan
 from hadar_slurm.policy.base import (
@@ -226,18 +227,44 @@ class HadarPolicy:
         # two types) is for back-fill, not a reason to take a GPU another job needs more.
         main = (phi > 0.0) & (phi >= self.split_share * phi.max(axis=1, keepdims=True))
         split_rate = np.where(main, worker_rate, 0.0)
-        alloc, _payoff, status = plan(
+        alloc, payoff, status = plan(
             snapshot.remaining.astype(np.float64), scale, split_rate, worker_rate, ukey, age,
             snapshot.sync.astype(np.int64), current, order, capacity, float(snapshot.round_s),
             int(self.horizon), float(self.migration_s), floor, hi / lo,
         )
+        planned = alloc.sum(axis=1) > 0
         alloc = repack_gangs(alloc, scale, main & (worker_rate > 0), worker_rate, order,
                              capacity)
+        packed = alloc.sum(axis=1) > 0
         placement, placed = match_nodes(snapshot, alloc, order)
-        reason[status == 3] = Reason.NO_THROUGHPUT
-        reason[status == 1] = Reason.NO_FREE_GPU
-        reason[placed] = Reason.PLACED
+        reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
+                                 packed, placed)
         return Decision(snapshot.epoch, placement, reason, HadarState(target))
+
+    @staticmethod
+    def reasons(status: IntArray, payoff: FloatArray, remaining: FloatArray,
+                split_rate: FloatArray, planned: BoolArray, packed: BoolArray,
+                placed: BoolArray) -> npt.NDArray[np.int8]:
+        """Per job, the code of the component that refused it (``PLACED`` where none did).
+
+        ``status``/``payoff`` are the core planner's (see :func:`hadar_slurm.core.plan`):
+        the dual either admitted a job for a later epoch (1: ``DEFERRED``, as back-fill found
+        nothing idle for it now) or priced it out (2 with a finite payoff: ``PRICED_OUT``); a
+        job with work left and main types that it never priced (2 with no payoff) found no free
+        GPU of those types in any epoch of the horizon (``NO_CAPACITY``).  Then ``planned`` (GPUs in
+        the plan) minus ``packed`` (GPUs after gang repacking) were displaced by a gang
+        (``NOT_PACKED``), and ``packed`` jobs that are not ``placed`` were refused by the
+        matcher (``NO_FREE_GPU``).
+        """
+        reason = np.full(status.shape[0], Reason.PRICED_OUT, dtype=np.int8)
+        never_priced = (status == 2) & np.isnan(payoff) & (remaining > 0)
+        reason[never_priced & (split_rate > 0).any(axis=1)] = Reason.NO_CAPACITY
+        reason[status == 1] = Reason.DEFERRED
+        reason[status == 3] = Reason.NO_THROUGHPUT
+        reason[planned & ~packed] = Reason.NOT_PACKED
+        reason[packed & ~placed] = Reason.NO_FREE_GPU
+        reason[placed] = Reason.PLACED
+        return reason
 
     def critical_jobs(self, snapshot: Snapshot, rem_own: FloatArray, own: IntArray,
                       window: float, capacity: IntArray) -> BoolArray:
