@@ -572,3 +572,33 @@ def test_a_parked_job_is_forked_without_a_hold(tmp_path: Path) -> None:
     step(b, {J: THREE}, 1)  # the copies run as decided: nothing to change, still no hold
     assert ("hold", J) not in api.log
     assert api.jobs[J].eligible_time == J_parked.eligible_time
+
+
+def test_fork_writes_as_the_owner_the_way_slurm_commands_run(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """write_files (another owner) and SlurmRunner.run(as_user=) switch user the same way:
+    the owner's uid, gid, groups and environment, in /."""
+    import subprocess
+
+    from hadar_slurm.slurm import RunAs, SlurmRunner
+
+    owner = RunAs(os.geteuid() + 1, 4242, (4242, 27), {"PATH": "/bin", "HOME": "/home/u"})
+    seen: list[tuple[object, dict[str, object]]] = []
+
+    def fake_run(argv: object, **kw: object) -> subprocess.CompletedProcess[str]:
+        seen.append((argv, kw))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    hadare.write_files(owner, "/t/.hadar-tracker/7", {"hints": "model=lm"})
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    SlurmRunner(conf).run(["squeue"], as_user=owner)
+    (mkdir, mk_kw), (tee, tee_kw), (_squeue, run_kw) = seen
+    assert mkdir == ["mkdir", "-p", "--", "/t/.hadar-tracker/7"]
+    assert tee == ["tee", "--", "/t/.hadar-tracker/7/hints"] and tee_kw["input"] == "model=lm"
+    for kw in (mk_kw, tee_kw, run_kw):
+        assert (kw["user"], kw["group"], kw["extra_groups"], kw["cwd"]) == (
+            owner.uid, 4242, [4242, 27], "/")
+    assert mk_kw["env"] == {"PATH": "/bin", "HOME": "/home/u"}
+    assert run_kw["env"] == {"PATH": "/bin", "HOME": "/home/u", "SLURM_CONF": str(conf)}

@@ -33,6 +33,7 @@ from pathlib import Path
 from hadar_slurm.runtime.tracker import PROGRESS_FILE
 from hadar_slurm.slurm import RunAs, SlurmJob
 from hadar_slurm.slurm.parse import QUEUED_STATES, RUNNING_STATES
+from hadar_slurm.slurm.runner import as_user_kwargs
 
 #: The comment of every component of a fork of job J: ``hadar-copy-of=J``.
 COPY_OF = "hadar-copy-of="
@@ -208,11 +209,10 @@ def write_files(owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
 
 def _as_owner(owner: RunAs, argv: list[str], text: str | None) -> None:
     try:
-        proc = subprocess.run(
+        proc = subprocess.run(  # type: ignore[call-overload]
             argv, input=text, stdin=None if text is not None else subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(owner.env),
-            cwd="/", user=owner.uid, group=owner.gid, extra_groups=list(owner.groups),
-            timeout=FILE_TIMEOUT_S, check=False)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            timeout=FILE_TIMEOUT_S, check=False, **as_user_kwargs(owner))
     except (OSError, subprocess.SubprocessError) as exc:
         raise ForkError(f"`{' '.join(argv)}` as uid {owner.uid} failed: {exc}") from None
     if proc.returncode != 0:

@@ -30,6 +30,18 @@ class RunAs:
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
+def as_user_kwargs(as_user: RunAs) -> dict[str, object]:
+    """The :func:`subprocess.run` arguments that run a command as ``as_user``: exactly its
+    environment (``env``; callers may add to it), ``/`` as the working directory, and its uid,
+    primary gid and supplementary groups when it is not this process's user.  The one way a
+    command runs as another user: Slurm commands (:meth:`SlurmRunner.run`) and the fork's
+    file writes (:func:`hadar_slurm.sidecar.fork.write_files`) alike."""
+    kwargs: dict[str, object] = {"env": dict(as_user.env), "cwd": "/"}
+    if as_user.uid != os.geteuid():
+        kwargs.update(user=as_user.uid, group=as_user.gid, extra_groups=list(as_user.groups))
+    return kwargs
+
+
 @dataclass(frozen=True)
 class CommandResult:
     argv: tuple[str, ...]
@@ -81,17 +93,13 @@ class SlurmRunner:
             if "\0" in a:
                 raise ValueError(f"argument {a!r} of {args[0]} contains a NUL byte")
         limit = self.timeout if timeout is None else timeout
-        env = self._env
-        who: dict[str, object] = {}
+        who: dict[str, object] = {"env": self._env}
         if as_user is not None:
-            env = {**as_user.env, "SLURM_CONF": self.slurm_conf}
-            who["cwd"] = "/"
-            if as_user.uid != os.geteuid():
-                who.update(user=as_user.uid, group=as_user.gid,
-                           extra_groups=list(as_user.groups))
+            who = as_user_kwargs(as_user)
+            who["env"] = {**as_user.env, "SLURM_CONF": self.slurm_conf}
         try:
             proc = subprocess.run(  # type: ignore[call-overload]
-                args, capture_output=True, text=True, timeout=limit, env=env,
+                args, capture_output=True, text=True, timeout=limit,
                 input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
                 check=False, **who,
             )
