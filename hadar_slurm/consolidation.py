@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hadar_slurm.errors import InputError
+from hadar_slurm.throughputs import split_job_type
 
 #: Parameter sizes in MB (fp32) by the model name before " (batch size ...)".
 MODEL_SIZE_MB: Mapping[str, float] = MappingProxyType({
@@ -33,8 +34,9 @@ MODEL_SIZE_MB: Mapping[str, float] = MappingProxyType({
 
 
 def model_name(job_type: str) -> str:
-    """``"ResNet-50 (batch size 64)"`` -> ``"ResNet-50"``."""
-    return job_type.split(" (", 1)[0].strip()
+    """``"ResNet-50 (batch size 64)"`` -> ``"ResNet-50"``
+    (:func:`hadar_slurm.throughputs.split_job_type`)."""
+    return split_job_type(job_type)[0]
 
 
 @dataclass(frozen=True)

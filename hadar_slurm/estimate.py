@@ -43,7 +43,6 @@ Everything here is a pure function of its arguments (NumPy only).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -52,7 +51,7 @@ import numpy.typing as npt
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
-from hadar_slurm.throughputs import JobKey, ThroughputTable
+from hadar_slurm.throughputs import JobKey, ThroughputTable, split_job_type
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -74,13 +73,10 @@ SWEEPS = 30
 #: table the model explains exactly is recovered to about 1e-7 relative.
 TINY = 1e-7
 
-_BATCH_SUFFIX = re.compile(r"^(.*?)\s*\(batch size \d+\)\s*$")
-
-
 def model_family(job_type: str) -> str:
-    """``ResNet-50 (batch size 64)`` -> ``ResNet-50``; a name without a batch size is its own."""
-    m = _BATCH_SUFFIX.match(job_type)
-    return m.group(1) if m else job_type
+    """``ResNet-50 (batch size 64)`` -> ``ResNet-50``; a name without a batch size is its own
+    (:func:`hadar_slurm.throughputs.split_job_type`)."""
+    return split_job_type(job_type)[0]
 
 
 @dataclass(frozen=True)

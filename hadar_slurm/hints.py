@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from hadar_slurm.errors import InputError
 from hadar_slurm.hetjob import MAX_COPIES
 from hadar_slurm.sidecar.record import MAX_ARGS_BYTES
-from hadar_slurm.throughputs import ThroughputTable, default_table
+from hadar_slurm.throughputs import ThroughputTable, default_table, split_job_type
 
 __all__ = [
     "HINT_KEYS",
@@ -106,7 +106,6 @@ _SPACE = " \t\n\r\f\v"
 _SPLIT = re.compile(r"[ \t\n\r\f\v]+")
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _NOT_ALNUM = re.compile(r"[^a-z0-9]")
-_BATCHED = re.compile(r"^(.*) \(batch size ([0-9]+)\)$")
 _WHOLE = re.compile(r"[0-9]+(?:_[0-9]+)*")  # fullmatch: ASCII digits, single _ between
 _DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _SYNC = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -218,8 +217,7 @@ class ModelCatalog:
         batch size 64; ``"A3C"`` -> ``a3c`` without batch size."""
         gpus: dict[str, dict[int | None, dict[str, set[int]]]] = {}
         for job_type, scale in table.job_keys():
-            match = _BATCHED.match(job_type)
-            base, bs = (match.group(1), int(match.group(2))) if match else (job_type, None)
+            base, bs = split_job_type(job_type)
             name = canonical_model(base)
             if not name or bs == 0 or len(name) > MAX_VALUE_BYTES:
                 raise InputError(

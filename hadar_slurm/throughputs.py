@@ -26,6 +26,7 @@ import ast
 import csv
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -232,3 +233,24 @@ def load_tables(paths: Iterable[str | Path]) -> ThroughputTable:
     for path in paths:
         table = table.merged(load_table(path))
     return table
+
+
+#: A job type with a batch size: ``<model> (batch size <N>)``, as Gavel names them.
+_BATCHED = re.compile(r"^(.*) \(batch size ([0-9]+)\)$")
+
+
+def split_job_type(job_type: str) -> tuple[str, int | None]:
+    """The model and batch size a job type names: ``"ResNet-50 (batch size 64)"`` ->
+    ``("ResNet-50", 64)``; ``"A3C"`` -> ``("A3C", None)``.
+
+    The one reading of the naming convention (the hints' model catalog, the estimator's model
+    families and the consolidation cost's model sizes all use it).  A batch size is only the
+    exact trailing suffix `` (batch size N)`` (one space before it, ASCII digits, nothing
+    after it); everything before it is the model, other parentheses included:
+    ``"ResNet-50 (fp16)"`` is the model ``ResNet-50 (fp16)`` without batch size (a model of its
+    own, with throughputs of its own), and ``"ResNet-50 (fp16) (batch size 64)"`` is
+    ``("ResNet-50 (fp16)", 64)``.  Names that only resemble the suffix (``"X (batch size 64) "``,
+    ``"X(batch size 64)"``) are models without batch size.
+    """
+    match = _BATCHED.match(job_type)
+    return (match.group(1), int(match.group(2))) if match else (job_type, None)
