@@ -36,6 +36,7 @@ import numpy as np
 from hadar_slurm import __version__, cli_hints, cli_nvml, cli_report, cli_store
 from hadar_slurm.cluster import load_cluster
 from hadar_slurm.consolidation import ConsolidationCost
+from hadar_slurm.core_info import core_line
 from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.hetjob import MAX_COPIES
@@ -235,6 +236,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if plots_dir is not None and plots_dir.exists() and not plots_dir.is_dir():
         raise InputError("exists and is not a directory", source=args.plots, field="plots")
 
+    print(core_line(), file=sys.stderr)
     print(f"trace {source}: {len(jobs)} jobs; cluster {cluster.describe()}; "
           f"round {round_s:g} s")
     start = min(j.arrival_s for j in jobs)

@@ -15,6 +15,7 @@ from conftest import REPO, run_cli, trace_line
 
 from hadar_slurm import __version__
 from hadar_slurm.cli import main
+from hadar_slurm.core_info import core_kind, core_line
 
 WriteTrace = Callable[[Sequence[str]], Path]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +40,8 @@ def test_simulate_prints_table_and_writes_json(
     proc = run_cli("simulate", "--trace", str(two_jobs), "--cluster", "v100=1",
                    "--throughputs", str(toy_csv), "--policy", "fifo", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""  # no progress bar when stderr is not a terminal
+    # no progress bar when stderr is not a terminal: only the line saying which core runs
+    assert proc.stderr == core_line() + "\n"
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.startswith("policy"))
     for col in ("makespan", "avg JCT", "p95 JCT", "utilization", "FTF mean", "FTF max",
@@ -236,3 +238,24 @@ def test_runs_as_installed_console_script(tmp_path: Path) -> None:
     proc = subprocess.run([str(script), "--version"], capture_output=True, text=True,
                           cwd=tmp_path, check=False, timeout=60)
     assert proc.returncode == 0 and __version__ in proc.stdout
+
+
+def test_simulate_says_which_core_runs(two_jobs: Path, toy_csv: Path,
+                                       monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from hadar_slurm import core
+
+    args = ("simulate", "--trace", str(two_jobs), "--cluster", "v100=1",
+            "--throughputs", str(toy_csv), "--policy", "fifo")
+    assert main(list(args)) == 0
+    expected = ("core: compiled (hadar_slurm._hadar_core)" if core.COMPILED else
+                "core: NumPy reference (the compiled core is not built: ")
+    assert capsys.readouterr().err.startswith(expected)
+    assert core_kind() == ("compiled" if core.COMPILED else "numpy")
+    monkeypatch.setattr(core, "COMPILED", False)
+    monkeypatch.setitem(sys.modules, "hadar_slurm._hadar_core", None)  # import fails
+    assert core_kind() == "numpy"
+    assert main(list(args)) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("core: NumPy reference (the compiled core is not built: ")
+    assert "hadar_slurm._hadar_core" in err.splitlines()[0]

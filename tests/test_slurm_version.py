@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hadar_slurm import cli
+from hadar_slurm.core_info import core_kind
 from hadar_slurm.sidecar import controller
 from hadar_slurm.sidecar.api import CliApi, DryRunApi
 from hadar_slurm.sidecar.config import SidecarConfig
@@ -122,6 +123,8 @@ def test_a_tested_slurm_is_logged_and_kept(config_file: Path) -> None:  # noqa: 
         "release": "24.11.5", "series": "24.11", "tested": True, "allow_untested": False}
     names = [e["event"] for e in events(config)]
     assert names.index("start") < names.index("slurm_version") < names.index("resume")
+    [start] = events(config, "start")
+    assert start["core"] == core_kind() in ("compiled", "numpy")
     state = json.loads((Path(str(config.state_dir)) / controller.STATE_FILE).read_text())
     assert state["slurm_version"] == "24.11.5"
     assert format_status([], state).splitlines()[0].endswith(", policy hadar, Slurm 24.11.5")

@@ -49,6 +49,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+from hadar_slurm.core_info import core_kind
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import log_event, log_exception, setup_logging
 from hadar_slurm.loop import EpochLoop, EpochRecord
@@ -379,7 +380,7 @@ class Sidecar:
                   dry_run=c.dry_run, backend=self.api.name, config=c.source,
                   pid=os.getpid(), metrics=self.metrics.address,
                   throughput_db=str(c.store_path), learn=c.learn_throughputs,
-                  state_dir=self.state_dir)
+                  state_dir=self.state_dir, core=core_kind())
         while not self.stop.is_set():
             try:
                 if not self._slurm_checked:
