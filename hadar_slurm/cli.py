@@ -22,12 +22,11 @@ line, ``hadar-slurm: error: ...``, and the exit status is 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -43,7 +42,6 @@ from hadar_slurm.hetjob import MAX_COPIES
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import REGISTRY, Policy, make_policy
-from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sidecar.config import SidecarConfig, default_config, load_config
 from hadar_slurm.sidecar.controller import Sidecar, read_state, slurm_api
 from hadar_slurm.sidecar.report import explain, format_status, status_rows
@@ -87,12 +85,15 @@ def load_jobs(trace: str, table: ThroughputTable, cluster: ClusterSpec) -> tuple
     return jobs, source
 
 
-def parse_policies(spec: str) -> list[Policy]:
+def parse_policies(spec: str,
+                   settings: Mapping[str, Mapping[str, object]] | None = None) -> list[Policy]:
+    """The policies named in ``spec`` (comma-separated), each built with its ``settings``."""
     names = [n.strip() for n in spec.split(",")]
     if not all(names):
         raise InputError(f"empty policy name in {spec!r}", field="policy",
                          fix="separate names by single commas, e.g. hadar,fifo")
-    policies = [make_policy(n) for n in names]
+    given = settings or {}
+    policies = [make_policy(n, **given.get(n.lower(), {})) for n in names]
     seen: set[str] = set()
     for p in policies:
         if p.name in seen:
@@ -221,14 +222,15 @@ def write_json(path: str, results: Sequence[SimResult]) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    policies = parse_policies(args.policy)
     round_s = parse_round(args.round_seconds)
     consolidation = ConsolidationCost(
         base_s=parse_seconds(args.consolidation_base_s, "consolidation-base-s"),
         s_per_gb=parse_seconds(args.consolidation_s_per_gb, "consolidation-s-per-gb"))
-    max_copies = parse_copies(args.max_copies)
-    policies = [dataclasses.replace(p, consolidation=consolidation, max_copies=max_copies)
-                if isinstance(p, HadarEPolicy) else p for p in policies]
+    # Each policy's own settings from the command line (only hadare has any given here).
+    settings: dict[str, dict[str, object]] = {
+        "hadare": {"max_copies": parse_copies(args.max_copies), "consolidation": consolidation},
+    }
+    policies = parse_policies(args.policy, settings)
     table = load_throughputs(args.throughputs)
     cluster = load_cluster(args.cluster)
     jobs, source = load_jobs(args.trace, table, cluster)

@@ -178,6 +178,7 @@ def check_copies(sim: SimulatedCluster, cap: int, multi_node: bool) -> int:
 @pytest.mark.parametrize("trace,cluster,multi_node", [
     ("poisson_200_lam900_seed0", "4:4:4", True),
     ("static_48_multigpu_seed1", "4:4:4", True),
+    ("static_48_multigpu_seed1", "4:4:4", False),
 ])
 def test_copies_never_share_a_node_and_respect_the_cap(trace: str, cluster: str,
                                                        multi_node: bool) -> None:
@@ -188,26 +189,52 @@ def test_copies_never_share_a_node_and_respect_the_cap(trace: str, cluster: str,
         most[0] = max(most[0], check_copies(sim, 3, multi_node))
 
     r = simulate(load_trace(trace, table), load_cluster(cluster), table,
-                 HadarEPolicy(max_copies=3, multi_node_copies=multi_node), on_epoch=hook)
+                 make_policy("hadare", max_copies=3), on_epoch=hook,
+                 multi_node_copies=multi_node)
     assert r.num_completed == r.num_jobs
     assert most[0] == r.max_copies
     assert 2 <= r.max_copies <= 3
 
 
 def test_single_node_copies_on_multi_gpu_nodes() -> None:
-    # Nodes of 4 GPUs; with multi_node_copies=False every copy fits one node.
+    # Nodes of 4 GPUs; the simulator says multi_node_copies=False (as Slurm does) unless told
+    # otherwise, so every copy fits one node.
     table = default_table()
     nodes = tuple(Node(f"{t}{k}", t, 4) for t in ("v100", "p100", "k80") for k in range(2))
     cluster = ClusterSpec(nodes)
     most = [1]
 
     def hook(_rec: object, sim: SimulatedCluster) -> None:
+        assert sim.multi_node_copies is False
         most[0] = max(most[0], check_copies(sim, 4, False))
 
     r = simulate(load_trace("static_48_multigpu_seed1", table), cluster, table,
-                 HadarEPolicy(max_copies=4, multi_node_copies=False), on_epoch=hook)
+                 make_policy("hadare", max_copies=4), on_epoch=hook)
     assert r.num_completed == r.num_jobs
     assert most[0] > 1
+
+
+def test_the_simulator_tells_what_the_world_allows(toy_table: ThroughputTable) -> None:
+    jobs = [make_job(1, 36000, 0)]
+    snap = SimulatedCluster(jobs, parse_counts("v100=2"), toy_table).snapshot(0, 0.0, 360.0, None)
+    assert snap.multi_node_copies is False and snap.migration_s == 0.0
+    told = SimulatedCluster(jobs, parse_counts("v100=2"), toy_table, multi_node_copies=True,
+                            migration_cost_s=30.0).snapshot(0, 0.0, 360.0, None)
+    assert told.multi_node_copies is True and told.migration_s == 30.0
+
+
+def test_no_copy_spans_nodes_when_the_snapshot_says_so(toy_table: ThroughputTable) -> None:
+    # A long 2-GPU job on four 1-GPU v100 nodes: forked, each copy would span two nodes.
+    sim = SimulatedCluster([make_job(1, 360000, 0, "toy2", scale=2)], parse_counts("v100=4"),
+                           toy_table)
+    snap = sim.snapshot(0, 0.0, 360.0, None)
+    assert snap.multi_node_copies is False
+    policy = make_policy("hadare", max_copies=4)
+    for copies in policy.allocate(snap).placement.by_job_copies().values():
+        assert len(copies) == 1  # a copy cannot fit one node: the job runs as one gang
+    spanning = Snapshot(**{**snap.__dict__, "multi_node_copies": True})
+    multi = policy.allocate(spanning).placement.by_job_copies()
+    assert len(multi[1]) == 2 and all(len(rows) == 2 for rows in multi[1].values())
 
 
 def test_fork_drain_is_a_lower_bound_of_the_fork_lp() -> None:

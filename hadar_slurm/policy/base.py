@@ -202,6 +202,14 @@ class Snapshot:
     #: HadarE: the most copies each job may be forked into (None: 1 for every job, none may be
     #: forked, unless the policy has a cap of its own for the simulator; see ``copies_cap``).
     max_copies: IntArray | None = None
+    #: What the world allows, set by the backend (not a policy setting): whether one copy of a
+    #: forked job may span several nodes.  False in Slurm (each copy is one component of a
+    #: heterogeneous job, on one node) and, by default, in the simulator, which tells the same.
+    multi_node_copies: bool = False
+    #: What the world charges, set by the backend: seconds of progress a job loses when it is
+    #: moved to GPUs other than those it holds (the sidecar's ``[scheduler] migration_s``; the
+    #: simulator's ``migration_cost_s``).
+    migration_s: float = 0.0
 
     @property
     def num_jobs(self) -> int:

@@ -508,12 +508,12 @@ class GavelPolicy:
 class GavelLasPolicy(GavelPolicy):
     """``gavel-las``: Gavel's ``max_min_fairness_perf``."""
 
-    def __init__(self) -> None:
-        super().__init__("las")
+    def __init__(self, *, min_reset_s: float = MIN_RESET_S, tie_break: str | None = None) -> None:
+        super().__init__("las", min_reset_s=min_reset_s, tie_break=tie_break)
 
 
 class GavelMakespanPolicy(GavelPolicy):
     """``gavel-makespan``: Gavel's ``min_total_duration_perf``."""
 
-    def __init__(self) -> None:
-        super().__init__("makespan")
+    def __init__(self, *, min_reset_s: float = MIN_RESET_S, tie_break: str | None = None) -> None:
+        super().__init__("makespan", min_reset_s=min_reset_s, tie_break=tie_break)

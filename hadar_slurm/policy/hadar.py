@@ -156,8 +156,9 @@ class HadarState:
 class HadarPolicy:
     """Hadar.  Every knob has a default that needs no tuning; see the module docstring.
 
-    ``horizon``: epochs of look-ahead in the dual pass.  ``migration_s``: seconds of progress a
-    job loses when it moves (checkpoint and restart; 0 in Gavel-style simulation).
+    ``horizon``: epochs of look-ahead in the dual pass.  What a move costs a job is not a
+    setting: it comes from the world, ``Snapshot.migration_s`` (checkpoint and restart; 0 in
+    Gavel-style simulation).
     ``margin_rounds``: rounds of safety when testing whether a job can still wait.
     ``split_share``: a type is one of a job's main types when the job's split puts at least
     this share of the largest one there.
@@ -166,7 +167,6 @@ class HadarPolicy:
     """
 
     horizon: int = 8
-    migration_s: float = 0.0
     margin_rounds: float = 1.5
     chain_factor: float = 0.95
     min_floor: float = 0.05
@@ -230,7 +230,7 @@ class HadarPolicy:
         alloc, payoff, status = plan(
             snapshot.remaining.astype(np.float64), scale, split_rate, worker_rate, ukey, age,
             snapshot.sync.astype(np.int64), current, order, capacity, float(snapshot.round_s),
-            int(self.horizon), float(self.migration_s), floor, hi / lo,
+            int(self.horizon), float(snapshot.migration_s), floor, hi / lo,
         )
         planned = alloc.sum(axis=1) > 0
         alloc = repack_gangs(alloc, scale, main & (worker_rate > 0), worker_rate, order,

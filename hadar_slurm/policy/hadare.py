@@ -79,15 +79,15 @@ class HadarEState:
 # The algorithm: docs/algorithm.md, "HadarE: forking jobs into copies".
 @dataclass
 class HadarEPolicy:
-    """HadarE.  ``max_copies``: the cap on copies per job when the snapshot has none (the
-    simulator); ``consolidation``: what a consolidation costs; ``multi_node_copies``: whether a
-    copy may span nodes (a gang, as the job itself may; ``False`` in Slurm, where each copy is
-    one component on one node); ``round_s`` for the overhead comes from the snapshot; a job whose
-    consolidation takes ``max_overhead`` of a round or more is not forked."""
+    """HadarE.  Settings: ``max_copies``: the cap on copies per job when the snapshot has none
+    (the simulator); ``consolidation``: what a consolidation costs; a job whose consolidation
+    takes ``max_overhead`` of a round or more is not forked.  What the world allows comes from
+    the snapshot, set by the backend: ``round_s`` for the overhead, and ``multi_node_copies``,
+    whether one copy may span nodes (a gang, as the job itself may; ``False`` in Slurm, where
+    each copy is one component on one node, and in the simulator unless told otherwise)."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
-    multi_node_copies: bool = True
     hadar: HadarPolicy = field(default_factory=HadarPolicy)
     fork_all: bool = False
     max_overhead: float = 0.5
@@ -151,7 +151,7 @@ class HadarEPolicy:
         out = np.zeros(snapshot.num_jobs, dtype=np.int64)
         for i in range(snapshot.num_jobs):
             runs_on = snapshot.rate[i, snapshot.node_type] > 0
-            if self.multi_node_copies:
+            if snapshot.multi_node_copies:
                 per_type = np.bincount(snapshot.node_type[runs_on],
                                        weights=snapshot.node_gpus[runs_on],
                                        minlength=len(snapshot.gpu_types))
@@ -216,7 +216,7 @@ class HadarEPolicy:
                 # may span nodes); a job left with one copy is a plain gang and may mix.
                 fit = [c for c in copies
                        if len({int(snapshot.node_type[nd]) for _, _, nd, _ in c}) == 1
-                       and (self.multi_node_copies or len(c) == 1)]
+                       and (snapshot.multi_node_copies or len(c) == 1)]
                 copies = fit if fit else copies[:1]
             for c in copies:
                 rows.extend(c)
@@ -321,7 +321,7 @@ class HadarEPolicy:
             if whole:
                 nd = min(whole, key=lambda x: (x not in prefer, int(free[x]), x))
                 return [(nd, need)], float(snapshot.rate[i, h])
-            if not self.multi_node_copies:
+            if not snapshot.multi_node_copies:
                 continue
             cand.sort(key=lambda x: (x not in prefer, -int(free[x]), x))
             gangs: list[tuple[int, int]] = []

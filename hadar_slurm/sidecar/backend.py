@@ -233,12 +233,14 @@ class SlurmBackend:
         partition: str | None = None, preempt_grace_s: float = 30.0,
         preempt_signal: str = "USR1", sleep: Callable[[float], object] = time.sleep,
         should_stop: Callable[[], bool] = lambda: False, tracker_root: str | None = None,
-        knowledge: Knowledge | None = None,
+        knowledge: Knowledge | None = None, migration_s: float = 0.0,
     ) -> None:
         """``table``: the base throughput table; ``knowledge``: what the sidecar knows over it
         (a store, online learning, estimates; :mod:`hadar_slurm.sidecar.learn`), by default
-        ``table`` with in-memory estimates."""
+        ``table`` with in-memory estimates; ``migration_s``: what a move costs a job (the
+        config's ``[scheduler] migration_s``), told to the policy in every snapshot."""
         self.api = api
+        self.migration_s = migration_s
         self.knowledge = knowledge if knowledge is not None else Knowledge(table)
         self.catalog = catalog if catalog is not None else ModelCatalog.from_table(table)
         self.partition = partition
@@ -440,6 +442,8 @@ class SlurmBackend:
                               np.array(cur_copy, dtype=np.int64)),
             policy_state=policy_state,
             max_copies=np.array([v.max_copies for v in ordered], dtype=np.int64),
+            # a copy is one component of a heterogeneous job, on one node
+            multi_node_copies=False, migration_s=self.migration_s,
         )
 
     def _sort_groups(self) -> dict[int, CopyGroup]:

@@ -37,7 +37,6 @@ JCTs), which ``hadar-slurm report`` plots.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -55,8 +54,6 @@ from hadar_slurm.logs import log_event, log_exception, setup_logging
 from hadar_slurm.loop import EpochLoop, EpochRecord
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Reason, Snapshot
-from hadar_slurm.policy.hadar import HadarPolicy
-from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import JobView, SlurmBackend
 from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
@@ -237,14 +234,9 @@ class Sidecar:
         if api is None:
             api = slurm_api(config)
         self.api: SlurmApi = DryRunApi(api) if config.dry_run else api
+        # What Slurm allows (one node per copy) and what a move costs reach the policy
+        # through the backend's snapshots, not as settings.
         self.policy = make_policy(config.policy)
-        if isinstance(self.policy, HadarPolicy):
-            self.policy = dataclasses.replace(self.policy, migration_s=config.migration_s)
-        if isinstance(self.policy, HadarEPolicy):
-            # in Slurm each copy is one component of a heterogeneous job, on one node
-            self.policy = dataclasses.replace(
-                self.policy, multi_node_copies=False,
-                hadar=dataclasses.replace(self.policy.hadar, migration_s=config.migration_s))
         table = load_table_for(config)
         self.store: SidecarStore | None = open_store(config, self.logger)
         self.backend = SlurmBackend(
@@ -254,6 +246,7 @@ class Sidecar:
             tracker_root=config.tracker_root,
             knowledge=Knowledge(table, self.store, learn=config.learn_throughputs,
                                 optimism=config.estimate_optimism),
+            migration_s=config.migration_s,
         )
         clock = StopClock(self.stop, wake=self._job_ended if config.reschedule_on_finish
                           else None, poll_s=config.finish_poll_s)

@@ -32,7 +32,12 @@ rate there from the next snapshot on.
 HadarE: a job forked into copies (rows with different ``Placement.copy`` indices) progresses at
 the sum of its copies' rates, each copy computed as above; the job tracker adds up their
 iterations.  Every round a job runs forked it first spends ``consolidation.seconds(job type)``
-consolidating the copies' models, making no progress (the GPUs count as busy).
+consolidating the copies' models, making no progress (the GPUs count as busy).  The snapshot
+says ``multi_node_copies=False`` unless the simulator is built with ``multi_node_copies=True``:
+as in Slurm, where each copy is one hetjob component on one node, a copy may not span nodes, so
+the simulator scores the HadarE the sidecar can run.  (With ``True`` a copy over several nodes
+runs as a gang, slowed by ``spread_factor``, which the live backend cannot do.)  The snapshot's
+``migration_s`` is ``migration_cost_s``: the policy is told what a move costs here.
 """
 
 from __future__ import annotations
@@ -88,8 +93,10 @@ class SimulatedCluster:
         policy_table: ThroughputTable | None = None,
         learn_rates: bool = False,
         reschedule_on_finish: bool = False,
+        multi_node_copies: bool = False,
     ) -> None:
         self.reschedule_on_finish = reschedule_on_finish
+        self.multi_node_copies = multi_node_copies
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
         self.cluster = cluster
         self.gpu_types = cluster.gpu_types
@@ -163,6 +170,7 @@ class SimulatedCluster:
             weight=self.weight[active], sync=self.sync[active], rate=self.policy_rate[active],
             attained=self.state.attained[active], current=self.current,
             policy_state=policy_state,
+            multi_node_copies=self.multi_node_copies, migration_s=self.migration_cost_s,
         )
 
     def apply(self, decision: Decision, actions: list[Action], now: float) -> None:

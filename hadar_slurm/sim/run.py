@@ -121,6 +121,7 @@ def simulate(
     policy_table: ThroughputTable | None = None,
     learn_rates: bool = False,
     reschedule_on_finish: bool = False,
+    multi_node_copies: bool = False,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
 
@@ -134,12 +135,14 @@ def simulate(
     runtime's reports (see :class:`~hadar_slurm.sim.backend.SimulatedCluster`).
     ``reschedule_on_finish``: a round ends when its first job finishes, as the sidecar's epochs
     do by default, rather than after ``round_s`` or when all its jobs did (fixed rounds, as in
-    Gavel's simulator, the default here).
+    Gavel's simulator, the default here).  ``multi_node_copies``: whether a forked job's copy
+    may span several nodes (the snapshot tells the policy); False, as in Slurm, by default.
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
                                consolidation=consolidation, policy_table=policy_table,
                                learn_rates=learn_rates,
-                               reschedule_on_finish=reschedule_on_finish)
+                               reschedule_on_finish=reschedule_on_finish,
+                               multi_node_copies=multi_node_copies)
     start = float(backend.arrival.min()) if len(jobs) else 0.0
     hook = None if on_epoch is None else (lambda rec: on_epoch(rec, backend))
     loop = EpochLoop(backend, policy, SimClock(start), round_s=round_s, on_epoch=hook)
