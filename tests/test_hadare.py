@@ -193,7 +193,9 @@ def test_copies_never_share_a_node_and_respect_the_cap(trace: str, cluster: str,
                  multi_node_copies=multi_node)
     assert r.num_completed == r.num_jobs
     assert most[0] == r.max_copies
-    assert 2 <= r.max_copies <= 3
+    assert 1 <= r.max_copies <= 3
+    # On 1-GPU nodes only a copy spanning nodes lets a multi-GPU job fork.
+    assert r.max_copies >= 2 or not multi_node
 
 
 def test_single_node_copies_on_multi_gpu_nodes() -> None:

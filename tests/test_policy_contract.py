@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 
 from hadar_slurm.cluster import parse_counts
+from hadar_slurm.errors import InputError
 from hadar_slurm.model import Job
-from hadar_slurm.policy import REGISTRY, make_policy
+from hadar_slurm.policy import REGISTRY, make_policy, policy_settings
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.throughputs import parse_csv
@@ -93,6 +94,7 @@ def random_snapshot(seed: int) -> Snapshot:
         attained=rng.uniform(0.0, 3000.0, (n, num_types)),
         current=random_current(rng, node_type, node_gpus, scale, rate, job_ids),
         max_copies=rng.integers(1, 4, n).astype(I64) if seed % 2 else None,
+        multi_node_copies=seed % 4 == 3,
     )
 
 
@@ -195,6 +197,9 @@ def check_contract(snap: Snapshot, decision: Decision) -> None:
             assert len(copies) <= cap[i], f"job {job_id}: more copies than max_copies"
         if p.copy is None:
             assert len(copies) == 1
+        if len(copies) > 1 and not snap.multi_node_copies:
+            assert all(len({nd for nd, _ in rows}) == 1 for rows in copies.values()), (
+                f"job {job_id}: a copy spans nodes though the snapshot forbids it")
         seen: set[int] = set()
         for rows in copies.values():
             nodes = [nd for nd, _ in rows]
@@ -239,6 +244,29 @@ def test_policy_contract_on_random_snapshots(name: str, seed: int) -> None:
 def test_policy_contract_mid_simulation(name: str, seed: int) -> None:
     for snap in simulated_snapshots(name, seed):
         check_contract(snap, check_pure(name, snap))
+
+
+def test_factories_take_the_policys_own_settings() -> None:
+    hadare = make_policy("hadare", max_copies=2, fork_all=True)
+    assert (hadare.max_copies, hadare.fork_all) == (2, True)  # type: ignore[attr-defined]
+    assert make_policy("HadarE") == make_policy("hadare")
+    assert make_policy("hadar", horizon=4).horizon == 4  # type: ignore[attr-defined]
+    gavel = make_policy("gavel-las", min_reset_s=10.0)
+    assert (gavel.name, gavel.min_reset_s) == ("gavel-las", 10.0)  # type: ignore[attr-defined]
+    assert policy_settings("fifo") == ()
+    assert "max_copies" in policy_settings("hadare") and "name" not in policy_settings("hadare")
+
+
+@pytest.mark.parametrize("name,setting", [
+    ("hadar", "max_copies"),  # a HadarE setting, not Hadar's
+    ("hadare", "multi_node_copies"),  # what the world allows: the snapshot says it
+    ("hadar", "migration_s"),  # what a move costs: likewise
+    ("fifo", "horizon"),
+])
+def test_an_unknown_setting_names_the_setting_and_the_policy(name: str, setting: str) -> None:
+    with pytest.raises(InputError, match=f"policy '{name}' has no setting '{setting}'") as exc:
+        make_policy(name, **{setting: 1})
+    assert exc.value.field == setting
 
 
 def test_random_snapshots_cover_the_cases() -> None:

@@ -211,6 +211,14 @@ def test_snapshot_reads_once_and_counts_other_jobs_gpus() -> None:
         "ResNet-50 (batch size 64)", 1, "v100"))
 
 
+def test_snapshot_tells_the_policy_what_slurm_allows() -> None:
+    # A copy is one hetjob component on one node; a move costs what the config says.
+    snap = backend(FakeSlurm([job(1)], NODES), migration_s=45.0).snapshot(0, 2000.0, 60.0, None)
+    assert snap.multi_node_copies is False
+    assert snap.migration_s == 45.0
+    assert backend(FakeSlurm([job(1)], NODES)).snapshot(0, 2000.0, 60.0, None).migration_s == 0
+
+
 def test_place_is_one_update_and_a_release_and_idempotent() -> None:
     api = FakeSlurm([job(1)], NODES)
     b = backend(api)

@@ -17,16 +17,18 @@ import numpy as np
 import pytest
 
 from hadar_slurm.loop import Action, ActionKind, diff
+from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason
 from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import PENDING_STATES, RUNNING_STATES, SlurmBackend
 from hadar_slurm.sidecar.config import default_config
-from hadar_slurm.sidecar.controller import epoch_state
+from hadar_slurm.sidecar.controller import Sidecar, epoch_state
 from hadar_slurm.sidecar.record import JobRecord, decode, encode_args
 from hadar_slurm.sidecar.report import explain, status_rows
 from hadar_slurm.slurm import SlurmCommandError, SlurmJob, SlurmTimeoutError
 from hadar_slurm.throughputs import default_table
+from tests.test_safe_state import config_file, config_of  # noqa: F401
 from tests.test_sidecar_backend import NODES, FakeSlurm, job
 
 FORK_HINT = "hadar: model=resnet50 bs=64 steps=40000 fork=3"
@@ -602,3 +604,17 @@ def test_fork_writes_as_the_owner_the_way_slurm_commands_run(
             owner.uid, 4242, [4242, 27], "/")
     assert mk_kw["env"] == {"PATH": "/bin", "HOME": "/home/u"}
     assert run_kw["env"] == {"PATH": "/bin", "HOME": "/home/u", "SLURM_CONF": str(conf)}
+
+
+def test_the_sidecar_builds_hadare_from_settings_and_slurm_tells_it_the_world(
+        config_file: Path) -> None:  # noqa: F811
+    # No setting is patched onto the policy: it is HadarE as the registry builds it, and what
+    # Slurm allows (one node per copy) and what a move costs come in the backend's snapshots.
+    config = config_of(config_file, policy="hadare", migration_s=45.0)
+    sidecar = Sidecar(config, api=FakeSlurm([job(1)], NODES))
+    try:
+        assert sidecar.policy == make_policy("hadare")
+        snap = sidecar.backend.snapshot(0, 2000.0, 60.0, None)
+        assert snap.multi_node_copies is False and snap.migration_s == 45.0
+    finally:
+        sidecar.close()
