@@ -33,6 +33,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from urllib.parse import unquote_to_bytes
 
 PREFIX = "hadar"
 #: How job_submit.lua's marks begin (``hadar: waits for the sidecar``, ...).
@@ -168,19 +169,7 @@ def decode_args(text: str) -> tuple[str, ...] | None:
     items = rest.split(",") if n else ([] if rest == "" else None)
     if items is None or len(items) != n or not all(_ENCODED_ITEM.fullmatch(i) for i in items):
         return None
-    out = []
-    for item in items:
-        raw = bytearray()
-        k = 0
-        while k < len(item):
-            if item[k] == "%":
-                raw.append(int(item[k + 1:k + 3], 16))
-                k += 3
-            else:
-                raw.append(ord(item[k]))
-                k += 1
-        out.append(raw.decode("utf-8", "surrogateescape"))
-    return tuple(out)
+    return tuple(unquote_to_bytes(i).decode("utf-8", "surrogateescape") for i in items)
 
 
 def _whole(text: str) -> int:

@@ -277,14 +277,18 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _decode(data: str | bytes | Mapping[str, Any], source: str) -> object:
+    """``data`` as decoded JSON (a mapping is taken as already decoded)."""
+    if not isinstance(data, str | bytes):
+        return data
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(source, "(document)", f"not valid JSON: {exc}") from exc
+
+
 def _load(data: str | bytes | Mapping[str, Any], source: str) -> Mapping[str, Any]:
-    if isinstance(data, str | bytes):
-        try:
-            obj = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise SlurmParseError(source, "(document)", f"not valid JSON: {exc}") from exc
-    else:
-        obj = data
+    obj = _decode(data, source)
     if not isinstance(obj, Mapping):
         raise SlurmParseError(source, "(document)", f"expected an object, got {_kind(obj)}")
     errors = obj.get("errors") or []
@@ -532,14 +536,7 @@ def json_meta(data: str | bytes | Mapping[str, Any], source: str = "slurm --json
     ``meta.slurm.version`` (strings: ``"24"``, ``"05"``), ``meta.slurm.release`` and
     ``meta.plugin.data_parser`` (``data_parser/v0.0.42``).  The document's ``errors`` are not
     looked at (a document that reports errors still says who wrote it)."""
-    if isinstance(data, str | bytes):
-        try:
-            doc = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise SlurmParseError(source, "(document)", f"not valid JSON: {exc}") from exc
-    else:
-        doc = data
-    top = _Fields(doc, source, "(document)")
+    top = _Fields(_decode(data, source), source, "(document)")
     if not isinstance(top.obj.get("meta"), Mapping):
         raise top.error("meta", f"expected an object, got {_kind(top.obj.get('meta'))}")
     meta = top.sub("meta")
