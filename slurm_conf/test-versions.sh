@@ -27,6 +27,12 @@ if [ "$(id -u)" != 0 ]; then  # as the host's real-cluster tests: skipped withou
   exit 0
 fi
 
+failed_row() {  # SUITE VERSION WHAT: a release that gave no pytest result, counted as failed
+  printf '{"suite": "%s", "slurm": "%s (%s)", "ran": 0, "passed": 0, "failed": 1, "errors": 0, "skipped": 0, "seconds": 0}\n' \
+    "$1" "$2" "$3" >"$OUT/$1.json"
+  failed=1
+}
+
 for suite in "${suites[@]}"; do
   rm -f "$OUT/$suite.json"
   version=$(bash "$SRC/slurm-env.sh" suites | awk -v s="$suite" '$1 == s {print $2}')
@@ -37,9 +43,7 @@ for suite in "${suites[@]}"; do
   t0=$(date +%s)
   echo "== Slurm $version (Debian $suite): building or checking its chroot" >&2
   if ! bash "$SRC/slurm-env.sh" build "$suite" >/dev/null; then
-    printf '{"suite": "%s", "slurm": "%s (chroot build failed)", "ran": 0, "passed": 0, "failed": 1, "errors": 0, "skipped": 0, "seconds": 0}\n' \
-      "$suite" "$version" >"$OUT/$suite.json"
-    failed=1
+    failed_row "$suite" "$version" "chroot build failed"
     continue
   fi
   t1=$(date +%s)
@@ -47,9 +51,7 @@ for suite in "${suites[@]}"; do
   HADAR_SLURM_SUMMARY=/opt/p/out/slurm-tests/$suite.json bash "$SRC/slurm-env.sh" run "$suite" -- \
     python3 -m pytest -q -p no:cacheprovider -m slurm tests || failed=1
   if [ ! -s "$OUT/$suite.json" ]; then  # pytest died before its summary
-    printf '{"suite": "%s", "slurm": "%s (no result)", "ran": 0, "passed": 0, "failed": 1, "errors": 0, "skipped": 0, "seconds": 0}\n' \
-      "$suite" "$version" >"$OUT/$suite.json"
-    failed=1
+    failed_row "$suite" "$version" "no result"
   fi
 done
 
