@@ -57,15 +57,18 @@ from bench.report import write_rows
 from hadar_slurm.sidecar.config import load_config
 from hadar_slurm.sidecar.controller import Sidecar
 from hadar_slurm.slurm import SlurmJob, SlurmRunner, commands
-from hadar_slurm.slurm.parse import parse_sbatch_parsable, parse_sinfo_json, parse_squeue_json
+from hadar_slurm.slurm.parse import (
+    UNFINISHED_STATES,
+    parse_sbatch_parsable,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_CONFIG = REPO / "slurm_conf" / "dev-sidecar.toml"
 BENCH_DIR = "/tmp/hadar-bench-cluster"
 JOB_NAME = "hadar-bench-epoch"
 GOAL_S = 1.0
-ACTIVE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED",
-                    "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING"})
 
 # (hints, GPUs): every model of the catalog, 1 to 8 GPUs, all valid for job_submit.lua.
 MIX: tuple[tuple[str, int], ...] = (
@@ -175,7 +178,7 @@ def cancel_bench_jobs(cluster: Cluster, timeout: float = 120.0) -> None:
     end = time.monotonic() + timeout
     while True:
         active = [j.job_id for j in all_jobs(cluster)
-                  if j.name == JOB_NAME and j.state in ACTIVE]
+                  if j.name == JOB_NAME and j.state in UNFINISHED_STATES]
         if not active:
             return
         if time.monotonic() > end:
@@ -258,7 +261,7 @@ def measure_once(cluster: Cluster, n: int, workdir: Path, run: int) -> dict[str,
         slept[0] += time.perf_counter() - s0
         return out
 
-    sidecar.backend._sleep = timed_wait
+    sidecar.backend.applier._sleep = timed_wait
     sidecar.loop.epoch = sidecar.recover_epoch()  # what Sidecar.run does first (not timed)
     out: dict[str, Any] = {"pending_jobs": n, "run": run, "submit_s": submit_s}
     placed_first: set[object] = set()

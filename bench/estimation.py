@@ -5,11 +5,12 @@
 
 1. Leave-one-out on Gavel's table (``hadar_slurm/data/gavel``): each measured (job type, scale
    factor, GPU type) throughput is hidden in turn and estimated from the rest by
-   :func:`hadar_slurm.estimate.complete` (its hyperparameters chosen by cross-validation on the
-   rest only); relative error ``|estimate - true| / true``.  The three entries that are 0 in
-   Gavel's table (ResNet-50 bs128 cannot run on 2+ K80s) are not estimated and not counted.
+   :func:`hadar_slurm.rates.estimate.complete` (its hyperparameters chosen by
+   cross-validation on the rest only); relative error ``|estimate - true| / true``.  The three
+   entries that are 0 in Gavel's table (ResNet-50 bs128 cannot run on 2+ K80s) are not
+   estimated and not counted.
    Printed: median, p90 and max overall and per scale factor.
-2. Schedules: for each shared trace (``hadar_slurm.trace.BUNDLED_TRACES``, cluster 4:4:4, 360 s
+2. Schedules: for each shared trace (``hadar_slurm.sim.trace.BUNDLED_TRACES``, cluster 4:4:4, 360 s
    rounds as in ``bench.quality``) the ``hadar`` policy plans once with the full table and once,
    per seed, with a table where a third of the entries were hidden (seeded, at least one kept per
    row) and estimated; progress always follows the true table.  Makespan and average JCT of
@@ -43,12 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from hadar_slurm.cluster import load_cluster
-from hadar_slurm.estimate import complete, hide_random, leave_one_out, without
 from hadar_slurm.policy import make_policy
+from hadar_slurm.rates.estimate import complete, hide_random, leave_one_out, without
+from hadar_slurm.rates.table import ThroughputTable, default_table
+from hadar_slurm.sim.cluster import load_cluster
 from hadar_slurm.sim.run import simulate
-from hadar_slurm.throughputs import ThroughputTable, default_table
-from hadar_slurm.trace import BUNDLED_TRACES, load_trace
+from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace
 
 MEDIAN_GOAL = 0.10
 SCHEDULE_GOAL = 1.05

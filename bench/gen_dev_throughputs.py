@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from hadar_slurm.consolidation import model_name
-from hadar_slurm.throughputs import CSV_HEADER, ThroughputTable, default_table
+from hadar_slurm.rates.table import CSV_HEADER, ThroughputTable, default_table
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "slurm_conf" / "dev-throughputs.csv"

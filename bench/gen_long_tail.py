@@ -6,7 +6,7 @@ HadarE's case (issue #4): on Gavel's 4:4:4 cluster, 28 jobs drawn (seeded) from
 ``static_32_seed0`` arrive at once, and so do 3 long jobs whose work takes 20-30 hours on one
 V100 each, about three times what the rest of the trace keeps the whole cluster busy.  Without
 forking the makespan is the longest job alone; with it, the long jobs can spread over the GPUs
-the short ones leave.  The file is in Gavel's trace format (``hadar_slurm.trace``).
+the short ones leave.  The file is in Gavel's trace format (``hadar_slurm.sim.trace``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hadar_slurm.throughputs import default_table
-from hadar_slurm.trace import load_trace
+from hadar_slurm.rates.table import default_table
+from hadar_slurm.sim.trace import load_trace
 
 LONG_TYPES = ("ResNet-50 (batch size 64)", "Transformer (batch size 128)", "LM (batch size 20)")
 

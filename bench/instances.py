@@ -11,7 +11,7 @@ import numpy as np
 
 from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy.base import Placement, Snapshot
-from hadar_slurm.throughputs import default_table
+from hadar_slurm.rates.table import default_table
 
 SCALE_MIX = ((1, 0.7), (2, 0.1), (4, 0.15), (8, 0.05))
 

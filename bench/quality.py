@@ -5,12 +5,12 @@
                             [--json bench/results/quality.json] [--reschedule-on-finish]
 
 For each trace: the makespan lower bound of the fluid LP (every job on at most its scale factor
-of GPUs, :func:`hadar_slurm.bounds.fluid_makespan_bound`), then per policy the makespan, average
+of GPUs, :func:`hadar_slurm.sim.bounds.fluid_makespan_bound`), then per policy the makespan, average
 JCT and utilization, each next to its bound and to Gavel's published figures where Gavel ran
 that trace (``data/gavel/README.md``).  Goals for ``hadar`` (issue #2): makespan within 3% of
 the bound and average JCT no worse than Gavel's max-min fairness (LAS).  Goals for ``hadare``
 (issue #4): makespan within 10% of the *fork* bound (a job may use any number of GPUs,
-:func:`hadar_slurm.bounds.fork_makespan_bound`), utilization at least that of every other
+:func:`hadar_slurm.sim.bounds.fork_makespan_bound`), utilization at least that of every other
 policy on the trace, and average JCT no worse than ``hadar``'s.  Besides Gavel's three traces
 the default list has ``bench/traces/long_tail_seed0.trace`` (``bench.gen_long_tail``: a few long
 jobs dominate).  The JSON rows hold ``trace, cluster, policy, rounds, makespan_s, avg_jct_s,
@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 
 from bench.report import write_rows
-from hadar_slurm.bounds import fluid_makespan_bound, fork_makespan_bound
-from hadar_slurm.cluster import load_cluster
 from hadar_slurm.policy import make_policy
+from hadar_slurm.rates.table import default_table
+from hadar_slurm.sim.bounds import fluid_makespan_bound, fork_makespan_bound
+from hadar_slurm.sim.cluster import load_cluster
 from hadar_slurm.sim.run import simulate
-from hadar_slurm.throughputs import default_table
-from hadar_slurm.trace import BUNDLED_TRACES, load_trace
+from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace
 
 # Gavel's own results, cluster 4 V100 : 4 P100 : 4 K80 (data/gavel/README.md):
 # (makespan s, average JCT s) per trace and Gavel policy.

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from hadar_slurm.cli import main
+from hadar_slurm.cli.main import main
 
 raise SystemExit(main())

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.throughputs import split_job_type
+from hadar_slurm.rates.table import split_job_type
 
 #: Parameter sizes in MB (fp32) by the model name before " (batch size ...)".
 MODEL_SIZE_MB: Mapping[str, float] = MappingProxyType({
@@ -35,7 +35,7 @@ MODEL_SIZE_MB: Mapping[str, float] = MappingProxyType({
 
 def model_name(job_type: str) -> str:
     """``"ResNet-50 (batch size 64)"`` -> ``"ResNet-50"``
-    (:func:`hadar_slurm.throughputs.split_job_type`)."""
+    (:func:`hadar_slurm.rates.table.split_job_type`)."""
     return split_job_type(job_type)[0]
 
 

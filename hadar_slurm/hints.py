@@ -21,7 +21,7 @@ job at ``sbatch`` time; keep the two in step, tests/test_submit_lua.py checks th
 * ``weight``: a decimal number from :data:`MIN_WEIGHT` to :data:`MAX_WEIGHT` (0.001 to 1000;
   ``2``, ``0.5``, ``1e1``); default 1.
 * ``fork``: the most copies HadarE may fork the job into, a whole number from 1 to
-  :data:`hadar_slurm.hetjob.MAX_COPIES`; default 1 (never forked).  Only jobs whose script
+  :data:`hadar_slurm.slurm.hetjob.MAX_COPIES`; default 1 (never forked).  Only jobs whose script
   trains through the job tracker (``hadar_slurm.runtime``) should ask for more.
 * The job's GPU count must be one the table has for that model and batch size.
 
@@ -58,9 +58,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.hetjob import MAX_COPIES
+from hadar_slurm.rates.table import ThroughputTable, default_table, split_job_type
 from hadar_slurm.sidecar.record import MAX_ARGS_BYTES
-from hadar_slurm.throughputs import ThroughputTable, default_table, split_job_type
+from hadar_slurm.slurm.hetjob import MAX_COPIES
 
 __all__ = [
     "HINT_KEYS",

@@ -1,4 +1,4 @@
-"""The epoch loop: snapshot -> policy -> diff -> apply, the same for Slurm and the simulator.
+"""The epoch loop: snapshot -> policy -> reconcile -> apply, the same for Slurm and the simulator.
 
 The mechanism owns the loop, the timing and the diff; a :class:`ClusterBackend` owns the world
 (real Slurm, or the trace-driven simulator) and a :class:`Clock` owns time (the sidecar's wall
@@ -10,12 +10,12 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from hadar_slurm.policy.base import Decision, Policy, Snapshot
+from hadar_slurm.policy.base import Decision, Placement, Policy, Snapshot
 
 
 class Clock(Protocol):
@@ -40,55 +40,127 @@ class SimClock:
         self._now = max(self._now, t)
 
 
-class ActionKind(enum.Enum):
-    PLACE = "place"  # not running -> runs on the given GPUs
-    KEEP = "keep"  # runs where it ran
-    MOVE = "move"  # runs elsewhere: preempt (requeue), then place
-    PREEMPT = "preempt"  # ran, must stop (requeue with a grace period)
+class ChangeKind(enum.Enum):
+    """What a :class:`Change` does to one job.  The simulator's :func:`diff` uses the first five;
+    the Slurm sidecar's reconcile (:mod:`hadar_slurm.sidecar.reconcile`) all of them."""
+
+    PLACE = "place"  # not running -> runs on ``copies[0]`` (one trainer)
+    FORK = "fork"  # not running -> runs as the copies ``copies`` (HadarE)
+    KEEP = "keep"  # already where the decision wants it (only what a crash left undone is redone)
+    MOVE = "move"  # runs, but elsewhere (or in other copies): stop it, then run it on ``copies``
+    STOP = "stop"  # runs, and the decision stops it (requeued with a grace period)
+    END_FORK = "end_fork"  # a fork's copies (the hetjob ``group``) end: signal, grace, cancel
+    WAIT = "wait"  # pending without GPUs this epoch: kept from starting
+    UNSTEER = "unsteer"  # given to Slurm's own scheduler (``why`` says why)
+    REQUEUE = "requeue"  # a job a move left ended: requeued held
+
+
+Rows = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
-class Action:
-    """One step of the diff.  Keyed by ``(epoch, job_id)``: applying it twice is harmless."""
+class Change:
+    """One step that takes the world from what it runs to what a decision wants, as data.
+
+    Keyed by :attr:`key` (epoch, job, kind, fork): an applier that is given a change it has
+    already applied skips it, so applying a list twice is harmless.  ``copies`` are the
+    ``(node index, GPU count)`` rows of each copy the job should run as (one entry for an
+    unforked job; empty when it should not run); ``why`` explains a change that is not what the
+    decision literally said (a fallback), or a stop; ``group`` names the fork (hetjob leader)
+    an ``END_FORK`` ends, or the one a ``FORK`` replaces (0: none)."""
 
     epoch: int
-    kind: ActionKind
+    kind: ChangeKind
     job_id: int
-    rows: tuple[tuple[int, int], ...]  # (node index, GPU count) it should hold
+    copies: tuple[Rows, ...] = ()
+    why: str = ""
+    group: int = 0
+    #: PLACE of a job whose decision forked it, but which cannot be forked: placed on copy 0's
+    #: GPUs instead, and recorded so that it is not forked again.
+    nofork: bool = False
+
+    @property
+    def key(self) -> tuple[int, int, str, int]:
+        return (self.epoch, self.job_id, self.kind.value, self.group)
+
+    @property
+    def rows(self) -> Rows:
+        """Every ``(node, GPUs)`` row of every copy, sorted."""
+        return tuple(sorted(row for cp in self.copies for row in cp))
 
 
-def diff(snapshot: Snapshot, decision: Decision) -> list[Action]:
-    """Actions that take the cluster from ``snapshot.current`` to ``decision.placement``."""
-    before = snapshot.current.by_job_sorted()
-    after = decision.placement.by_job_sorted()
-    copies_before = snapshot.current.num_copies()
-    copies_after = decision.placement.num_copies()
-    actions: list[Action] = []
-    for job_id, rows in after.items():
+@dataclass
+class ApplyReport:
+    """What applying a list of changes did: ``applied`` (one entry per change made to the
+    world, as logged), ``detail`` (per job, why it does not run as the decision said, e.g. a
+    fork that failed), ``errors`` (``(stage, job, error)`` of changes that raised) and
+    ``skipped`` (changes already applied, by key)."""
+
+    applied: list[dict[str, object]] = field(default_factory=list)
+    detail: dict[int, str] = field(default_factory=dict)
+    errors: list[tuple[str, int, str]] = field(default_factory=list)
+    skipped: int = 0
+
+
+def diff(snapshot: Snapshot, decision: Decision) -> list[Change]:
+    """The changes that take the cluster from ``snapshot.current`` to ``decision.placement``
+    (the simulator's reconcile: its world has no holds, records or forks to repair)."""
+    before = snapshot.current.by_job_copies()
+    after = decision.placement.by_job_copies()
+    changes: list[Change] = []
+    for job_id, copies in after.items():
+        cps = tuple(tuple(sorted(copies[k])) for k in sorted(copies))
         old = before.get(job_id)
-        same = old == rows and copies_before.get(job_id) == copies_after.get(job_id)
-        kind = ActionKind.PLACE if old is None else (
-            ActionKind.KEEP if same else ActionKind.MOVE)
-        actions.append(Action(decision.epoch, kind, job_id, tuple(rows)))
-    for job_id in before.keys() - after.keys():
-        actions.append(Action(decision.epoch, ActionKind.PREEMPT, job_id, ()))
-    return actions
+        if old is None:
+            kind = ChangeKind.FORK if len(cps) > 1 else ChangeKind.PLACE
+        else:
+            same = (sorted(r for cp in old.values() for r in cp)
+                    == sorted(r for cp in copies.values() for r in cp)
+                    and len(old) == len(copies))
+            kind = ChangeKind.KEEP if same else ChangeKind.MOVE
+        changes.append(Change(decision.epoch, kind, job_id, cps))
+    for job_id in sorted(before.keys() - after.keys()):
+        changes.append(Change(decision.epoch, ChangeKind.STOP, job_id, (), "the decision stops it"))
+    return changes
+
+
+def placement_of(changes: list[Change]) -> Placement:
+    """The placement a list of changes leaves running (every change but STOP and the Slurm-only
+    kinds names the job's copies)."""
+    job: list[int] = []
+    node: list[int] = []
+    count: list[int] = []
+    copy: list[int] = []
+    for ch in changes:
+        for k, rows in enumerate(ch.copies):
+            for n, c in rows:
+                job.append(ch.job_id)
+                node.append(n)
+                count.append(c)
+                copy.append(k)
+    forked = any(k > 0 for k in copy)
+    return Placement(np.array(job, dtype=np.int64), np.array(node, dtype=np.int64),
+                     np.array(count, dtype=np.int64),
+                     np.array(copy, dtype=np.int64) if forked else None)
 
 
 class ClusterBackend(Protocol):
     """The world the loop steers.
 
     Contract: :meth:`snapshot` is one batched read of jobs and nodes, as of ``now``;
-    :meth:`apply` makes the cluster run ``decision`` and is idempotent (the same actions again
-    change nothing); :meth:`next_epoch_start` says when the next epoch begins, or ``None`` when
-    there is nothing left to schedule, ever.
+    :meth:`reconcile` is pure: the changes that make the world of the last snapshot run
+    ``decision`` (:func:`diff` in the simulator); :meth:`apply` executes them and is idempotent
+    (changes already applied are skipped by key); :meth:`next_epoch_start` says when the next
+    epoch begins, or ``None`` when there is nothing left to schedule, ever.
     """
 
     def snapshot(
         self, epoch: int, now: float, round_s: float, policy_state: object
     ) -> Snapshot: ...
 
-    def apply(self, decision: Decision, actions: list[Action], now: float) -> None: ...
+    def reconcile(self, snapshot: Snapshot, decision: Decision) -> list[Change]: ...
+
+    def apply(self, changes: list[Change], now: float) -> ApplyReport: ...
 
     def next_epoch_start(self, now: float, round_s: float) -> float | None: ...
 
@@ -100,7 +172,7 @@ class EpochRecord:
     num_jobs: int
     num_placed: int
     decision_s: float
-    actions: int
+    changes: int  # changes other than KEEP
 
 
 class EpochLoop:
@@ -124,6 +196,8 @@ class EpochLoop:
         self.records: list[EpochRecord] = []
         self.last_snapshot: Snapshot | None = None  # of the last epoch, for reports
         self.last_decision: Decision | None = None
+        self.last_changes: list[Change] = []
+        self.last_report: ApplyReport | None = None
 
     def run_epoch(self) -> bool:
         """One epoch; False when the backend says nothing is left."""
@@ -133,13 +207,14 @@ class EpochLoop:
         decision = self.policy.allocate(snapshot)
         decision_s = time.perf_counter() - t0
         self.policy_state = decision.policy_state
-        actions = diff(snapshot, decision)
+        changes = self.backend.reconcile(snapshot, decision)
         self.last_snapshot, self.last_decision = snapshot, decision
-        self.backend.apply(decision, actions, now)
+        self.last_changes = changes
+        self.last_report = self.backend.apply(changes, now)
         record = EpochRecord(
             self.epoch, now, snapshot.num_jobs,
             int(np.unique(decision.placement.job).shape[0]), decision_s,
-            sum(1 for a in actions if a.kind.value != "keep"),
+            sum(1 for c in changes if c.kind is not ChangeKind.KEEP),
         )
         self.records.append(record)
         if self.on_epoch is not None:

@@ -115,7 +115,7 @@ build() {
   site=$(chroot "$tmp" /usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_path("purelib", "posix_prefix").replace("/local", "").replace("site-packages", "dist-packages"))')
   mkdir -p "$tmp$site" "$tmp/opt/p"
   echo /opt/p >"$tmp$site/hadar-slurm-dev.pth"
-  printf '#!/usr/bin/python3\nimport sys\nfrom hadar_slurm.cli import main\nsys.exit(main())\n' \
+  printf '#!/usr/bin/python3\nimport sys\nfrom hadar_slurm.cli.main import main\nsys.exit(main())\n' \
     >"$tmp/usr/local/bin/hadar-slurm"
   chmod +x "$tmp/usr/local/bin/hadar-slurm"
   local want got

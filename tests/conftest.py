@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hadar_slurm.model import Job
+from hadar_slurm.rates.table import ThroughputTable, parse_csv
 from hadar_slurm.slurm import commands
-from hadar_slurm.throughputs import ThroughputTable, parse_csv
 from tests.slurm_cluster import SESSION, DevCluster, start_dev_cluster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO, run_cli, trace_line
 
 from hadar_slurm import __version__
-from hadar_slurm.cli import main
-from hadar_slurm.core_info import core_kind, core_line
+from hadar_slurm.cli.main import main
+from hadar_slurm.core.info import core_kind, core_line
 
 WriteTrace = Callable[[Sequence[str]], Path]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

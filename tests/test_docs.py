@@ -1,7 +1,7 @@
 """The guides (docs/*.md) say only what the code does.
 
 * The configuration reference in docs/admins.md is the one generated from the config schema
-  (``python -m hadar_slurm.docs_gen --write`` regenerates it).
+  (``python -m hadar_slurm.cli.docs_gen --write`` regenerates it).
 * Every shell command in a fenced ``sh``/``shell``/``bash``/``console`` block of docs/*.md is in
   :data:`REGISTRY`, which says where it is run: :class:`Here` (run by this test without a
   cluster, in doc order, with ``/etc``, ``/var/lib/hadar-slurm``, ``/var/log/hadar-slurm`` moved
@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from hadar_slurm import cli, docs_gen
+import hadar_slurm.cli.main as cli
+from hadar_slurm.cli import docs_gen
 from hadar_slurm.hints import LUA_BEGIN
 from hadar_slurm.policy.base import Reason
 from hadar_slurm.sidecar.config import CONFIG_SCHEMA, ConfigKey
@@ -125,8 +126,8 @@ REGISTRY: dict[str, Where] = {
     f"hadar-slurm run --config {CONFIG} --dry-run --once": OnCluster(out='"event": "epoch"'),
     f"hadar-slurm run --config {CONFIG} --dry-run --once --state-dir "
     "/var/lib/hadar-slurm/upgrade-check": OnCluster(out='"event": "epoch"'),
-    "python -m hadar_slurm.docs_gen --write": Here(out="docs/admins.md: config reference"),
-    "python -m hadar_slurm.docs_gen --check": Here(out="the config reference is up to date"),
+    "python -m hadar_slurm.cli.docs_gen --write": Here(out="docs/admins.md: config reference"),
+    "python -m hadar_slurm.cli.docs_gen --check": Here(out="the config reference is up to date"),
     "journalctl -u hadar-slurm -o cat > sidecar.log": NotRun(
         "needs the host's journal; the dev-cluster test saves the dry run's stderr (what the "
         "journal holds, one JSON line per event) as sidecar.log instead"),
@@ -225,7 +226,7 @@ def _cwd(path: Path) -> Iterator[None]:
 
 def run_here(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture[str],
              env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run one command: ``hadar-slurm``/``python -m hadar_slurm.docs_gen`` in this process
+    """Run one command: ``hadar-slurm``/``python -m hadar_slurm.cli.docs_gen`` in this process
     (their ``main``), anything else as a subprocess (argv, no shell); pipes ``A | B`` as two
     processes.  Returns the exit status of the last one and stdout+stderr."""
     if "|" in argv:
@@ -235,7 +236,7 @@ def run_here(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture[str],
         second = subprocess.run(list(argv[k + 1:]), input=first.stdout, cwd=cwd, env=env,
                                 capture_output=True, text=True, timeout=60, check=False)
         return second.returncode, second.stdout + second.stderr + first.stderr
-    in_process = {"hadar-slurm": cli.main, "python -m hadar_slurm.docs_gen": docs_gen.main}
+    in_process = {"hadar-slurm": cli.main, "python -m hadar_slurm.cli.docs_gen": docs_gen.main}
     for prefix, main in in_process.items():
         words = prefix.split()
         if list(argv[:len(words)]) == words:
@@ -266,7 +267,7 @@ def test_config_reference_in_sync() -> None:
     text = (DOCS / "admins.md").read_text()
     diff = docs_gen.check(text, "docs/admins.md")
     assert not diff, ("docs/admins.md's config reference differs from the schema; run "
-                      "`python -m hadar_slurm.docs_gen --write`:\n" + "\n".join(diff))
+                      "`python -m hadar_slurm.cli.docs_gen --write`:\n" + "\n".join(diff))
 
 
 def test_config_reference_has_every_key_and_picks_up_new_ones() -> None:
@@ -291,7 +292,7 @@ def test_stale_reference_is_found_and_rewritten(tmp_path: Path,
     doc.write_text(text.replace("| `epoch_seconds` |", "| `epoch_secs` |"))
     assert docs_gen.main(["--check", "--doc", str(doc)]) == 1
     err = capsys.readouterr().err
-    assert "run `python -m hadar_slurm.docs_gen --write`" in err
+    assert "run `python -m hadar_slurm.cli.docs_gen --write`" in err
     assert docs_gen.main(["--write", "--doc", str(doc)]) == 0
     assert doc.read_text() == text
     doc.write_text("# no markers\n")
@@ -339,7 +340,7 @@ def test_commands_run_here(doc: str, tmp_path: Path, capsys: pytest.CaptureFixtu
         if not isinstance(want, Here):
             continue
         argv = [rooted(t, root) for t in cmd.argv]
-        cwd = tmp_path if cmd.key.startswith("python -m hadar_slurm.docs_gen") else REPO
+        cwd = tmp_path if cmd.key.startswith("python -m hadar_slurm.cli.docs_gen") else REPO
         rc, out = run_here(argv, cwd, capsys)
         _check(cmd, want, rc, out)
         if want.creates:

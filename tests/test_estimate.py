@@ -1,4 +1,4 @@
-"""Estimating unmeasured throughputs (hadar_slurm.estimate) and planning with them in the sim.
+"""Estimating unmeasured throughputs (hadar_slurm.rates.estimate) and planning with them in the sim.
 
 The synthetic tables are exactly what the model can express (rates = a_i * b_g, i.e. log rate =
 row effect + column effect), so every hidden entry must come back to rounding.  The real check is
@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 from conftest import make_job
 
-from hadar_slurm.cluster import parse_counts
 from hadar_slurm.errors import InputError
-from hadar_slurm.estimate import (
+from hadar_slurm.policy import make_policy
+from hadar_slurm.rates.estimate import (
     complete,
     hide_random,
     leave_one_out,
     model_family,
     without,
 )
-from hadar_slurm.policy import make_policy
+from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.sim.backend import SimulatedCluster
+from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import simulate
-from hadar_slurm.throughputs import ThroughputTable, default_table
 
 GPUS = ("k80", "p100", "v100", "a100")
 # Rows sharing job types and families across scale factors, so the grouped terms matter.

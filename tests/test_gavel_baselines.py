@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from conftest import make_job
 
-from hadar_slurm.cluster import parse_counts
 from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Reason, Snapshot
@@ -22,10 +21,11 @@ from hadar_slurm.policy.gavel import (
     min_total_duration_lp,
     proportional_throughput,
 )
+from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.sim.backend import SimulatedCluster
+from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import SimResult, simulate
-from hadar_slurm.throughputs import ThroughputTable, default_table
-from hadar_slurm.trace import load_trace
+from hadar_slurm.sim.trace import load_trace
 
 
 def arr(*rows: tuple[float, ...]) -> np.ndarray:

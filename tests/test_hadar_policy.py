@@ -8,16 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hadar_slurm.bounds import fluid_makespan_bound
-from hadar_slurm.cluster import parse_counts
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Reason
 from hadar_slurm.policy.hadar import HadarPolicy, HadarState, drain_estimate
+from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
+from hadar_slurm.sim.bounds import fluid_makespan_bound
+from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import simulate
-from hadar_slurm.throughputs import ThroughputTable, default_table, parse_csv
-from hadar_slurm.trace import load_trace
+from hadar_slurm.sim.trace import load_trace
 
 # "fair" runs almost as fast on the slow type b as on a; "picky" runs 10x slower on b.
 TWO_TYPES = parse_csv(

@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 from conftest import make_job, run_cli
 
-from hadar_slurm.bounds import fork_makespan_bound
-from hadar_slurm.cluster import load_cluster, parse_counts
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.errors import InputError
-from hadar_slurm.loop import ActionKind, diff
+from hadar_slurm.loop import ChangeKind, diff
 from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
 from hadar_slurm.policy.hadare import HadarEPolicy, fork_drain
+from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.sim.backend import SimulatedCluster
+from hadar_slurm.sim.bounds import fork_makespan_bound
+from hadar_slurm.sim.cluster import load_cluster, parse_counts
 from hadar_slurm.sim.run import simulate
-from hadar_slurm.throughputs import ThroughputTable, default_table
-from hadar_slurm.trace import load_trace
+from hadar_slurm.sim.trace import load_trace
 
 I64 = np.int64
 BENCH_TRACES = Path(__file__).resolve().parents[1] / "bench" / "traces"
@@ -62,8 +62,8 @@ def test_diff_sees_a_change_of_copies_as_a_move(toy_table: ThroughputTable) -> N
     snap = sim.snapshot(0, 0.0, 360.0, None)
     reason = np.zeros(1, dtype=np.int8)
     same_rows = diff(snap, Decision(0, forked, reason))
-    assert [a.kind for a in same_rows] == [ActionKind.MOVE]
-    assert [a.kind for a in diff(snap, Decision(0, gang, reason))] == [ActionKind.KEEP]
+    assert [a.kind for a in same_rows] == [ChangeKind.MOVE]
+    assert [a.kind for a in diff(snap, Decision(0, gang, reason))] == [ChangeKind.KEEP]
 
 
 # -- the simulator's forked progress ---------------------------------------------------------

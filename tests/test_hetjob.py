@@ -1,6 +1,7 @@
-"""HadarE's heterogeneous sbatch script (hadar_slurm/hetjob.py, hadar_slurm/templates/): golden
-files, ``bash -n``, refusal of unsafe input, and the rendered script run by bash with a stub
-``srun`` (no Slurm) to show that the quoting hands every copy the user's argv unchanged.
+"""HadarE's heterogeneous sbatch script (hadar_slurm/slurm/hetjob.py and
+hadar_slurm/slurm/templates/): golden files, ``bash -n``, refusal of unsafe input, and the
+rendered script run by bash with a stub ``srun`` (no Slurm) to show that the quoting hands every
+copy the user's argv unchanged.
 
 Golden files live in tests/data/hetjob/.  After an intended change of the template, regenerate
 them with ``HADAR_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_hetjob.py`` and review the diff.
@@ -20,7 +21,7 @@ import pytest
 from conftest import REPO
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.hetjob import MAX_COPIES, CopySpec, ForkPlan, render_hetjob
+from hadar_slurm.slurm.hetjob import MAX_COPIES, CopySpec, ForkPlan, render_hetjob
 
 GOLDEN = REPO / "tests" / "data" / "hetjob"
 UPDATE = bool(os.environ.get("HADAR_UPDATE_GOLDEN"))
@@ -203,7 +204,7 @@ def test_template_refuses_what_slipped_past_the_plan() -> None:
 
 
 def test_template_ships_with_the_package() -> None:
-    assert (REPO / "hadar_slurm" / "templates" / "hetjob.sbatch.j2").is_file()
+    assert (REPO / "hadar_slurm" / "slurm" / "templates" / "hetjob.sbatch.j2").is_file()
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "templates/*.j2" in data["tool"]["setuptools"]["package-data"]["hadar_slurm"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hadar_slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from hadar_slurm.slurm import commands, parse_sbatch_parsable, parse_scontrol_show
+from hadar_slurm.slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from tests.slurm_cluster import DevCluster, jobs, spelled, wait_job
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}

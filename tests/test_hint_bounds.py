@@ -236,8 +236,8 @@ def test_sidecar_releases_unusable_hints_unsteered_and_finishes_the_snapshot() -
     api = FakeSlurm([job(1000 + i, comment=c.comment, gpus=c.gpus)
                      for i, c in enumerate(CASES)], NODES)
     b = backend(api)
-    decision, actions = decide(b, {})  # the snapshot completes
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {})  # the snapshot completes
+    b.apply(actions, 2000.0)
     for i, case in enumerate(CASES):
         _, message = python_message(case)
         rec = decode(api.jobs[1000 + i].admin_comment)
@@ -255,8 +255,8 @@ def test_sidecar_survives_400_nines() -> None:
     b = backend(api)
     snap = b.snapshot(0, 2000.0, 60.0, None)
     assert snap.num_jobs == 1  # job 2 only
-    decision, actions = decide(b, {0: [(0, 1)]}, epoch=1)
-    b.apply(decision, actions, 2001.0)
+    _decision, actions = decide(b, {0: [(0, 1)]}, epoch=1)
+    b.apply(actions, 2001.0)
     rec = decode(api.jobs[1].admin_comment)
     assert rec.state == "unsteered" and "steps" in rec.why and "64 bytes" in rec.why, rec
 

@@ -10,7 +10,7 @@ import re
 import pytest
 from conftest import REPO
 
-from hadar_slurm import cli_hints
+from hadar_slurm.cli import hints as cli_hints
 from hadar_slurm.errors import InputError
 from hadar_slurm.hints import (
     HINT_KEYS,
@@ -31,7 +31,7 @@ from hadar_slurm.hints import (
     quote,
     whole_number,
 )
-from hadar_slurm.throughputs import ThroughputTable, default_table, parse_csv
+from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 
 KNOWN = "a3c, cyclegan, lm, recommendation, resnet18, resnet50, transformer"
 KEYS = "keys: model, bs, steps, sync, weight, fork, preempt"

@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 from conftest import TOY_CSV, make_job, trace_line, trace_text
 
-from hadar_slurm.cluster import load_cluster, load_cluster_file, parse_counts
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import ClusterSpec
 from hadar_slurm.policy import make_policy
-from hadar_slurm.throughputs import (
+from hadar_slurm.rates.table import (
     ThroughputTable,
     default_table,
     load_table,
     parse_csv,
     parse_gavel_json,
 )
-from hadar_slurm.trace import (
+from hadar_slurm.sim.cluster import load_cluster, load_cluster_file, parse_counts
+from hadar_slurm.sim.trace import (
     BUNDLED_TRACES,
     check_runnable,
     job_line_numbers,
@@ -374,9 +374,9 @@ def test_unknown_policy_lists_known_ones() -> None:
 
 
 def test_one_throughput_loader_for_simulate_and_the_sidecar(tmp_path: Path) -> None:
-    from hadar_slurm.cli import load_throughputs
+    from hadar_slurm.cli.main import load_throughputs
+    from hadar_slurm.rates.table import default_table, load_tables
     from hadar_slurm.sidecar.config import default_config, load_table_for
-    from hadar_slurm.throughputs import default_table, load_tables
 
     bundled = default_table().rates
     assert load_tables([]).rates == bundled

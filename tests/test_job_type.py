@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from hadar_slurm.consolidation import model_name
-from hadar_slurm.estimate import model_family
-from hadar_slurm.throughputs import split_job_type
+from hadar_slurm.rates.estimate import model_family
+from hadar_slurm.rates.table import split_job_type
 
 
 @pytest.mark.parametrize(("job_type", "expected"), [

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hadar_slurm.store import ThroughputStore
+from hadar_slurm.rates.store import ThroughputStore
 from tests.slurm_cluster import submit
 from tests.test_sidecar_cluster import NODE_TYPE, Workdir, wait_all, work
 

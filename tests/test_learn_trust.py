@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from hadar_slurm.rates.learn import LEARN_FACTOR, Knowledge
+from hadar_slurm.rates.store import ThroughputStore
+from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.fork import CopyGroup, read_progress
-from hadar_slurm.sidecar.learn import LEARN_FACTOR, Knowledge
-from hadar_slurm.store import ThroughputStore
-from hadar_slurm.throughputs import ThroughputTable, default_table
 from tests.test_sidecar_backend import FakeSlurm, job, node
 
 RESNET = "ResNet-50 (batch size 64)"

@@ -10,9 +10,9 @@ import sqlite3
 import time
 from pathlib import Path
 
+from hadar_slurm.rates.store import ThroughputStore
+from hadar_slurm.rates.table import default_table, load_table
 from hadar_slurm.slurm import commands
-from hadar_slurm.store import ThroughputStore
-from hadar_slurm.throughputs import default_table, load_table
 from tests.slurm_cluster import jobs, submit
 from tests.test_sidecar_cluster import NODE_TYPE, Workdir, work
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hadar_slurm.cli import main as cli_main
-from hadar_slurm.cli_report import main as report_main
-from hadar_slurm.cli_report import parse_duration
+from hadar_slurm.cli.main import main as cli_main
+from hadar_slurm.cli.report import main as report_main
+from hadar_slurm.cli.report import parse_duration
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import log_event, setup_logging
 from hadar_slurm.sidecar.config import (

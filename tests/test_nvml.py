@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hadar_slurm.cli_nvml import EXIT_NO_GPU, register
+from hadar_slurm.cli.nvml import EXIT_NO_GPU, register
 from hadar_slurm.errors import InputError
-from hadar_slurm.nvml import (
+from hadar_slurm.rates.nvml import (
     GpuInfo,
     GpuSampler,
     NvmlUnavailable,
@@ -143,7 +143,7 @@ def test_commands_on_this_machine(argv: list[str], capsys: pytest.CaptureFixture
 def test_gpus_subprocess_no_traceback() -> None:
     """As a user runs it: one line on stderr and exit 3 without a GPU, never a traceback."""
     found = _real_gpus()
-    proc = subprocess.run([sys.executable, "-m", "hadar_slurm.cli_nvml", "gpus"],
+    proc = subprocess.run([sys.executable, "-m", "hadar_slurm.cli.nvml", "gpus"],
                           capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert "Traceback" not in proc.stderr
     if isinstance(found, NvmlUnavailable):

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from hadar_slurm import __version__
-from hadar_slurm.cli import build_parser, main
+from hadar_slurm.cli.main import build_parser, main
 
 REPO = Path(__file__).resolve().parent.parent
 SIM_ARGS = ["simulate", "--trace", "static_32_seed0", "--cluster", "4:4:4", "--policy", "hadar"]
@@ -112,9 +112,9 @@ def test_wheel_holds_the_compiled_core_templates_and_data(dist: Dist) -> None:
     cores = [n for n in names if re.fullmatch(r"hadar_slurm/_hadar_core\.cpython-.*\.so", n)]
     assert len(cores) == 1, sorted(names)
     want = {f for f in dist.files if f.startswith("hadar_slurm/")
-            and (f.endswith(".py") or f.startswith(("hadar_slurm/templates/",
+            and (f.endswith(".py") or f.startswith(("hadar_slurm/slurm/templates/",
                                                     "hadar_slurm/data/")))}
-    assert {"hadar_slurm/templates/hetjob.sbatch.j2",
+    assert {"hadar_slurm/slurm/templates/hetjob.sbatch.j2",
             "hadar_slurm/data/gavel/simulation_throughputs.json",
             "hadar_slurm/data/gavel/traces/static_32_seed0.trace"} <= want
     assert want - names == set()
@@ -125,7 +125,7 @@ def test_wheel_holds_the_compiled_core_templates_and_data(dist: Dist) -> None:
     with zipfile.ZipFile(dist.wheel) as wheel:
         entry_points = wheel.read(f"{info}/entry_points.txt").decode()
         metadata = wheel.read(f"{info}/METADATA").decode()
-    assert re.search(r"^hadar-slurm = hadar_slurm\.cli:main$", entry_points, re.M)
+    assert re.search(r"^hadar-slurm = hadar_slurm\.cli\.main:main$", entry_points, re.M)
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     requires = re.findall(r"^Requires-Dist: ([^;\n]+)$", metadata, re.M)
     assert set(declared) <= {r.strip() for r in requires}
@@ -139,7 +139,8 @@ def test_sdist_holds_the_sources_to_build_it(dist: Dist) -> None:
     want = {f for f in dist.files if f.startswith(("cython_core/", "hadar_slurm/", "slurm_conf/",
                                                    "docker/"))}
     want |= {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "docker-compose.yml"}
-    assert "cython_core/hadar_core.pyx" in want and "hadar_slurm/templates/hetjob.sbatch.j2" in want
+    assert "cython_core/hadar_core.pyx" in want
+    assert "hadar_slurm/slurm/templates/hetjob.sbatch.j2" in want
     assert want - names == set()
     assert not [n for n in names if n.endswith((".so", ".pyc")) or n.startswith("tests/")]
 
@@ -197,7 +198,7 @@ def _subcommands() -> list[tuple[str, ...]]:
 # process (a process per subcommand costs a second each, mostly imports).
 HELP_ALL = """
 import contextlib, io, json, sys
-from hadar_slurm.cli import main
+from hadar_slurm.cli.main import main
 out = {}
 for path in json.loads(sys.argv[1]):
     buf = io.StringIO()

@@ -23,13 +23,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hadar_slurm.cluster import parse_counts
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import Job
 from hadar_slurm.policy import REGISTRY, make_policy, policy_settings
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
+from hadar_slurm.rates.table import parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
-from hadar_slurm.throughputs import parse_csv
+from hadar_slurm.sim.cluster import parse_counts
 
 I64 = np.int64
 TYPES = ("v100", "p100", "k80")
@@ -133,7 +133,7 @@ def simulated_snapshots(name: str, seed: int, epochs: int = 6) -> list[Snapshot]
         out.append(snap)
         decision = policy.allocate(snap)
         state = decision.policy_state
-        sim.apply(decision, [], now)
+        sim.apply(sim.reconcile(snap, decision), now)
         now += 360.0
     return out
 

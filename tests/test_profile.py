@@ -12,20 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from hadar_slurm.cli_nvml import register
+from hadar_slurm.cli.nvml import register
 from hadar_slurm.errors import InputError
-from hadar_slurm.profile import (
-    BENCHMARKS,
-    ProfileRequest,
-    ProfileResult,
-    _job_result,
-    cluster_gpu_types,
-    job_type_for,
-    profile_model,
-)
+from hadar_slurm.rates.profile import ProfileResult, profile_model
+from hadar_slurm.rates.profile_models import BENCHMARKS, job_type_for
+from hadar_slurm.rates.profile_slurm import ProfileRequest, _job_result, cluster_gpu_types
+from hadar_slurm.rates.store import ThroughputStore
 from hadar_slurm.runtime import EXIT_PREEMPTED
 from hadar_slurm.slurm import Gres, SlurmNode
-from hadar_slurm.store import ThroughputStore
 
 pytest.importorskip("torch")
 
@@ -193,7 +187,7 @@ def test_result_json_round_trip_and_checks() -> None:
 
 def test_job_argv_is_an_argv() -> None:
     argv = ProfileRequest("resnet50", 64, warmup_iters=3, seconds=2.5).argv("a100")
-    assert argv[1:5] == ["-m", "hadar_slurm.cli_nvml", "profile", "--model"]
+    assert argv[1:5] == ["-m", "hadar_slurm.cli.nvml", "profile", "--model"]
     assert argv[argv.index("--gpu-type") + 1] == "a100"
     assert argv[argv.index("--seconds") + 1] == "2.5"
     assert "--no-record" in argv and "--json" in argv and "--iters" not in argv

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from hadar_slurm.rates.store import ThroughputStore
 from hadar_slurm.slurm import commands, parse_squeue_json
-from hadar_slurm.store import ThroughputStore
 from tests.slurm_cluster import DevCluster, nodes_conf
 
 pytest.importorskip("torch")
@@ -22,11 +22,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def profile_cli(cluster: DevCluster, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m hadar_slurm.cli_nvml profile --slurm ARGS`` against the dev cluster."""
+    """``python -m hadar_slurm.cli.nvml profile --slurm ARGS`` against the dev cluster."""
     env = {**os.environ, "SLURM_CONF": cluster.runner.slurm_conf,
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(
-        [sys.executable, "-m", "hadar_slurm.cli_nvml", "profile", "--slurm", *args],
+        [sys.executable, "-m", "hadar_slurm.cli.nvml", "profile", "--slurm", *args],
         capture_output=True, text=True, cwd=cwd, env=env, timeout=240, check=False)
 
 

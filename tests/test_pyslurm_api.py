@@ -1,4 +1,4 @@
-"""Unit tests of :mod:`hadar_slurm.sidecar.pyslurm_api` against a FAKE pyslurm.
+"""Unit tests of :mod:`hadar_slurm.slurm.pyslurm_api` against a FAKE pyslurm.
 
 pyslurm cannot be installed here (PyPI has only 25.11.x, which builds only against Slurm 25.11;
 this machine has Slurm 22.05), so these tests do not touch a real pyslurm.  The fake below is
@@ -37,15 +37,7 @@ from typing import cast
 
 import pytest
 
-from hadar_slurm import cli
-from hadar_slurm.sidecar.api import CliApi, SlurmApi
-from hadar_slurm.sidecar.pyslurm_api import (
-    PyslurmApi,
-    PyslurmMismatchError,
-    PyslurmUnsupportedError,
-    make_api,
-    pyslurm_available,
-)
+import hadar_slurm.cli.main as cli
 from hadar_slurm.slurm import (
     Gres,
     RunAs,
@@ -56,6 +48,14 @@ from hadar_slurm.slurm import (
     SlurmRunner,
     parse_sinfo_json,
     parse_squeue_json,
+)
+from hadar_slurm.slurm.api import CliApi, SlurmApi
+from hadar_slurm.slurm.pyslurm_api import (
+    PyslurmApi,
+    PyslurmMismatchError,
+    PyslurmUnsupportedError,
+    make_api,
+    pyslurm_available,
 )
 
 # ------------------------------------------------------------------------------ the fake

@@ -1,8 +1,8 @@
 """hadar_slurm.runtime: averaging, round plans, the environment, and real multi-process runs.
 
 The multi-process tests start copies as local subprocesses sharing one tracker dir, with the
-environment the HadarE heterogeneous job gives each copy (hadar_slurm.hetjob) and the one Slurm
-gives a (requeued) job.  examples/digits_train.py trains the real example;
+environment the HadarE heterogeneous job gives each copy (hadar_slurm.slurm.hetjob) and the one
+Slurm gives a (requeued) job.  examples/digits_train.py trains the real example;
 tests/runtime_driver.py is a torch-only trainer that starts faster and counts every iteration
 it runs in a file (exactly, even through SIGKILL), which is how lost work is measured.
 """
@@ -319,7 +319,7 @@ def test_signal_at_a_round_boundary_is_committed(tmp_path: Path) -> None:
 def test_settings_and_progress_need_no_torch(tmp_path: Path) -> None:
     (tmp_path / "progress.json").write_text('{"done": 3}')
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import hadar_slurm.runtime as r, hadar_slurm.cli, hadar_slurm.hetjob\n"
+            "import hadar_slurm.runtime as r, hadar_slurm.cli, hadar_slurm.slurm.hetjob\n"
             f"assert r.read_progress({str(tmp_path)!r}) == {{'done': 3}}\n"
             "r.RuntimeConfig.from_env(5, env={})\n"
             "try:\n    r.JobRuntime\nexcept ImportError:\n    print('lazy')\n")

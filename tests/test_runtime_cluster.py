@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from hadar_slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from hadar_slurm.runtime import EXIT_PREEMPTED, CommittedState, read_progress
 from hadar_slurm.slurm import commands, parse_sbatch_parsable
+from hadar_slurm.slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from tests.slurm_cluster import DevCluster, wait_job
 
 pytest.importorskip("torch")

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from hadar_slurm.cli import main
+from hadar_slurm.cli.main import main
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import read_events
+from hadar_slurm.rates.store import StoreDamagedError, ThroughputStore
+from hadar_slurm.rates.store_recovery import DAMAGED_SUFFIX, check_store
 from hadar_slurm.sidecar.config import SidecarConfig, load_config
 from hadar_slurm.sidecar.controller import Sidecar, SidecarStore
 from hadar_slurm.sidecar.record import JobRecord
@@ -33,8 +35,6 @@ from hadar_slurm.sidecar.statedir import (
 )
 from hadar_slurm.slurm import SlurmCommandError, SlurmJob
 from hadar_slurm.slurm.errors import SlurmParseError, SlurmTimeoutError
-from hadar_slurm.store import StoreDamagedError, ThroughputStore
-from hadar_slurm.store_recovery import DAMAGED_SUFFIX, check_store
 from tests.test_sidecar_backend import NODES, FakeSlurm, job
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from hadar_slurm.store import ThroughputStore
-from hadar_slurm.store_recovery import DAMAGED_SUFFIX
+from hadar_slurm.rates.store import ThroughputStore
+from hadar_slurm.rates.store_recovery import DAMAGED_SUFFIX
 from tests.test_sidecar_cluster import Sidecar, Workdir, work
 
 __all__ = ["work"]  # the fixture, imported for pytest

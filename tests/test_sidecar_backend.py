@@ -16,16 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hadar_slurm.loop import Action, ActionKind, diff
+from hadar_slurm.loop import Change, ChangeKind
 from hadar_slurm.policy.base import Decision, Placement, Reason
+from hadar_slurm.rates.table import default_table
 from hadar_slurm.sidecar import fork as hadare
-from hadar_slurm.sidecar.api import UPDATE_FIELDS, DryRunApi, SlurmApi
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
+from hadar_slurm.slurm.api import UPDATE_FIELDS, DryRunApi, SlurmApi
 from hadar_slurm.slurm.parse import FINAL_STATES, Gres
+from hadar_slurm.slurm.runner import write_files_as
 from hadar_slurm.slurm.version import SlurmVersion, parse_version
-from hadar_slurm.throughputs import default_table
 
 HINT = "hadar: model=resnet50 bs=64 steps=40000 preempt=checkpoint"
 
@@ -132,6 +133,9 @@ class FakeSlurm:
         self._do("batch_script", job_id)
         return self.script
 
+    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
+        write_files_as(owner, directory, files)  # (real files: the tests read them back)
+
     def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
         """Reads the rendered script as sbatch would: one pending component per
         ``#SBATCH hetjob``-separated block, with its --nodelist, --gres and --comment."""
@@ -164,7 +168,7 @@ def backend(api: SlurmApi, **kw: object) -> SlurmBackend:
 
 
 def decide(b: SlurmBackend, rows: dict[int, list[tuple[int, int]]], epoch: int = 0,
-           now: float = 2000.0) -> tuple[Decision, list[Action]]:
+           now: float = 2000.0) -> tuple[Decision, list[Change]]:
     snap = b.snapshot(epoch, now, 60.0, None)
     jobs_, nodes_, counts = [], [], []
     for j, rr in rows.items():
@@ -175,7 +179,7 @@ def decide(b: SlurmBackend, rows: dict[int, list[tuple[int, int]]], epoch: int =
     placement = Placement(np.array(jobs_, dtype=np.int64), np.array(nodes_, dtype=np.int64),
                           np.array(counts, dtype=np.int64))
     decision = Decision(epoch, placement, np.full(snap.num_jobs, Reason.PLACED, dtype=np.int8))
-    return decision, diff(snap, decision)
+    return decision, b.reconcile(snap, decision)
 
 
 def test_record_round_trip_and_foreign_comments() -> None:
@@ -222,18 +226,18 @@ def test_snapshot_tells_the_policy_what_slurm_allows() -> None:
 def test_place_is_one_update_and_a_release_and_idempotent() -> None:
     api = FakeSlurm([job(1)], NODES)
     b = backend(api)
-    decision, actions = decide(b, {1: [(1, 1)]})
-    assert [a.kind for a in actions] == [ActionKind.PLACE]
-    b.apply(decision, actions, 2000.0)
+    _, actions = decide(b, {1: [(1, 1)]})
+    assert [a.kind for a in actions] == [ChangeKind.PLACE]
+    b.apply(actions, 2000.0)
     assert api.log == [("update", 1), ("release", 1)]
     rec = decode(api.jobs[1].admin_comment)
     assert (rec.epoch, rec.state, rec.place, rec.gpus) == (0, "placed", (("node2", 1),), 1)
     assert api.jobs[1].features == "p100"
     # the same decision again (e.g. after a restart): the pending job counts as placed there
-    decision, actions = decide(b, {1: [(1, 1)]}, epoch=1)
-    assert [a.kind for a in actions] == [ActionKind.KEEP]
+    _decision, actions = decide(b, {1: [(1, 1)]}, epoch=1)
+    assert [a.kind for a in actions] == [ChangeKind.KEEP]
     api.log.clear()
-    b.apply(decision, actions, 2001.0)
+    b.apply(actions, 2001.0)
     assert api.log == [] and b.stats.commands_apply == 0
 
 
@@ -241,12 +245,12 @@ def test_crash_between_update_and_release_is_repaired() -> None:
     api = FakeSlurm([job(1)], NODES)
     api.fail.add(("release", 1))
     b = backend(api)
-    decision, actions = decide(b, {1: [(1, 1)]})
-    b.apply(decision, actions, 2000.0)  # the release failed: the job is still held
+    _, actions = decide(b, {1: [(1, 1)]})
+    b.apply(actions, 2000.0)  # the release failed: the job is still held
     api.fail.clear()
     api.log.clear()
-    decision, actions = decide(b, {1: [(1, 1)]}, epoch=1)
-    b.apply(decision, actions, 2001.0)
+    _decision, actions = decide(b, {1: [(1, 1)]}, epoch=1)
+    b.apply(actions, 2001.0)
     assert api.log == [("release", 1)]
 
 
@@ -256,9 +260,9 @@ def test_move_of_a_running_job_signals_then_requeues_held() -> None:
                          nodes=("node3",), start=1900)], NODES)
     slept: list[float] = []
     b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=slept.append)
-    decision, actions = decide(b, {1: [(0, 1)]}, epoch=3, now=2000.0)
-    assert [a.kind for a in actions] == [ActionKind.MOVE]
-    b.apply(decision, actions, 2000.0)
+    _, actions = decide(b, {1: [(0, 1)]}, epoch=3, now=2000.0)
+    assert [a.kind for a in actions] == [ChangeKind.MOVE]
+    b.apply(actions, 2000.0)
     # the record of the move first (state=preempting), then the signal, the grace, the
     # requeue, and the record preempted
     assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1), ("update", 1)]
@@ -268,8 +272,8 @@ def test_move_of_a_running_job_signals_then_requeues_held() -> None:
     assert rec2.state == "preempted" and rec2.done == pytest.approx(100 * k80, rel=1e-5)
     assert rec2.attained == {"k80": 100.0} and rec2.until == 2000.0
     # next epoch it waits, held, and is placed like a new job
-    decision, actions = decide(b, {1: [(0, 1)]}, epoch=4, now=2010.0)
-    assert [a.kind for a in actions] == [ActionKind.PLACE]
+    _decision, actions = decide(b, {1: [(0, 1)]}, epoch=4, now=2010.0)
+    assert [a.kind for a in actions] == [ChangeKind.PLACE]
     snap = b.snapshot(4, 2010.0, 60.0, None)
     assert snap.remaining[0] == pytest.approx(40000 - 100 * k80, rel=1e-5)
 
@@ -282,8 +286,8 @@ def test_job_that_finished_during_grace_is_not_requeued() -> None:
         api.jobs[1] = replace(api.jobs[1], state="COMPLETED")
 
     b = SlurmBackend(api, default_table(), preempt_grace_s=1.0, sleep=finish)
-    decision, actions = decide(b, {})
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {})
+    b.apply(actions, 2000.0)
     assert [w for w, _ in api.log] == ["update", "signal"]
 
 
@@ -303,8 +307,8 @@ def test_job_that_checkpointed_and_exited_75_during_grace_is_requeued(
                               exit_code=exit_code)
 
     b = SlurmBackend(api, default_table(), preempt_grace_s=1.0, sleep=checkpoint_and_exit)
-    decision, actions = decide(b, {})
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {})
+    b.apply(actions, 2000.0)
     expected = ["update", "signal"] + (["requeuehold", "update"] if requeued else [])
     assert [w for w, _ in api.log] == expected
 
@@ -316,8 +320,8 @@ def test_unplaced_pending_jobs_are_held_and_bad_hints_released() -> None:
         job(3, comment="hadar: model=resnet50 bs=128 steps=5", gpus=2),  # 2 GPUs of k80: 0
     ], [NODES[2]])
     b = backend(api)
-    decision, actions = decide(b, {})
-    b.apply(decision, actions, 2000.0)
+    _, actions = decide(b, {})
+    b.apply(actions, 2000.0)
     assert ("hold", 1) in api.log
     assert decode(api.jobs[1].admin_comment).state == "held"
     for j in (2, 3):
@@ -327,17 +331,17 @@ def test_unplaced_pending_jobs_are_held_and_bad_hints_released() -> None:
     assert "nosuch" in decode(api.jobs[2].admin_comment).why
     # unsteered jobs stay unsteered: nothing more is done with them
     api.log.clear()
-    decision, actions = decide(b, {}, epoch=1)
-    b.apply(decision, actions, 2001.0)
+    _decision, actions = decide(b, {}, epoch=1)
+    b.apply(actions, 2001.0)
     assert [x for x in api.log if x[1] in (2, 3)] == []
 
 
 def test_uneven_multi_node_placement_waits_with_a_reason() -> None:
     api = FakeSlurm([job(1, gpus=4)], [node("node1", "v100", 4), node("node2", "v100", 4)])
     b = backend(api)
-    decision, actions = decide(b, {1: [(0, 3), (1, 1)]})
-    b.apply(decision, actions, 2000.0)
-    assert "unequal GPU counts" in decision.detail[1]
+    _decision, actions = decide(b, {1: [(0, 3), (1, 1)]})
+    b.apply(actions, 2000.0)
+    assert "unequal GPU counts" in b.report.detail[1]
     assert api.log == [] and api.jobs[1].state_reason == "JobHeldAdmin"  # stays held
 
 
@@ -345,13 +349,13 @@ def test_dry_run_changes_nothing_and_failed_writes_do_not_stop_the_epoch() -> No
     api = FakeSlurm([job(1), job(2)], NODES)
     dry = DryRunApi(api)
     b = backend(dry)
-    decision, actions = decide(b, {1: [(0, 1)], 2: [(1, 1)]})
-    b.apply(decision, actions, 2000.0)
+    _, actions = decide(b, {1: [(0, 1)], 2: [(1, 1)]})
+    b.apply(actions, 2000.0)
     assert api.log == [] and [w[0] for w in dry.would] == ["update", "release"] * 2
     api.fail.add(("update", 1))
     b = backend(api)
-    decision, actions = decide(b, {1: [(0, 1)], 2: [(1, 1)]})
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {1: [(0, 1)], 2: [(1, 1)]})
+    b.apply(actions, 2000.0)
     assert api.log == [("update", 2), ("release", 2)]
 
 
@@ -370,9 +374,9 @@ def test_job_started_between_the_reads_is_not_held_and_stays_tracked() -> None:
     api = FakeSlurm([job(1, state="RUNNING", reason="None", admin=rec.encode(), gpus=2,
                          nodes=("node2",), start=1999)], NODES)
     b = backend(api)
-    decision, actions = decide(b, {1: [(1, 2)]}, epoch=1)
+    _decision, actions = decide(b, {1: [(1, 2)]}, epoch=1)
     assert b.snapshot(1, 2000.0, 60.0, None).node_gpus.tolist() == [4, 4, 2]
-    b.apply(decision, actions, 2000.0)
+    b.apply(actions, 2000.0)
     assert api.log == []
     # a hold that reached it after it started (priority 0 while running): still tracked
     api.jobs[1] = replace(api.jobs[1], state_reason="JobHeldAdmin", admin_comment=JobRecord(
@@ -397,8 +401,8 @@ def test_jobs_that_end_after_the_epoch_are_seen_with_one_light_read() -> None:
                          nodes=("node3",), start=1900), other, cpu_only, job(5)], NODES)
     b = backend(api)
     assert b.ended_since_epoch() == [] and api.commands == 0  # nothing watched yet
-    decision, actions = decide(b, {1: [(0, 1)], 5: [(1, 1)]}, epoch=1)  # job 2 is preempted
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {1: [(0, 1)], 5: [(1, 1)]}, epoch=1)  # job 2 is preempted
+    b.apply(actions, 2000.0)
     assert b.watch == {1, 3, 5}  # not 2 (stopped by this epoch), not 4 (no GPU node)
     before = api.commands
     assert b.ended_since_epoch() == [] and api.commands == before + 1
@@ -430,15 +434,15 @@ def test_a_job_that_cannot_checkpoint_is_never_stopped() -> None:
     # not the policy's to move: outside the snapshot, its GPU not offered to others
     assert snap.num_jobs == 0 and 1 in b.pinned
     assert snap.node_gpus.tolist() == [4, 4, 1]
-    decision, actions = decide(b, {})
-    b.apply(decision, actions, 2000.0)
+    _, actions = decide(b, {})
+    b.apply(actions, 2000.0)
     assert api.log == []
     # with preempt=requeue it may be stopped: requeued at once, without a signal or grace
     api.jobs[1] = running(1, comment=NO_CHECKPOINT + " preempt=requeue")
     slept: list[float] = []
     b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=slept.append)
-    decision, actions = decide(b, {})
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {})
+    b.apply(actions, 2000.0)
     assert api.log == [("update", 1), ("requeuehold", 1), ("update", 1)] and slept == []
     assert decode(api.jobs[1].admin_comment).state == "preempted"
 
@@ -453,8 +457,8 @@ def test_a_move_begun_before_a_restart_is_finished_without_a_second_signal(
     waited: list[float] = []
     b = SlurmBackend(api, default_table(), preempt_grace_s=30.0, sleep=waited.append)
     assert b.snapshot(5, 2000.0, 60.0, None).num_jobs == 1
-    decision, actions = decide(b, {1: [(2, 1)]}, epoch=5)  # (it would stay where it is)
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {1: [(2, 1)]}, epoch=5)  # (it would stay where it is)
+    b.apply(actions, 2000.0)
     assert [w for w, _ in api.log].count("signal") == signals
     assert ("requeuehold", 1) in api.log and waited == slept
     assert decode(api.jobs[1].admin_comment).state == "preempted"
@@ -473,8 +477,8 @@ def test_a_job_that_a_move_left_ended_is_requeued_by_the_next_sidecar(
     ended = replace(job(1, state=state, reason="None", admin=rec.encode()), exit_code=exit_code)
     api = FakeSlurm([ended], NODES)
     b = backend(api)
-    decision, actions = decide(b, {}, epoch=5)
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {}, epoch=5)
+    b.apply(actions, 2000.0)
     if requeued:
         assert api.log == [("requeuehold", 1), ("update", 1)]
         assert decode(api.jobs[1].admin_comment).state == "preempted"
@@ -488,8 +492,8 @@ def test_a_checkpoint_exit_that_slurm_requeued_held_is_placed_again() -> None:
     api = FakeSlurm([job(1, state="SPECIAL_EXIT", reason="JobHeldUser", admin=rec.encode())],
                     NODES)
     b = backend(api)
-    decision, actions = decide(b, {1: [(0, 1)]}, epoch=5)
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {1: [(0, 1)]}, epoch=5)
+    b.apply(actions, 2000.0)
     # (its hold made the sidecar's first: see the next test)
     assert api.log == [("hold", 1), ("update", 1), ("release", 1)]
     assert decode(api.jobs[1].admin_comment).place == (("node1", 1),)
@@ -502,15 +506,15 @@ def test_a_sidecar_that_dies_between_record_and_release_leaves_no_user_hold() ->
     api = FakeSlurm([job(1, reason="JobHeldUser")], NODES)
     b = backend(api)
     api.fail.add(("release", 1))  # (the sidecar died here)
-    decision, actions = decide(b, {1: [(0, 1)]})
-    b.apply(decision, actions, 2000.0)
+    _, actions = decide(b, {1: [(0, 1)]})
+    b.apply(actions, 2000.0)
     assert api.log == [("hold", 1), ("update", 1)]
     assert api.jobs[1].state_reason == "JobHeldAdmin"
     api.fail.clear()
     b = backend(api)
-    decision, actions = decide(b, {1: [(0, 1)]}, epoch=1)
+    _decision, actions = decide(b, {1: [(0, 1)]}, epoch=1)
     assert b.user_held == []
-    b.apply(decision, actions, 2000.0)
+    b.apply(actions, 2000.0)
     assert api.log[-1] == ("release", 1)
 
 
@@ -525,14 +529,14 @@ def test_a_users_own_hold_is_respected() -> None:
     b = backend(api)
     snap = b.snapshot(4, 2000.0, 60.0, None)
     assert snap.job_ids.tolist() == [3] and b.user_held == [1, 2, 4]
-    decision, actions = decide(b, {3: [(0, 1)]}, epoch=4)
-    b.apply(decision, actions, 2000.0)
+    _, actions = decide(b, {3: [(0, 1)]}, epoch=4)
+    b.apply(actions, 2000.0)
     assert api.log == [("hold", 3), ("update", 3), ("release", 3)]
     # released by its user: the sidecar steers it from then on
     api.jobs[1] = replace(api.jobs[1], state_reason="None")
     api.log.clear()
-    decision, actions = decide(b, {}, epoch=5)
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {}, epoch=5)
+    b.apply(actions, 2000.0)
     assert ("hold", 1) in api.log and ("release", 2) not in api.log
 
 
@@ -547,8 +551,8 @@ def test_a_forged_copy_of_another_users_job_is_an_ordinary_job() -> None:
     snap = b.snapshot(0, 2000.0, 60.0, None)
     assert b.copy_ids == set() and b.views[1].group is None
     assert snap.remaining.tolist() == [40000.0] and snap.node_gpus.tolist() == [3, 4, 2]
-    decision, actions = decide(b, {})
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {})
+    b.apply(actions, 2000.0)
     assert [e for e in api.log if e[1] == 2] == []
 
 
@@ -564,17 +568,17 @@ def test_an_error_with_one_job_is_logged_and_the_epoch_goes_on(
         return view(j, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(b, "_view", broken)
-    place = b._place
+    place = b.applier._place
 
     def broken_place(v: object, *args: object) -> None:
         if getattr(v, "job_id", 0) == 2:
             raise KeyError("boom")
         place(v, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(b, "_place", broken_place)
+    monkeypatch.setattr(b.applier, "_place", broken_place)
     with caplog.at_level("ERROR", logger="hadar_slurm.sidecar"):
-        decision, actions = decide(b, {2: [(0, 1)], 3: [(1, 1)]})
-        b.apply(decision, actions, 2000.0)
+        _decision, actions = decide(b, {2: [(0, 1)], 3: [(1, 1)]})
+        b.apply(actions, 2000.0)
     assert sorted(b.views) == [2, 3]
     # job 1: released to Slurm with the reason; job 2: its error logged; job 3: placed
     rec1 = decode(api.jobs[1].admin_comment)
@@ -591,8 +595,8 @@ def test_hints_that_bypassed_the_plugin_are_unsteered_not_fatal() -> None:
     huge = "hadar: model=resnet50 bs=64 steps=" + "9" * 400
     api = FakeSlurm([job(1, comment=huge), job(2)], NODES)
     b = backend(api)
-    decision, actions = decide(b, {2: [(0, 1)]})
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {2: [(0, 1)]})
+    b.apply(actions, 2000.0)
     assert decode(api.jobs[1].admin_comment).state == "unsteered"
     assert "steps" in decode(api.jobs[1].admin_comment).why
     assert ("release", 2) in api.log
@@ -605,7 +609,7 @@ def test_status_and_explain_say_why_a_job_is_outside_the_policy() -> None:
 
     from hadar_slurm.sidecar.config import default_config
     from hadar_slurm.sidecar.controller import epoch_state
-    from hadar_slurm.sidecar.report import explain, status_rows
+    from hadar_slurm.sidecar.status import explain, status_rows
 
     forged = replace(running(4, comment="hadar-copy-of=3", admin="", node_name="node1"),
                      user="bob", command="/home/bob/x.sh")
@@ -642,9 +646,9 @@ def parked(job_id: int, **kw: object) -> SlurmJob:
 def test_a_parked_job_is_started_where_it_is_placed_in_one_update() -> None:
     api = FakeSlurm([parked(1), parked(2)], NODES)
     b = backend(api)
-    decision, actions = decide(b, {1: [(0, 1)]})
+    _decision, actions = decide(b, {1: [(0, 1)]})
     assert b.views[1].parked and not b.views[1].held
-    b.apply(decision, actions, 2000.0)
+    b.apply(actions, 2000.0)
     # placed: NodeList, Features, the record and StartTime=now at once; job 2 waits as it is
     assert api.log == [("update", 1)]
     assert api.jobs[1].eligible_time is None and api.jobs[2].eligible_time == PARKED_UNTIL
@@ -655,16 +659,16 @@ def test_a_users_hold_on_a_parked_job_is_visible_and_kept() -> None:
     # parks (not holds) can the user's own `scontrol hold` be told apart
     api = FakeSlurm([replace(parked(1), state_reason="JobHeldUser")], NODES)
     b = backend(api)
-    decision, actions = decide(b, {})
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {})
+    b.apply(actions, 2000.0)
     assert b.user_held == [1] and api.log == []
 
 
 def test_a_parked_job_with_bad_hints_is_started_unsteered() -> None:
     api = FakeSlurm([parked(1, comment="hadar: model=nosuch steps=5")], NODES)
     b = backend(api)
-    decision, actions = decide(b, {})
-    b.apply(decision, actions, 2000.0)
+    _decision, actions = decide(b, {})
+    b.apply(actions, 2000.0)
     assert api.log == [("update", 1), ("update", 1)]  # the record, then StartTime=now
     assert api.jobs[1].eligible_time is None
     assert decode(api.jobs[1].admin_comment).state == "unsteered"

@@ -22,7 +22,7 @@ import pytest
 from conftest import run_cli
 
 from hadar_slurm.logs import JsonLinesReader
-from hadar_slurm.sidecar.backend import is_parked
+from hadar_slurm.sidecar.observe import is_parked
 from hadar_slurm.slurm import SlurmJob, commands
 from tests.slurm_cluster import REPO, DevCluster, dev_script, jobs, nodes_conf, submit
 

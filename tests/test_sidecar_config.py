@@ -18,6 +18,7 @@ from bench import gen_dev_throughputs
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import JsonLinesReader, log_event, read_events, setup_logging
 from hadar_slurm.policy import REGISTRY
+from hadar_slurm.rates.table import default_table, load_table
 from hadar_slurm.sidecar.config import (
     CONFIG_SCHEMA,
     SidecarConfig,
@@ -27,7 +28,6 @@ from hadar_slurm.sidecar.config import (
     parse_config,
     render_config_reference,
 )
-from hadar_slurm.throughputs import default_table, load_table
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "slurm_conf" / "hadar-slurm.toml"

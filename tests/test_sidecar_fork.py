@@ -16,18 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hadar_slurm.loop import Action, ActionKind, diff
+from hadar_slurm.loop import Change, ChangeKind
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason
+from hadar_slurm.rates.table import default_table
 from hadar_slurm.sidecar import fork as hadare
-from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
-from hadar_slurm.sidecar.backend import PENDING_STATES, RUNNING_STATES, SlurmBackend
+from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.config import default_config
 from hadar_slurm.sidecar.controller import Sidecar, epoch_state
 from hadar_slurm.sidecar.record import JobRecord, decode, encode_args
-from hadar_slurm.sidecar.report import explain, status_rows
+from hadar_slurm.sidecar.status import explain, status_rows
 from hadar_slurm.slurm import SlurmCommandError, SlurmJob, SlurmTimeoutError
-from hadar_slurm.throughputs import default_table
+from hadar_slurm.slurm.api import DryRunApi, SlurmApi
+from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
 from tests.test_safe_state import config_file, config_of  # noqa: F401
 from tests.test_sidecar_backend import NODES, FakeSlurm, job
 
@@ -54,20 +55,20 @@ def backend(api: SlurmApi, **kw: object) -> SlurmBackend:
 
 
 def decide(b: SlurmBackend, copies: dict[int, CopyRows], epoch: int = 0,
-           now: float = 2000.0) -> tuple[Decision, list[Action]]:
+           now: float = 2000.0) -> tuple[Decision, list[Change]]:
     """The snapshot of ``b`` and a decision placing each job as ``{copy: [(node, gpus)]}``."""
     snap = b.snapshot(epoch, now, 60.0, None)
     rows = [(j, n, c, k) for j, cp in copies.items() for k, rr in cp.items() for n, c in rr]
     cols = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(4)]
     placement = Placement(cols[0], cols[1], cols[2], cols[3])
     decision = Decision(epoch, placement, np.full(snap.num_jobs, Reason.PLACED, dtype=np.int8))
-    return decision, diff(snap, decision)
+    return decision, b.reconcile(snap, decision)
 
 
 def step(b: SlurmBackend, copies: dict[int, CopyRows], epoch: int,
          now: float = 2000.0) -> Decision:
     decision, actions = decide(b, copies, epoch, now)
-    b.apply(decision, actions, now)
+    b.apply(actions, now)
     return decision
 
 
@@ -118,9 +119,9 @@ def test_fork_submits_one_hetjob_for_the_owner_and_records_it(tmp_path: Path) ->
 
     # next epoch the copies are the job's current placement: the same decision changes nothing
     api.log.clear()
-    decision, actions = decide(b, {J: THREE}, 1)
-    assert [a.kind for a in actions] == [ActionKind.KEEP]
-    b.apply(decision, actions, 2001.0)
+    _decision, actions = decide(b, {J: THREE}, 1)
+    assert [a.kind for a in actions] == [ChangeKind.KEEP]
+    b.apply(actions, 2001.0)
     assert api.log == [] and b.stats.commands_apply == 0
     start(api, leader)
     snap = b.snapshot(2, 2060.0, 60.0, None)
@@ -180,9 +181,9 @@ def test_crash_between_submit_and_record_adopts_the_copies(tmp_path: Path) -> No
     leader = components(api)[0].job_id
     api.log.clear()
     b = backend(api)  # a restarted sidecar
-    decision, actions = decide(b, {J: THREE}, 1)
-    assert [a.kind for a in actions] == [ActionKind.KEEP]  # found by its comment
-    b.apply(decision, actions, 2001.0)
+    _decision, actions = decide(b, {J: THREE}, 1)
+    assert [a.kind for a in actions] == [ChangeKind.KEEP]  # found by its comment
+    b.apply(actions, 2001.0)
     assert api.log == [("update", J)] and len(api.submitted) == 1  # adopted, not forked again
     rec = decode(api.jobs[J].admin_comment)
     assert (rec.state, rec.group, rec.copies) == ("forked", leader, 3)
@@ -303,11 +304,11 @@ def test_failed_fork_places_the_job_unforked_on_copy_0(tmp_path: Path,
     else:
         api.submit_error = error
     b = backend(api)
-    decision = step(b, {J: {0: [(1, 1)], 1: [(0, 1)]}}, 0)
+    step(b, {J: {0: [(1, 1)], 1: [(0, 1)]}}, 0)
     assert api.log[-2:] == [("update", J), ("release", J)]
     rec = decode(api.jobs[J].admin_comment)
     assert (rec.state, rec.place, rec.nofork) == ("placed", (("node2", 1),), True)
-    assert rec.why.startswith("fork failed: ") and "fork failed" in decision.detail[J]
+    assert rec.why.startswith("fork failed: ") and "fork failed" in b.report.detail[J]
     assert components(api) == []
     # it is not forked again: the policy is told it may run as one copy only
     snap = b.snapshot(1, 2010.0, 60.0, None)
@@ -483,9 +484,13 @@ def test_dry_run_forks_nothing(tmp_path: Path) -> None:
     dry = DryRunApi(api)
     b = backend(dry)
     step(b, {J: THREE}, 0)
-    assert api.log == [] and dry.would == [] and api.submitted == []
+    # it reads the batch script (a read); every change is only written down
+    assert api.log == [("batch_script", J)] and api.submitted == []
+    assert [w[0] for w in dry.would] == ["files", "update", "sbatch", "update"]
     assert not (tmp_path / ".hadar-tracker").exists()
-    assert [e["action"] for e in b.stats.applied] == ["fork"]
+    assert [e["action"] for e in b.stats.applied] == ["fork_intent", "fork", "record"]
+    # the fork it would have made counts as live (it never ends by itself)
+    assert b.ended_since_epoch() == []
 
 
 def test_status_and_explain_show_the_fork(tmp_path: Path) -> None:
@@ -578,11 +583,12 @@ def test_a_parked_job_is_forked_without_a_hold(tmp_path: Path) -> None:
 
 def test_fork_writes_as_the_owner_the_way_slurm_commands_run(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """write_files (another owner) and SlurmRunner.run(as_user=) switch user the same way:
+    """write_files_as (another owner) and SlurmRunner.run(as_user=) switch user the same way:
     the owner's uid, gid, groups and environment, in /."""
     import subprocess
 
     from hadar_slurm.slurm import RunAs, SlurmRunner
+    from hadar_slurm.slurm.runner import write_files_as
 
     owner = RunAs(os.geteuid() + 1, 4242, (4242, 27), {"PATH": "/bin", "HOME": "/home/u"})
     seen: list[tuple[object, dict[str, object]]] = []
@@ -592,7 +598,7 @@ def test_fork_writes_as_the_owner_the_way_slurm_commands_run(
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    hadare.write_files(owner, "/t/.hadar-tracker/7", {"hints": "model=lm"})
+    write_files_as(owner, "/t/.hadar-tracker/7", {"hints": "model=lm"})
     conf = tmp_path / "slurm.conf"
     conf.write_text("")
     SlurmRunner(conf).run(["squeue"], as_user=owner)

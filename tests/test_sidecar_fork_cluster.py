@@ -28,8 +28,8 @@ import pytest
 from conftest import run_cli
 
 from hadar_slurm.logs import read_events
-from hadar_slurm.sidecar.backend import is_parked
 from hadar_slurm.sidecar.fork import copy_of
+from hadar_slurm.sidecar.observe import is_parked
 from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import RunAs, SlurmJob, commands, parse_sbatch_parsable
 from tests.slurm_cluster import REPO, DevCluster, jobs, nodes_conf, wait_job

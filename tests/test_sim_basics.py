@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from conftest import make_job
 
-from hadar_slurm.cluster import parse_counts
 from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
+from hadar_slurm.rates.table import ThroughputTable
+from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import SimResult, simulate
-from hadar_slurm.throughputs import ThroughputTable
 
 
 def run_fifo(jobs: list[Job], cluster: str, table: ThroughputTable) -> SimResult:

@@ -260,11 +260,11 @@ def test_live_job_ids() -> None:
 
 def test_job_state_sets_are_one_family() -> None:
     """parse.py defines every job-state set; the others are these very objects."""
-    from hadar_slurm.sidecar import fork, report
+    from hadar_slurm.sidecar import fork, status
 
     assert commands.LIVE_STATES is SQUEUE_LIVE_STATES
     assert fork.LIVE_STATES is QUEUED_STATES == PENDING_STATES | RUNNING_STATES
-    assert report.ACTIVE is ACTIVE_STATES
+    assert status.ACTIVE is ACTIVE_STATES
     assert commands.squeue_live_ids()[2] == (
         "--states=PENDING,RUNNING,CONFIGURING,SUSPENDED,COMPLETING,REQUEUED,REQUEUE_HOLD,"
         "REQUEUE_FED,RESV_DEL_HOLD,SPECIAL_EXIT,STOPPED,SIGNALING,STAGE_OUT,RESIZING")

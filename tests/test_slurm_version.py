@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from hadar_slurm import cli
-from hadar_slurm.core_info import core_kind
+import hadar_slurm.cli.main as cli
+from hadar_slurm.core.info import core_kind
 from hadar_slurm.sidecar import controller
-from hadar_slurm.sidecar.api import CliApi, DryRunApi
 from hadar_slurm.sidecar.config import SidecarConfig
 from hadar_slurm.sidecar.controller import Sidecar
-from hadar_slurm.sidecar.report import format_status
+from hadar_slurm.sidecar.status import format_status
 from hadar_slurm.slurm import CommandResult, SlurmCommandError, SlurmParseError, SlurmTimeoutError
+from hadar_slurm.slurm.api import CliApi, DryRunApi
 from hadar_slurm.slurm.version import (
     TESTED_SERIES,
     SlurmVersion,

@@ -1,4 +1,4 @@
-"""The throughput store (hadar_slurm/store.py) and ``hadar-slurm throughputs`` (cli_store.py):
+"""The throughput store (hadar_slurm/rates/store.py) and ``hadar-slurm throughputs`` (cli_store.py):
 schema, precedence, learning, import/export round trips, bad input, and several writer
 processes at once."""
 
@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from hadar_slurm import cli_store
+from hadar_slurm.cli import store as cli_store
 from hadar_slurm.errors import InputError
-from hadar_slurm.store import (
+from hadar_slurm.rates.store import (
     LEARN_WINDOW,
     Entry,
     ThroughputStore,
     WindowRow,
     default_store_path,
 )
-from hadar_slurm.throughputs import ThroughputTable, default_table, load_table, parse_csv
+from hadar_slurm.rates.table import ThroughputTable, default_table, load_table, parse_csv
 
 RN = "ResNet-50 (batch size 64)"
 

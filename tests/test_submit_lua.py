@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hadar_slurm.hints import HintError, is_hadar_comment, parse_hints
-from hadar_slurm.sidecar.backend import is_parked
+from hadar_slurm.sidecar.observe import is_parked
 from hadar_slurm.sidecar.record import MAX_ARGS_BYTES, decode, mark
 from hadar_slurm.slurm import Gres, commands, parse_sbatch_parsable, parse_scontrol_show
 from tests.slurm_cluster import DevCluster, jobs, spelled, wait_job

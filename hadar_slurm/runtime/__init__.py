@@ -2,7 +2,7 @@
 their iterations and consolidates their models.
 
 HadarE forks a job of W iterations into k copies (the components of one heterogeneous Slurm
-job, :mod:`hadar_slurm.hetjob`), each a full trainer on its own node.  A training script uses
+job, :mod:`hadar_slurm.slurm.hetjob`), each a full trainer on its own node.  A training script uses
 the runtime the same way whether it runs as one of those copies or unforked (a plain sbatch job,
 or the original job run again after its copy group)::
 

@@ -35,7 +35,7 @@ EXIT_COPY_LOST = 76
 DEFAULT_BARRIER_TIMEOUT_S = 300.0
 #: Round length when neither round_iters nor round_seconds is given.
 DEFAULT_ROUND_SECONDS = 60.0
-#: Most copies a job may be forked into (the same bound as hadar_slurm.hetjob).
+#: Most copies a job may be forked into (the same bound as hadar_slurm.slurm.hetjob).
 MAX_COPIES = 16
 
 _SOURCE = "environment"
@@ -211,7 +211,7 @@ class RuntimeConfig:
     ) -> RuntimeConfig:
         """The settings of this process from its environment (``os.environ`` by default).
 
-        Set by the HadarE heterogeneous job (hadar_slurm.hetjob) for each copy:
+        Set by the HadarE heterogeneous job (hadar_slurm.slurm.hetjob) for each copy:
         ``HADAR_COPY_INDEX`` (default 0), ``HADAR_COPIES`` (default 1),
         ``HADAR_ORIGINAL_JOB_ID``, ``HADAR_TRACKER_DIR``, ``HADAR_COPY_GPU_TYPE``.
         Set by Slurm: ``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``.  Optional:

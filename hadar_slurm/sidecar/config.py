@@ -38,8 +38,8 @@ from pathlib import Path
 from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy import REGISTRY
+from hadar_slurm.rates.table import ThroughputTable, load_tables
 from hadar_slurm.slurm.version import tested_text
-from hadar_slurm.throughputs import ThroughputTable, load_tables
 
 SECTIONS = ("slurm", "scheduler", "hadare", "sidecar", "metrics")
 DEFAULTS_SOURCE = "<defaults>"

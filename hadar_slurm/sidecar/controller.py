@@ -48,23 +48,24 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from hadar_slurm.core_info import core_kind
+from hadar_slurm.core.info import core_kind
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import log_event, log_exception, setup_logging
 from hadar_slurm.loop import EpochLoop, EpochRecord
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Reason, Snapshot
-from hadar_slurm.sidecar.api import DryRunApi, SlurmApi
-from hadar_slurm.sidecar.backend import JobView, SlurmBackend
+from hadar_slurm.rates.learn import Knowledge
+from hadar_slurm.rates.store import Entry, Key, StoreDamagedError, ThroughputStore
+from hadar_slurm.rates.store_recovery import recover_store
+from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
-from hadar_slurm.sidecar.learn import Knowledge
 from hadar_slurm.sidecar.metrics import FinishTracker, SidecarMetrics, summarize_epoch
-from hadar_slurm.sidecar.pyslurm_api import make_api
+from hadar_slurm.sidecar.observe import JobView
 from hadar_slurm.sidecar.statedir import StateDirLock, is_unreachable, read_epoch, write_epoch
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmParseError, SlurmRunner
+from hadar_slurm.slurm.api import DryRunApi, SlurmApi, with_drills
+from hadar_slurm.slurm.pyslurm_api import make_api
 from hadar_slurm.slurm.version import SlurmVersion, check_version, tested_text
-from hadar_slurm.store import Entry, Key, StoreDamagedError, ThroughputStore
-from hadar_slurm.store_recovery import recover_store
 
 STATE_FILE = "state.json"
 #: The config key that lets the sidecar run on a Slurm series it was not tested on.
@@ -113,10 +114,10 @@ class StopClock:
 class SidecarStore(ThroughputStore):
     """The sidecar's store: damage found while it runs never escapes into an epoch.
 
-    The calls :class:`~hadar_slurm.sidecar.learn.Knowledge` makes (``entries``, ``anchors``,
+    The calls :class:`~hadar_slurm.rates.learn.Knowledge` makes (``entries``, ``anchors``,
     ``estimate``, ``learn``) are made from inside the epoch's read, some of them inside one
     job's handling, where an exception would count against that job (and release it to Slurm
-    unsteered).  Here the first :class:`~hadar_slurm.store.StoreDamagedError` is kept in
+    unsteered).  Here the first :class:`~hadar_slurm.rates.store.StoreDamagedError` is kept in
     :attr:`failure`, and from then on every such call answers as an empty store would (no
     entries, nothing written), so the epoch plans with the base tables; the controller then
     detaches the store (``store_failed``)."""
@@ -160,8 +161,8 @@ def _open_checked(path: Path) -> SidecarStore:
 def open_store(config: SidecarConfig, logger: logging.Logger | None = None) -> SidecarStore:
     """The config's throughput store, opened (created when missing) and read once whole.
 
-    A damaged store (:class:`~hadar_slurm.store.StoreDamagedError`) is moved aside and a fresh
-    one rebuilt from the config's throughput files (:func:`~hadar_slurm.store_recovery.
+    A damaged store (:class:`~hadar_slurm.rates.store.StoreDamagedError`) is moved aside and a fresh
+    one rebuilt from the config's throughput files (:func:`~hadar_slurm.rates.store_recovery.
     recover_store`); a ``store_recovered`` warning names the kept file.  Called under the
     state_dir lock, so no other sidecar uses the store while it is moved."""
     path = config.store_path
@@ -233,6 +234,8 @@ class Sidecar:
         self._epochs_run = 0
         if api is None:
             api = slurm_api(config)
+        # the restart tests' crash drill and the dry run are wrappers of the API
+        api = with_drills(api)
         self.api: SlurmApi = DryRunApi(api) if config.dry_run else api
         # What Slurm allows (one node per copy) and what a move costs reach the policy
         # through the backend's snapshots, not as settings.
@@ -243,6 +246,7 @@ class Sidecar:
             self.api, table, partition=config.partition,
             preempt_grace_s=config.preempt_grace_s, preempt_signal=config.preempt_signal,
             should_stop=self._should_stop,  # (the grace period is not cut short by a stop)
+            sleep=_no_wait if config.dry_run else time.sleep,  # (a dry run signals nobody)
             tracker_root=config.tracker_root,
             knowledge=Knowledge(table, self.store, learn=config.learn_throughputs,
                                 optimism=config.estimate_optimism),
@@ -456,6 +460,10 @@ class Sidecar:
                           path=self.config.state_dir, error=str(exc))
 
 
+def _no_wait(seconds: float) -> None:
+    """Grace periods of a dry run: nothing was signalled, nothing to wait for."""
+
+
 def _job_info(view: JobView, snapshot: Snapshot, rows: Sequence[tuple[int, int]],
               remaining: float, *, reason: str, reason_text: str, component: str,
               detail: str) -> dict[str, object]:
@@ -492,7 +500,7 @@ def epoch_state(
         info = _job_info(
             view, snapshot, placed.get(job_id, []), float(snapshot.remaining[i]),
             reason=code.name, reason_text=code.text, component=code.component,
-            detail=decision.detail.get(job_id, ""))
+            detail=backend.report.detail.get(job_id) or decision.detail.get(job_id, ""))
         info.update(max_copies=view.max_copies, fork_blocked=view.fork_blocked,
                     copies=len(cp), placed_copies=[[c, snapshot.node_names[k], n]
                                                    for c, cr in sorted(cp.items())

@@ -3,9 +3,9 @@
 A hinted job ``J`` (hint ``fork=N``) that the policy forks into ``k >= 2`` copies keeps its place
 in the queue, held, with ``Dependency=afterany:K`` and the record ``state=forked group=K
 copies=k`` in its AdminComment, while its copies run as ONE heterogeneous job ``K`` (one
-component per copy, :func:`hadar_slurm.hetjob.render_hetjob`) whose components carry the comment
-``hadar-copy-of=J``.  That comment is the link Slurm itself keeps: a restarted sidecar finds a
-fork by it alone (:func:`find_groups`), also one it submitted but had no time to record.
+component per copy, :func:`hadar_slurm.slurm.hetjob.render_hetjob`) whose components carry the
+comment ``hadar-copy-of=J``.  That comment is the link Slurm itself keeps: a restarted sidecar
+finds a fork by it alone (:func:`find_groups`), also one it submitted but had no time to record.
 
 The copies run J's own batch script (fetched with ``scontrol write batch_script``, saved in J's
 *tracker directory* with J's hints), as J's owner, in J's working directory; the job tracker
@@ -25,15 +25,12 @@ import math
 import os
 import pwd
 import re
-import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hadar_slurm.runtime.tracker import PROGRESS_FILE
 from hadar_slurm.slurm import RunAs, SlurmJob
 from hadar_slurm.slurm.parse import QUEUED_STATES, RUNNING_STATES
-from hadar_slurm.slurm.runner import as_user_kwargs
 
 #: The comment of every component of a fork of job J: ``hadar-copy-of=J``.
 COPY_OF = "hadar-copy-of="
@@ -47,9 +44,6 @@ LIVE_STATES = QUEUED_STATES
 _MAX_PROGRESS_BYTES = 1 << 20
 _COPY_OF = re.compile(r"^hadar-copy-of=([0-9]+)$")
 _DEP_JOB = re.compile(r"^[a-z]+:([0-9]+)")
-_FILE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-#: How long mkdir/tee as the owner may take.
-FILE_TIMEOUT_S = 30.0
 
 
 class ForkError(RuntimeError):
@@ -181,43 +175,6 @@ def tracker_dir(job: SlurmJob, root: str | None) -> str:
         raise ForkError(f"job {job.job_id} has no absolute working directory "
                         f"({job.workdir!r}) for its tracker")
     return os.path.join(base, TRACKER_SUBDIR, str(job.job_id))
-
-
-def write_files(owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
-    """Create ``directory`` (and its parents) and write ``files`` (``{name: text}``) in it, as
-    ``owner``: directly when this process is the owner, else with ``mkdir -p``/``tee`` run as
-    the owner (so root never writes into a directory a user controls).  :class:`ForkError`
-    says what failed."""
-    for name in files:
-        if not _FILE_NAME.match(name):
-            raise ValueError(f"bad file name {name!r}")
-    if owner.uid == os.geteuid():
-        try:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            for name, text in files.items():
-                path = Path(directory, name)
-                tmp = path.with_name(f".{name}.tmp")
-                tmp.write_text(text, encoding="utf-8")
-                os.replace(tmp, path)
-        except OSError as exc:
-            raise ForkError(f"cannot write the tracker directory {directory}: {exc}") from None
-        return
-    _as_owner(owner, ["mkdir", "-p", "--", directory], None)
-    for name, text in files.items():
-        _as_owner(owner, ["tee", "--", os.path.join(directory, name)], text)
-
-
-def _as_owner(owner: RunAs, argv: list[str], text: str | None) -> None:
-    try:
-        proc = subprocess.run(  # type: ignore[call-overload]
-            argv, input=text, stdin=None if text is not None else subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            timeout=FILE_TIMEOUT_S, check=False, **as_user_kwargs(owner))
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ForkError(f"`{' '.join(argv)}` as uid {owner.uid} failed: {exc}") from None
-    if proc.returncode != 0:
-        raise ForkError(f"`{' '.join(argv)}` as uid {owner.uid} failed: "
-                        f"{proc.stderr.strip() or f'exit status {proc.returncode}'}")
 
 
 @dataclass(frozen=True)

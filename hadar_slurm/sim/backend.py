@@ -20,11 +20,11 @@ runs at ``workers * min r over the types it uses`` (the slowest worker sets the 
 
 What the policy sees: ``policy_table``, when given, is the throughput table the policy plans
 with (the ``rate`` of each :class:`~hadar_slurm.policy.base.Snapshot`), e.g. one where some
-entries were never measured and are estimates (:mod:`hadar_slurm.estimate`).  Progress,
+entries were never measured and are estimates (:mod:`hadar_slurm.rates.estimate`).  Progress,
 finish times, forked copies' rates and fairness always follow the true ``table``.  A job placed
 on GPUs whose true rate is 0 (the policy's table said it runs there) holds them for the round
 without progress; rounds where nothing placed makes progress count as idle epochs.  With
-``learn_rates`` the policy's table learns as the sidecar's does (:mod:`hadar_slurm.sidecar.learn`:
+``learn_rates`` the policy's table learns as the sidecar's does (:mod:`hadar_slurm.rates.learn`:
 the rate a job's runtime reports replaces the table's from the next epoch on): once any job of a
 (job type, scale factor) has run on a GPU type, every job of that kind is planned with its true
 rate there from the next snapshot on.
@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hadar_slurm.consolidation import ConsolidationCost
-from hadar_slurm.loop import Action, ActionKind
+from hadar_slurm.loop import ApplyReport, Change, ChangeKind, diff, placement_of
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy.base import Decision, FloatArray, Placement, Snapshot
-from hadar_slurm.throughputs import ThroughputTable
+from hadar_slurm.rates.table import ThroughputTable
 
 EPS_STEPS = 1e-6
 
@@ -173,17 +173,25 @@ class SimulatedCluster:
             multi_node_copies=self.multi_node_copies, migration_s=self.migration_cost_s,
         )
 
-    def apply(self, decision: Decision, actions: list[Action], now: float) -> None:
-        self._moved = {a.job_id for a in actions if a.kind in (ActionKind.MOVE, ActionKind.PLACE)}
-        self.current = decision.placement
+    def reconcile(self, snapshot: Snapshot, decision: Decision) -> list[Change]:
+        return diff(snapshot, decision)
+
+    def apply(self, changes: list[Change], now: float) -> ApplyReport:
+        """Run what ``changes`` leave running from ``now`` on (applying them twice is the same
+        as once: the placement is what they name)."""
+        started = (ChangeKind.PLACE, ChangeKind.FORK, ChangeKind.MOVE)
+        self._moved = {c.job_id for c in changes if c.kind in started}
+        self.current = placement_of(changes)
         self._round_start = now
         forked = {j: k for j, k in self.current.num_copies().items() if k > 1}
         if forked:
             self.state.copies.append((now, forked))
-        for job_id in set(decision.placement.job.tolist()):
+        for job_id in set(self.current.job.tolist()):
             i = self.index_of[job_id]
             if np.isnan(self.state.first_start[i]):
                 self.state.first_start[i] = now
+        return ApplyReport(applied=[{"job": c.job_id, "action": c.kind.value}
+                                    for c in changes if c.kind is not ChangeKind.KEEP])
 
     def next_epoch_start(self, now: float, round_s: float) -> float | None:
         ttf = [self._time_to_finish(j, copies)

@@ -11,8 +11,8 @@ from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.loop import EpochLoop, EpochRecord, SimClock
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy.base import FloatArray, Policy
+from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sim.backend import EpochUsage, SimulatedCluster
-from hadar_slurm.throughputs import ThroughputTable
 
 
 @dataclass

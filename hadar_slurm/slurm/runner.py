@@ -9,9 +9,11 @@ resolver), with a timeout, and with stdout/stderr captured.  A failure raises
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hadar_slurm.slurm.errors import SlurmCommandError, SlurmConfigError, SlurmTimeoutError
 
@@ -35,11 +37,55 @@ def as_user_kwargs(as_user: RunAs) -> dict[str, object]:
     environment (``env``; callers may add to it), ``/`` as the working directory, and its uid,
     primary gid and supplementary groups when it is not this process's user.  The one way a
     command runs as another user: Slurm commands (:meth:`SlurmRunner.run`) and the fork's
-    file writes (:func:`hadar_slurm.sidecar.fork.write_files`) alike."""
+    file writes (:func:`write_files_as`) alike."""
     kwargs: dict[str, object] = {"env": dict(as_user.env), "cwd": "/"}
     if as_user.uid != os.geteuid():
         kwargs.update(user=as_user.uid, group=as_user.gid, extra_groups=list(as_user.groups))
     return kwargs
+
+
+#: Names :func:`write_files_as` accepts (no paths, nothing hidden by a leading separator).
+_FILE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+#: Seconds each ``mkdir``/``tee`` run as another user may take.
+FILE_TIMEOUT_S = 30.0
+
+
+def write_files_as(owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
+    """Create ``directory`` (and its parents) and write ``files`` (``{name: text}``) in it, as
+    ``owner``: directly when this process is the owner, else with ``mkdir -p``/``tee`` run as
+    the owner (so root never writes into a directory a user controls).  A failure raises
+    :class:`~hadar_slurm.slurm.errors.SlurmCommandError` saying what failed."""
+    for name in files:
+        if not _FILE_NAME.match(name):
+            raise ValueError(f"bad file name {name!r}")
+    if owner.uid == os.geteuid():
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                path = Path(directory, name)
+                tmp = path.with_name(f".{name}.tmp")
+                tmp.write_text(text, encoding="utf-8")
+                os.replace(tmp, path)
+        except OSError as exc:
+            raise SlurmCommandError(("write", directory), f"cannot write the directory: {exc}"
+                                    ) from None
+        return
+    _as_owner(owner, ["mkdir", "-p", "--", directory], None)
+    for name, text in files.items():
+        _as_owner(owner, ["tee", "--", os.path.join(directory, name)], text)
+
+
+def _as_owner(owner: RunAs, argv: list[str], text: str | None) -> None:
+    try:
+        proc = subprocess.run(  # type: ignore[call-overload]
+            argv, input=text, stdin=None if text is not None else subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            timeout=FILE_TIMEOUT_S, check=False, **as_user_kwargs(owner))
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SlurmCommandError(argv, f"as uid {owner.uid} failed: {exc}") from None
+    if proc.returncode != 0:
+        raise SlurmCommandError(argv, f"as uid {owner.uid} failed", returncode=proc.returncode,
+                                stderr=proc.stderr or f"exit status {proc.returncode}")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 read of all jobs, one of all nodes, and a handful of per-job actions.  :class:`CliApi` speaks the
 Slurm CLI (``scontrol version``, ``squeue --json``, ``sinfo --json``, ``scontrol``,
 ``scancel``) through :class:`~hadar_slurm.slurm.SlurmRunner`;
-:mod:`hadar_slurm.sidecar.pyslurm_api` maps the same calls onto pyslurm.  Everything else
+:mod:`hadar_slurm.slurm.pyslurm_api` maps the same calls onto pyslurm.  Everything else
 (parsing hints, the snapshot, the diff, the decisions) is shared code above this interface.
 
 Every implementation counts the Slurm calls it issued in :attr:`SlurmApi.commands`, so the
@@ -13,9 +13,13 @@ epoch overhead benchmark can show that reads per epoch are constant.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
+from hadar_slurm.logs import log_event
 from hadar_slurm.slurm import RunAs, SlurmJob, SlurmNode, SlurmRunner, commands
 from hadar_slurm.slurm.parse import (
     parse_job_ids,
@@ -23,6 +27,7 @@ from hadar_slurm.slurm.parse import (
     parse_sinfo_json,
     parse_squeue_json,
 )
+from hadar_slurm.slurm.runner import write_files_as
 from hadar_slurm.slurm.version import SlurmVersion, parse_version, scontrol_version
 
 #: Fields the sidecar sets with :meth:`SlurmApi.update_job` (``scontrol update`` names).
@@ -94,6 +99,11 @@ class SlurmApi(Protocol):
         """The job's batch script (pending jobs too)."""
         ...
 
+    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
+        """Write ``files`` (``{name: text}``) into ``directory`` as ``owner``: what a
+        submission as the owner runs (:func:`~hadar_slurm.slurm.runner.write_files_as`)."""
+        ...
+
     def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
         """Submit the batch script at path ``script`` as ``owner`` (``sbatch --parsable``),
         optionally with ``--dependency``; the new job's (leader's) id."""
@@ -154,6 +164,9 @@ class CliApi:
     def batch_script(self, job_id: int) -> str:
         return self._run(commands.scontrol_write_batch_script(job_id))
 
+    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
+        write_files_as(owner, directory, files)
+
     def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
         self.commands += 1
         out = self.runner.run(commands.sbatch(script=script, dependency=dependency),
@@ -161,14 +174,25 @@ class CliApi:
         return parse_sbatch_parsable(out.stdout)
 
 
+#: Job ids a dry run hands out for the forks it would submit: above any id Slurm gives
+#: (``MaxJobId`` is at most 67,043,328), so they never name a real job.
+DRY_RUN_IDS = 1_000_000_000
+#: Ids reserved per dry-run fork (its components' ids count up from the leader's).
+_DRY_RUN_SPAN = 1000
+
+
 class DryRunApi:
     """Shadow mode: reads go to Slurm, changes are only written down (and logged by the
-    caller); nothing in Slurm changes.  ``would`` lists ``(call, job_id, detail)``."""
+    caller); nothing in Slurm, and no file, changes.  ``would`` lists ``(call, job_id,
+    detail)``.  A fork it would submit gets ids no real job has (:data:`DRY_RUN_IDS`), which
+    it reports live, so that the sidecar sees its shadow world as consistent.  (The sidecar
+    does not wait out grace periods in a dry run: nothing was signalled.)"""
 
     def __init__(self, inner: SlurmApi) -> None:
         self.inner = inner
         self.name = f"dry-run({inner.name})"
         self.would: list[tuple[str, int, str]] = []
+        self._next_id = DRY_RUN_IDS
 
     @property
     def commands(self) -> int:
@@ -184,7 +208,7 @@ class DryRunApi:
         return self.inner.read_nodes()
 
     def live_job_ids(self) -> frozenset[int]:
-        return self.inner.live_job_ids()
+        return self.inner.live_job_ids() | frozenset(range(DRY_RUN_IDS, self._next_id))
 
     def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
         self.would.append(("update", job_id, " ".join(f"{k}={v}" for k, v in fields.items())))
@@ -214,6 +238,97 @@ class DryRunApi:
     def batch_script(self, job_id: int) -> str:
         return self.inner.batch_script(job_id)  # a read
 
+    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
+        self.would.append(("files", owner.uid, f"{directory}: {' '.join(sorted(files))}"))
+
     def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
         self.would.append(("sbatch", owner.uid, f"{script} dependency={dependency or ''}"))
-        return 0
+        leader = self._next_id
+        self._next_id += _DRY_RUN_SPAN
+        return leader
+
+
+#: Fault drill: with ``HADAR_SIDECAR_CRASH_AFTER_WRITES=N`` in its environment the sidecar
+#: kills itself (SIGKILL, no cleanup) once it has made N changes to Slurm, as it is about to
+#: make the next one, i.e. in the middle of applying an epoch.  The restart tests use it;
+#: nothing else should set it.
+CRASH_ENV = "HADAR_SIDECAR_CRASH_AFTER_WRITES"
+
+
+class CrashDrillApi:
+    """A :class:`SlurmApi` that passes every call to ``inner`` and kills this process (SIGKILL)
+    when asked for a change after ``after`` changes went through (:data:`CRASH_ENV`)."""
+
+    def __init__(self, inner: SlurmApi, after: int) -> None:
+        self.inner = inner
+        self.after = after
+        self.writes = 0
+        self.name = inner.name
+
+    @property
+    def commands(self) -> int:
+        return self.inner.commands
+
+    @property
+    def can_fork(self) -> bool:
+        return self.inner.can_fork
+
+    def slurm_version(self) -> SlurmVersion:
+        return self.inner.slurm_version()
+
+    def read_jobs(self) -> list[SlurmJob]:
+        return self.inner.read_jobs()
+
+    def read_nodes(self) -> list[SlurmNode]:
+        return self.inner.read_nodes()
+
+    def live_job_ids(self) -> frozenset[int]:
+        return self.inner.live_job_ids()
+
+    def batch_script(self, job_id: int) -> str:
+        return self.inner.batch_script(job_id)
+
+    def _change(self, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        if self.writes >= self.after:
+            log = logging.getLogger("hadar_slurm.sidecar")
+            log_event(log, "crash_drill", logging.WARNING, writes=self.writes,
+                      next_call=getattr(call, "__name__", "?"))
+            for h in logging.getLogger("hadar_slurm").handlers:
+                h.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        out = call(*args, **kw)
+        self.writes += 1
+        return out
+
+    def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
+        self._change(self.inner.update_job, job_id, fields)
+
+    def hold(self, job_id: int) -> None:
+        self._change(self.inner.hold, job_id)
+
+    def release(self, job_id: int) -> None:
+        self._change(self.inner.release, job_id)
+
+    def requeue_hold(self, job_id: int) -> None:
+        self._change(self.inner.requeue_hold, job_id)
+
+    def signal(self, job_id: int, signal: str) -> None:
+        self._change(self.inner.signal, job_id, signal)
+
+    def cancel(self, job_id: int) -> None:
+        self._change(self.inner.cancel, job_id)
+
+    def signal_steps(self, job_id: int, signal: str) -> None:
+        self._change(self.inner.signal_steps, job_id, signal)
+
+    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
+        self.inner.write_files(owner, directory, files)  # (files, not a change to Slurm)
+
+    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
+        return int(self._change(self.inner.submit_as, script, owner, dependency=dependency))
+
+
+def with_drills(api: SlurmApi, environ: Mapping[str, str] | None = None) -> SlurmApi:
+    """``api``, wrapped in :class:`CrashDrillApi` when :data:`CRASH_ENV` is set."""
+    value = (os.environ if environ is None else environ).get(CRASH_ENV, "")
+    return CrashDrillApi(api, int(value)) if value.isdigit() else api

@@ -12,21 +12,22 @@
 
 ``gpus`` lists the GPUs NVML sees (index, name, memory, Slurm's autodetected type, the short
 type, device file, UUID).  ``gres-conf`` prints the node's gres.conf lines and its slurm.conf
-``Gres=``/``Feature=`` line (:func:`hadar_slurm.nvml.gres_conf`).  Without NVML (no
+``Gres=``/``Feature=`` line (:func:`hadar_slurm.rates.nvml.gres_conf`).  Without NVML (no
 nvidia-ml-py, no driver or library) or without any GPU, both print one line on stderr and exit
 with status 3 (:data:`EXIT_NO_GPU`).
 
-``profile`` benchmarks a model (:mod:`hadar_slurm.profile`) and records its rate in the
+``profile`` benchmarks a model (:mod:`hadar_slurm.rates.profile`) and records its rate in the
 throughput store (``--db``; else with ``--config`` the sidecar's own store; else
-:func:`hadar_slurm.store.default_store_path`: :func:`hadar_slurm.cli_store.store_path`) as
+:func:`hadar_slurm.rates.store.default_store_path`: :func:`hadar_slurm.cli.store.store_path`) as
 ``measured`` under a GPU type: ``--gpu-type``, else on CUDA the short type of the GPU it ran on
 (``a100``).  On the CPU nothing is recorded unless ``--gpu-type`` names the type to record under
 (tests and dev clusters with fake GPUs do that); ``--no-record`` records nothing.  ``--slurm``
-submits one job per GPU type of the cluster instead (``--config``: the sidecar's config for
-``[slurm] conf`` and ``partition``; else ``$SLURM_CONF``), waits, and records each type's rate
-here; exit status 1 when some type has no result.  Bad options exit 2 (one line).
+submits one job per GPU type of the cluster instead (:mod:`hadar_slurm.rates.profile_slurm`;
+``--config``: the sidecar's config for ``[slurm] conf`` and ``partition``; else
+``$SLURM_CONF``), waits, and records each type's rate here; exit status 1 when some type has no
+result.  Bad options exit 2 (one line).
 
-This module also runs on its own (``python -m hadar_slurm.cli_nvml``), which is what the
+This module also runs on its own (``python -m hadar_slurm.cli.nvml``), which is what the
 profiling jobs run.
 """
 
@@ -42,20 +43,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hadar_slurm.cli_store import DB_HELP, store_path
+from hadar_slurm.cli.store import DB_HELP, store_path
 from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
-from hadar_slurm.nvml import NvmlUnavailable, gres_conf, list_gpus, short_type_name
-from hadar_slurm.profile import (
-    BENCHMARKS,
-    DEFAULT_WARMUP,
-    ProfileRequest,
-    check_gpu_type,
-    profile_model,
-    profile_on_slurm,
-    record_result,
-)
-from hadar_slurm.store import ThroughputStore
+from hadar_slurm.rates.nvml import NvmlUnavailable, gres_conf, list_gpus, short_type_name
+from hadar_slurm.rates.profile import DEFAULT_WARMUP, profile_model, record_result
+from hadar_slurm.rates.profile_models import BENCHMARKS, check_gpu_type
+from hadar_slurm.rates.profile_slurm import ProfileRequest, profile_on_slurm
+from hadar_slurm.rates.store import ThroughputStore
 
 __all__ = ["EXIT_NO_GPU", "EXIT_SOME_FAILED", "main", "register"]
 
@@ -302,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hadar_slurm.cli_nvml``: these three commands alone, with the main CLI's
+    """``python -m hadar_slurm.cli.nvml``: these three commands alone, with the main CLI's
     handling of bad input (one line, exit 2)."""
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

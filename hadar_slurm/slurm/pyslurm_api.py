@@ -1,4 +1,4 @@
-"""A thin :class:`~hadar_slurm.sidecar.api.SlurmApi` over pyslurm (the 25.11 API), and the choice
+"""A thin :class:`~hadar_slurm.slurm.api.SlurmApi` over pyslurm (the 25.11 API), and the choice
 of backend (:func:`make_api`).
 
 pyslurm talks to slurmctld through libslurm, so it saves the fork/exec and JSON round trip of the
@@ -42,7 +42,7 @@ Known differences from the CLI, all from pyslurm itself:
   reason code (``"JobHeldUser"``); ``squeue --json`` always gives the code.
 - pyslurm cannot submit a batch script as another user nor hand out a pending job's script,
   so HadarE forks go through the Slurm CLI: :meth:`PyslurmApi.batch_script` and
-  :meth:`PyslurmApi.submit_as` are the :class:`~hadar_slurm.sidecar.api.CliApi`'s (``scontrol
+  :meth:`PyslurmApi.submit_as` are the :class:`~hadar_slurm.slurm.api.CliApi`'s (``scontrol
   write batch_script``, ``sbatch`` as the owner), over a runner made on first use from
   ``fork_runner`` (:func:`make_api` passes its ``runner_factory``).  Without ``fork_runner``
   :attr:`PyslurmApi.can_fork` is False and the sidecar never offers the policy more than one
@@ -66,7 +66,7 @@ import signal as _signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hadar_slurm.sidecar.api import UPDATE_FIELDS, CliApi, SlurmApi
+from hadar_slurm.slurm.api import UPDATE_FIELDS, CliApi, SlurmApi
 from hadar_slurm.slurm.errors import (
     SlurmCommandError,
     SlurmConfigError,
@@ -81,7 +81,7 @@ from hadar_slurm.slurm.parse import (
     expand_hostlist,
     parse_gres,
 )
-from hadar_slurm.slurm.runner import RunAs, SlurmRunner
+from hadar_slurm.slurm.runner import RunAs, SlurmRunner, write_files_as
 from hadar_slurm.slurm.version import SlurmVersion, parse_release, tested_text
 
 __all__ = [
@@ -202,7 +202,7 @@ def make_api(backend: str, runner_factory: Callable[[], SlurmRunner]) -> SlurmAp
 
 
 class PyslurmApi:
-    """:class:`~hadar_slurm.sidecar.api.SlurmApi` over pyslurm 25.11 (see the module docstring
+    """:class:`~hadar_slurm.slurm.api.SlurmApi` over pyslurm 25.11 (see the module docstring
     for the mapping and its limits).  ``module`` replaces ``import pyslurm`` (tests inject a
     fake); every pyslurm call counts in :attr:`commands`, and a ``pyslurm.RPCError`` is raised
     as :class:`SlurmCommandError` naming the call, e.g. ``("pyslurm", "Job.hold", "123")``."""
@@ -337,6 +337,9 @@ class PyslurmApi:
 
     def batch_script(self, job_id: int) -> str:
         return self._fork_cli(f"batch_script {job_id}").batch_script(job_id)
+
+    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
+        write_files_as(owner, directory, files)
 
     def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
         return self._fork_cli(f"submit {script}").submit_as(script, owner,

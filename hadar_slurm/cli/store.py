@@ -9,13 +9,13 @@
 
 The database (:func:`store_path`): ``--db``; else, with ``--config``, the sidecar's own store
 (``[scheduler] throughput_db``, else ``<state_dir>/throughputs.db``); else
-:func:`~hadar_slurm.store.default_store_path` (``$HADAR_THROUGHPUT_DB``, else
+:func:`~hadar_slurm.rates.store.default_store_path` (``$HADAR_THROUGHPUT_DB``, else
 ``~/.local/state/hadar-slurm/throughputs.db``).  ``import`` creates the database where
 needed; ``list`` and ``export`` want an existing one.  Problems are
 :class:`~hadar_slurm.errors.InputError`, which the main CLI prints as one line (exit status 2);
-a damaged database is one too (:class:`~hadar_slurm.store.StoreDamagedError`), whose fix is
+a damaged database is one too (:class:`~hadar_slurm.rates.store.StoreDamagedError`), whose fix is
 ``recover``: the damaged file is moved to ``<name>.damaged-<UTC time>`` and a fresh store
-rebuilt from the ``--config`` sidecar's throughput files (:mod:`hadar_slurm.store_recovery`).
+rebuilt from the ``--config`` sidecar's throughput files (:mod:`hadar_slurm.rates.store_recovery`).
 With ``--config`` it first takes that sidecar's state_dir lock, so it never moves the store of
 a running sidecar.
 """
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.store import (
+from hadar_slurm.rates.store import (
     EXPORT_FORMATS,
     SOURCES,
     Entry,
@@ -38,7 +38,7 @@ from hadar_slurm.store import (
     ThroughputStore,
     default_store_path,
 )
-from hadar_slurm.store_recovery import check_store, recover_store
+from hadar_slurm.rates.store_recovery import check_store, recover_store
 
 __all__ = ["DB_HELP", "format_entries", "register", "store_path"]
 
@@ -71,7 +71,7 @@ CONFIG_HELP = ("the sidecar's TOML config: use its throughput store ([scheduler]
 
 def store_path(db: str | None, config: str | None) -> Path:
     """``db`` if given; else the store of the sidecar config ``config``; else
-    :func:`~hadar_slurm.store.default_store_path`."""
+    :func:`~hadar_slurm.rates.store.default_store_path`."""
     if db is not None:
         return Path(db)
     if config is not None:

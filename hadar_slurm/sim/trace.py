@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import ClusterSpec, Job
-from hadar_slurm.throughputs import ThroughputTable
+from hadar_slurm.rates.table import ThroughputTable
 
 FIELDS = (
     "job_type", "command", "working_directory", "num_steps_arg", "needs_data_dir",

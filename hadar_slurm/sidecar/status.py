@@ -13,8 +13,8 @@ from typing import Any
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.hints import is_hadar_comment, parse_hints
-from hadar_slurm.sidecar.backend import held_by_user
 from hadar_slurm.sidecar.fork import copy_of
+from hadar_slurm.sidecar.observe import held_by_user
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmJob
 from hadar_slurm.slurm.parse import ACTIVE_STATES

@@ -32,30 +32,34 @@ from typing import TextIO
 
 import numpy as np
 
-from hadar_slurm import __version__, cli_hints, cli_nvml, cli_report, cli_store
-from hadar_slurm.cluster import load_cluster
+from hadar_slurm import __version__
+from hadar_slurm.cli import hints as cli_hints
+from hadar_slurm.cli import nvml as cli_nvml
+from hadar_slurm.cli import report as cli_report
+from hadar_slurm.cli import store as cli_store
 from hadar_slurm.consolidation import ConsolidationCost
-from hadar_slurm.core_info import core_line
+from hadar_slurm.core.info import core_line
 from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
-from hadar_slurm.hetjob import MAX_COPIES
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import REGISTRY, Policy, make_policy
+from hadar_slurm.rates.table import ThroughputTable, load_tables
 from hadar_slurm.sidecar.config import SidecarConfig, default_config, load_config
 from hadar_slurm.sidecar.controller import Sidecar, read_state, slurm_api
-from hadar_slurm.sidecar.report import explain, format_status, status_rows
+from hadar_slurm.sidecar.status import explain, format_status, status_rows
 from hadar_slurm.sim.backend import SimulatedCluster
+from hadar_slurm.sim.cluster import load_cluster
 from hadar_slurm.sim.run import SimResult, simulate
-from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmJob
-from hadar_slurm.throughputs import ThroughputTable, load_tables
-from hadar_slurm.trace import (
+from hadar_slurm.sim.trace import (
     BUNDLED_TRACES,
     check_runnable,
     job_line_numbers,
     parse_trace,
     read_trace_text,
 )
+from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmJob
+from hadar_slurm.slurm.hetjob import MAX_COPIES
 
 PROG = "hadar-slurm"
 EXIT_INPUT = 2
@@ -261,7 +265,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         write_json(args.json, results)
         print(f"wrote {args.json}")
     if plots_dir is not None:
-        from hadar_slurm.plots import write_plots
+        from hadar_slurm.sim.plots import write_plots
 
         try:
             paths = write_plots(results, plots_dir)

@@ -1,7 +1,7 @@
 """The throughput store: measured, learned, imported and estimated rates in one SQLite file.
 
 The sidecar, the simulator and the CLI share one :class:`ThroughputStore`, keyed like a
-:class:`~hadar_slurm.throughputs.ThroughputTable` by ``(job_type, scale_factor, gpu_type)`` with
+:class:`~hadar_slurm.rates.table.ThroughputTable` by ``(job_type, scale_factor, gpu_type)`` with
 a whole-job rate in steps/s (Gavel's convention).  Each entry also says where its value came from
 (``source``), how many observations back it (``samples``) and when it was last seen (``updated``,
 unix time).
@@ -24,7 +24,7 @@ key, each with the job it came from; by default the learned rate is their median
 two middle ones for an even count), so fewer than half of the window being outliers or slow
 first iterations cannot drag it, and a job whose rate really changed is followed within half a
 window.  The caller may decide otherwise (``decide``): the sidecar takes one vote per job and
-waits for a quorum of jobs, bounded by a prior (:mod:`hadar_slurm.sidecar.learn`); until it
+waits for a quorum of jobs, bounded by a prior (:mod:`hadar_slurm.rates.learn`); until it
 decides, observations wait in the window and the entry keeps its value.  A measured (or
 imported-from-our-format learned) value is the window's first row (a seed); an imported or
 estimated value is replaced, not averaged in.  A measured or imported value that a learned rate
@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
-from hadar_slurm.throughputs import CSV_HEADER, ThroughputTable, parse_csv, parse_gavel_json
+from hadar_slurm.rates.table import CSV_HEADER, ThroughputTable, parse_csv, parse_gavel_json
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -160,7 +160,7 @@ _DAMAGE_CODES = (11, 26)
 
 class StoreDamagedError(InputError):
     """The store's file is damaged (corrupt, truncated, not a database): one line naming
-    ``[scheduler] throughput_db``, the path and the way out (:mod:`hadar_slurm.store_recovery`
+    ``[scheduler] throughput_db``, the path and the way out (:mod:`hadar_slurm.rates.store_recovery`
     moves it aside and rebuilds a fresh one; the sidecar does that at start)."""
 
     def __init__(self, path: str, error: str) -> None:
@@ -286,7 +286,7 @@ def _row_entry(row: Sequence[Any]) -> Entry:
 def _migrate_observations(cur: sqlite3.Cursor) -> None:
     """Give a database from before per-job observations the ``job`` and ``seed`` columns.  Its
     windows are dropped: they do not say which job each observation came from, and nothing
-    checked them (the entries are kept; :class:`~hadar_slurm.sidecar.learn.Knowledge` checks a
+    checked them (the entries are kept; :class:`~hadar_slurm.rates.learn.Knowledge` checks a
     learned entry against its prior before it uses it).  A database opened by an older
     hadar-slurm afterwards still works (it writes observations without a job, which learning
     with a quorum of jobs ignores)."""
@@ -519,7 +519,7 @@ class ThroughputStore:
         from, when given).  ``decide`` (default :func:`median_of_window`: their median, so
         outliers and slow first iterations, fewer than half of the window, do not move it)
         says from the window what the learned rate is now, or None: not yet (the sidecar's
-        :class:`~hadar_slurm.sidecar.learn.Knowledge` waits for a quorum of jobs and bounds the
+        :class:`~hadar_slurm.rates.learn.Knowledge` waits for a quorum of jobs and bounds the
         rate by a prior); the entry is then left as it is and the observation waits in the
         window.  A stored measured or learned value is the window's first row (a *seed*, not
         an observation) when the window is empty; an imported or estimated value is replaced
@@ -682,7 +682,7 @@ class ThroughputStore:
 
         ``json``: our format, ``{"format", "version", "entries": [every Entry field]}``, which
         :meth:`import_file` reads back exactly.  ``csv``: ``job_type,scale_factor,gpu_type,
-        steps_per_second`` (:func:`hadar_slurm.throughputs.load_table` reads it).  ``gavel``:
+        steps_per_second`` (:func:`hadar_slurm.rates.table.load_table` reads it).  ``gavel``:
         Gavel's ``simulation_throughputs.json`` layout (``{"null": rate}`` entries).  The CSV and
         Gavel formats keep only the rates.
         """

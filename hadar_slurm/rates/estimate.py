@@ -51,7 +51,7 @@ import numpy.typing as npt
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
-from hadar_slurm.throughputs import JobKey, ThroughputTable, split_job_type
+from hadar_slurm.rates.table import JobKey, ThroughputTable, split_job_type
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -75,7 +75,7 @@ TINY = 1e-7
 
 def model_family(job_type: str) -> str:
     """``ResNet-50 (batch size 64)`` -> ``ResNet-50``; a name without a batch size is its own
-    (:func:`hadar_slurm.throughputs.split_job_type`)."""
+    (:func:`hadar_slurm.rates.table.split_job_type`)."""
     return split_job_type(job_type)[0]
 
 

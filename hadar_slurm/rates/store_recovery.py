@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.store import StoreDamagedError, ThroughputStore
+from hadar_slurm.rates.store import StoreDamagedError, ThroughputStore
 
 __all__ = ["DAMAGED_SUFFIX", "Recovered", "check_store", "recover_if_damaged", "recover_store"]
 
@@ -45,8 +45,8 @@ class Recovered:
 
 def check_store(path: str | os.PathLike[str]) -> None:
     """Open the store at ``path`` and read all of it once; raises
-    :class:`~hadar_slurm.store.StoreDamagedError` when it is damaged (and creates an empty store
-    where there is none)."""
+    :class:`~hadar_slurm.rates.store.StoreDamagedError` when it is damaged (and creates an empty
+    store where there is none)."""
     with ThroughputStore(path) as store:
         store.check()
 

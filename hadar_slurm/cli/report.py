@@ -7,7 +7,7 @@
 ``--config`` reads the log named by the config's ``[sidecar] log_file``; ``--log`` names the log
 (a sidecar logging to the journal: ``journalctl -u hadar-slurm -o cat > sidecar.log``).  Rotated
 files beside it are read too.  See :mod:`hadar_slurm.sidecar.daily_report` for what is drawn.
-``python -m hadar_slurm.cli_report`` runs the same command on its own.
+``python -m hadar_slurm.cli.report`` runs the same command on its own.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hadar_slurm.cli_report``: the report command alone (errors as the main CLI
+    """``python -m hadar_slurm.cli.report``: the report command alone (errors as the main CLI
     prints them, exit status 2)."""
     parser = argparse.ArgumentParser(prog="hadar-slurm report")
     add_arguments(parser)

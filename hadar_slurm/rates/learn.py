@@ -3,7 +3,7 @@
 :class:`Knowledge` is the sidecar's one view of throughputs.  It holds
 
 * the **base table**: the bundled Gavel table with the config's ``throughputs`` files over it;
-* an optional **store** (:class:`~hadar_slurm.store.ThroughputStore`, the config's
+* an optional **store** (:class:`~hadar_slurm.rates.store.ThroughputStore`, the config's
   ``[scheduler] throughput_db``): measured (``hadar-slurm profile``), learned (below), imported
   and estimated entries, shared with the CLI and other processes;
 * the **table** the policy plans with (:attr:`Knowledge.table`) and, per entry, where its value
@@ -47,8 +47,8 @@ learned rate therefore has to pass three gates:
    an older version (or by hand) that is out of bounds is not planned with (event
    ``learned_ignored``, once per entry).
 3. *Robust to one outlier and to one job* (:func:`learned_rate`).  Each observation is stored
-   with its job id (:meth:`~hadar_slurm.store.ThroughputStore.learn`, a window of the last
-   :data:`~hadar_slurm.store.LEARN_WINDOW` per entry); the learned rate takes effect only once
+   with its job id (:meth:`~hadar_slurm.rates.store.ThroughputStore.learn`, a window of the last
+   :data:`~hadar_slurm.rates.store.LEARN_WINDOW` per entry); the learned rate takes effect only once
    the window holds at least :data:`LEARN_MIN_SAMPLES` observations from at least
    :data:`LEARN_MIN_JOBS` different jobs, and it is then the median of one vote per job (the
    median of that job's observations) and one for the prior.  So one job, however many rounds
@@ -65,8 +65,8 @@ rebuilds the table from the base and the store, so what was learned in one epoch
 
 **Estimates.**  A (job type, GPU count) row that has a throughput on some of the cluster's GPU
 types but not on others gets the missing ones estimated from the trusted table (base, measured,
-imported; :func:`hadar_slurm.estimate.complete`, low rank in log space), marked ``estimated``,
-and written to the store with :meth:`~hadar_slurm.store.ThroughputStore.estimate`, which never
+imported; :func:`hadar_slurm.rates.estimate.complete`, low rank in log space), marked ``estimated``,
+and written to the store with :meth:`~hadar_slurm.rates.store.ThroughputStore.estimate`, which never
 overwrites a real value; a later measurement or learned rate replaces the estimate (the store's
 precedence).  Without a store the estimates live in memory only.  While learning, the policy
 plans with ``optimism`` times each estimate (``[scheduler] estimate_optimism``, 3 by default):
@@ -84,12 +84,12 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hadar_slurm.estimate import complete
 from hadar_slurm.logs import log_event
 from hadar_slurm.model import normalize_gpu_type
+from hadar_slurm.rates.estimate import complete
+from hadar_slurm.rates.store import Entry, ThroughputStore, WindowRow, as_table
+from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sidecar.fork import Progress
-from hadar_slurm.store import Entry, ThroughputStore, WindowRow, as_table
-from hadar_slurm.throughputs import ThroughputTable
 
 __all__ = [
     "CLOCK_SLACK_S",

@@ -217,7 +217,7 @@ def _quote_filter(value: object) -> str:
 @functools.cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("hadar_slurm", "templates"),
+        loader=jinja2.PackageLoader("hadar_slurm.slurm", "templates"),
         autoescape=False,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

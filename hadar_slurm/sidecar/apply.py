@@ -1,0 +1,540 @@
+"""Apply: carry out a list of :class:`~hadar_slurm.loop.Change` on Slurm, and say what was done.
+
+:class:`SlurmApplier` is thin: every decision was made by
+:func:`~hadar_slurm.sidecar.reconcile.reconcile`; what is left here is how each kind of change
+is written to Slurm so that it survives a sidecar or slurmctld that dies half-way (the job's
+record is written first, and every step checks what the record already says), and the grace
+period that stops and ends of forks share.  Changes already applied (same key) are skipped.  A
+Slurm error on one job is logged and leaves that job for the next epoch; an unexpected error
+on one job is logged (``job_error``) and the others go on.  Everything done comes back in an
+:class:`~hadar_slurm.loop.ApplyReport`; nothing is written into the decision.
+
+A placement is one ``scontrol update`` (NodeList, Features and the job's :mod:`record
+<hadar_slurm.sidecar.record>` in its AdminComment) and a release; a running job that must stop
+gets its checkpoint signal, a grace period, then ``scontrol requeuehold``; it is placed again in
+a later epoch.  HadarE (:mod:`hadar_slurm.sidecar.fork`): a fork writes the job's batch script,
+hints and the copies' plan into its tracker directory as the job's owner and submits the
+heterogeneous job as the owner, while the job itself stays held with ``Dependency=afterany:K``;
+ending a fork signals its copies' steps and cancels them after the grace period.  Jobs the
+sidecar will not steer are released to Slurm's own scheduler with the reason in their record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from hadar_slurm.errors import InputError
+from hadar_slurm.logs import log_event
+from hadar_slurm.loop import ApplyReport, Change, ChangeKind, Rows
+from hadar_slurm.rates.store import StoreDamagedError
+from hadar_slurm.sidecar import fork as hadare
+from hadar_slurm.sidecar.fork import CopyGroup, ForkError
+from hadar_slurm.sidecar.observe import (
+    GroupEnd,
+    JobView,
+    SlurmObserver,
+    Unsteered,
+    held_by_hadar,
+    log_job_error,
+    move_left_ended,
+)
+from hadar_slurm.sidecar.record import JobRecord, decode
+from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmTimeoutError
+from hadar_slurm.slurm.api import SlurmApi
+from hadar_slurm.slurm.hetjob import CopySpec, ForkPlan, render_hetjob
+from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
+
+logger = logging.getLogger("hadar_slurm.sidecar")
+
+#: The order in which kinds of change are applied (stops and ends of forks share one grace
+#: period; places come after them, so that GPUs being freed are not handed out twice).
+PHASES = (ChangeKind.REQUEUE, ChangeKind.UNSTEER, ChangeKind.KEEP, ChangeKind.STOP,
+          ChangeKind.MOVE, ChangeKind.END_FORK, ChangeKind.PLACE, ChangeKind.FORK,
+          ChangeKind.WAIT)
+
+
+class SlurmApplier:
+    """Applies the changes of an epoch to Slurm over ``api``, reading the jobs they concern
+    from ``seen`` (the observer of the same epoch)."""
+
+    def __init__(self, api: SlurmApi, seen: SlurmObserver, *, preempt_grace_s: float = 30.0,
+                 preempt_signal: str = "USR1",
+                 sleep: Callable[[float], object] = time.sleep,
+                 tracker_root: str | None = None) -> None:
+        self.api = api
+        self.seen = seen
+        self.preempt_grace_s = preempt_grace_s
+        self.preempt_signal = preempt_signal
+        self._sleep = sleep
+        self.tracker_root = tracker_root
+        self.report = ApplyReport()
+        #: Jobs whose end frees GPUs (see ``SlurmBackend.ended_since_epoch``): those on GPU
+        #: nodes that ran at the last epoch and were not stopped by it, and those it placed or
+        #: forked.
+        self.watch: set[int] = set()
+        self._done: set[tuple[int, int, str, int]] = set()  # keys applied (this epoch)
+        self._done_epoch = -1
+
+    def apply(self, changes: Sequence[Change], now: float) -> ApplyReport:
+        """Apply ``changes`` (those not applied before) in :data:`PHASES` order."""
+        seen = self.seen
+        before = self.api.commands
+        t0 = time.perf_counter()
+        report = self.report = ApplyReport()
+        todo: list[Change] = []
+        for c in changes:
+            if c.epoch != self._done_epoch:
+                self._done, self._done_epoch = set(), c.epoch
+            if c.key in self._done:
+                report.skipped += 1
+                continue
+            self._done.add(c.key)
+            todo.append(c)
+        todo.sort(key=lambda c: PHASES.index(c.kind))
+        views = seen.views
+        unsteered = {u.job.job_id: u for u in seen.unsteered}
+        left = {j.job_id: j for j in seen.moves_left}
+        orphans = {e.group.leader: e for e in seen.orphans}
+        ends: list[GroupEnd] = []
+        for c in todo:
+            if c.kind is ChangeKind.END_FORK:
+                view = views.get(c.job_id)
+                if view is not None and view.group is not None and view.group.leader == c.group:
+                    ends.append(GroupEnd(view.group, view, c.why))
+                elif c.group in orphans:
+                    ends.append(orphans[c.group])
+        stops = [views[c.job_id] for c in todo
+                 if c.kind in (ChangeKind.STOP, ChangeKind.MOVE) and c.job_id in views]
+        stopping = {v.job_id for v in stops} | {
+            comp.job_id for e in ends for comp in e.group.components}
+        gpu_nodes = {n.name for n in seen.nodes if n.gpus > 0}
+        self.watch = {j.job_id for j in seen.jobs if j.state in RUNNING_STATES
+                      and gpu_nodes.intersection(j.node_names) and j.job_id not in stopping}
+        epoch = seen.epoch if not todo else todo[0].epoch
+        stopped = False
+        for c in todo:
+            job_id = c.job_id
+            view = views.get(job_id)
+            if c.why and c.kind in (ChangeKind.WAIT, ChangeKind.PLACE):
+                report.detail[job_id] = c.why
+            if c.kind in (ChangeKind.STOP, ChangeKind.MOVE, ChangeKind.END_FORK):
+                if not stopped and (stops or ends):
+                    stopped = True
+                    self._preempt(stops, ends, epoch, now)
+            elif c.kind is ChangeKind.REQUEUE and job_id in left:
+                self._guard("requeue", job_id, self._requeue_left, left[job_id], c.epoch)
+            elif c.kind is ChangeKind.UNSTEER and job_id in unsteered:
+                self._guard("unsteer", job_id, self._release_unsteered, unsteered[job_id],
+                            c.epoch)
+            elif view is None or c.kind in (ChangeKind.REQUEUE, ChangeKind.UNSTEER):
+                # (a change about a job the last read did not find: nothing to apply it to)
+                log_event(logger, "change_skipped", logging.WARNING, epoch=c.epoch,
+                          job=job_id, change=c.kind.value, why="not in the last read")
+            elif c.kind is ChangeKind.KEEP:
+                if view.group is not None:
+                    self._guard("keep_fork", job_id, self._keep_fork, view, c.epoch)
+                elif not view.running:  # placed, not started: what a crash left undone
+                    self.watch.add(job_id)
+                    self._guard("place", job_id, self._place, view, c.copies[0], c.epoch)
+            elif c.kind is ChangeKind.PLACE:
+                self.watch.add(job_id)
+                if c.nofork:
+                    self._guard("fork", job_id, self._fork_failed, view, c.copies[0], c.epoch,
+                                c.why)
+                else:
+                    self._guard("place", job_id, self._place, view, c.copies[0], c.epoch)
+            elif c.kind is ChangeKind.FORK:
+                # the fork it replaces, if any, ends this epoch: the new copies wait for it
+                after = view.group if c.group and view.group is not None and (
+                    view.group.leader == c.group) else None
+                self._guard("fork", job_id, self._fork, view, c.copies, c.epoch, after)
+            elif c.kind is ChangeKind.WAIT:
+                self._guard("wait", job_id, self._keep_waiting, view, c.epoch)
+        seen.stats.apply_s = time.perf_counter() - t0
+        seen.stats.commands_apply = self.api.commands - before
+        return report
+
+    def _guard(self, stage: str, job_id: int, call: Callable[..., object],
+               *args: object) -> None:
+        """``call(*args)``; an exception is logged with the job (:meth:`_job_error`), not
+        raised."""
+        try:
+            call(*args)
+        except StoreDamagedError:
+            raise  # the store's, not the job's: the controller plans without the store
+        except Exception as exc:  # one job must not stop the epoch
+            self._job_error(stage, job_id, exc)
+
+    def _job_error(self, stage: str, job_id: int, exc: BaseException) -> None:
+        """An unexpected error while applying one job: logged, in the report and with the
+        observer's errors of the epoch."""
+        entry = log_job_error(self.seen.epoch, stage, job_id, exc)
+        self.seen.job_errors.append(entry)
+        self.report.errors.append(entry)
+
+    def _write(self, what: str, view_id: int, call: Callable[..., None], *args: object,
+               **fields: object) -> bool:
+        """``call(view_id, *args)``; a Slurm error is logged (the job is left for the next
+        epoch to reconcile) and gives False."""
+        try:
+            call(view_id, *args)
+        except SlurmError as exc:
+            log_event(logger, "action_failed", level=logging.WARNING, epoch=self.seen.epoch,
+                      job=view_id, action=what, error=str(exc))
+            return False
+        self._did(what, view_id, **fields)
+        return True
+
+    def _did(self, what: str, view_id: int, **fields: object) -> None:
+        """Log a change made to Slurm, and put it in the report."""
+        entry: dict[str, object] = {"epoch": self.seen.epoch, "job": view_id, "action": what,
+                                    **fields}
+        self.seen.stats.applied.append(entry)
+        self.report.applied.append(entry)
+        log_event(logger, "action", logging.INFO, **entry)
+
+    def _rows_text(self, rows: Sequence[tuple[int, int]]) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted((self.seen.node_names[k], c) for k, c in rows))
+
+    def _place(self, view: JobView, rows: Rows, epoch: int, why: str = "") -> None:
+        """Place a pending job on ``rows`` (equal GPU counts per node: reconcile checked), or
+        only release it when its record says it is placed there already."""
+        place = self._rows_text(rows)
+        counts = {c for _, c in place}
+        job_id = view.job_id
+        rec = view.record
+        types = sorted({self.seen.node_type_names[k] for k, _ in rows})
+        already = rec.state == "placed" and rec.place == place and not why
+        if not already:
+            if not self._take_hold(view):
+                return
+            per_node = counts.pop()
+            fields: dict[str, str] = {}
+            if (len(place) > 1 or len(rec.place) > 1 or view.repair
+                    or view.job.gpus_per_node != per_node):
+                # (22.05 ignores an update of Gres=; TresPerNode= works)
+                fields["NumNodes"] = str(len(place))
+                fields["TresPerNode"] = f"gres:gpu:{per_node}"
+            fields["NodeList"] = ",".join(n for n, _ in place)
+            fields["Features"] = "|".join(types)
+            if view.parked:
+                fields["StartTime"] = "now"  # (its begin time kept it for the sidecar)
+            fields["AdminComment"] = rec.with_(
+                epoch=epoch, state="placed", place=place, gpus=view.gpus, group=0, copies=0,
+                why=why or (rec.why if rec.nofork else "")).encode()
+            if not self._write("place", job_id, self.api.update_job, fields,
+                               nodes=[n for n, _ in place], gpu_type="|".join(types),
+                               gpus=view.gpus):
+                return
+        if view.held:
+            self._write("release", job_id, self.api.release)
+
+    def _take_hold(self, view: JobView) -> bool:
+        """Before the sidecar writes its record on a job held with a user hold (the plugin's at
+        submit, a requeue-hold, slurmctld's ``SPECIAL_EXIT``), the hold is made its own
+        (``scontrol hold`` by an operator: ``JobHeldAdmin``): a sidecar that dies between the
+        record and the release must not leave a job that looks held by its user
+        (:func:`held_by_user`), which no later sidecar would release.  False when Slurm did
+        not take it (nothing more is written on the job this epoch)."""
+        if not view.held or view.job.state_reason == "JobHeldAdmin":
+            return True
+        if not self._write("hold", view.job_id, self.api.hold):
+            return False
+        view.job = replace(view.job, state_reason="JobHeldAdmin")
+        return True
+
+    def _keep_waiting(self, view: JobView, epoch: int) -> None:
+        """A pending job without a place this epoch must not be started by Slurm elsewhere."""
+        job_id = view.job_id
+        if (view.held or view.parked) and view.record.state != "placed":
+            return  # (it waits as job_submit.lua left it, or held by the sidecar)
+        if not view.held:
+            if not self._write("hold", job_id, self.api.hold):
+                return
+        elif not self._take_hold(view):
+            return
+        rec = view.record.with_(epoch=epoch, state="held", place=(), gpus=view.gpus, group=0,
+                                copies=0)
+        self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()})
+
+    def _preempt(self, views: list[JobView], ends: list[GroupEnd], epoch: int,
+                 now: float) -> None:
+        """Stop running jobs to move them, and end forks (checkpoint signal to the copies'
+        steps, the grace period, cancel).
+
+        A move is a small state machine kept in Slurm, so that it finishes whatever happens to
+        the sidecar or to slurmctld on the way (a restarted sidecar, or the next epoch, carries
+        on from the job's record):
+
+        1. the record ``state=preempting deadline=T`` is written first (nothing is stopped if
+           Slurm does not take it);
+        2. ``preempt=checkpoint``: the checkpoint signal, then the grace period (until ``T``);
+           the job saves its state and exits 75, and slurmctld itself requeues it held
+           (``RequeueExitHold=75`` in slurm.conf): it never shows FAILED, so a dependent job
+           never sees it fail.  ``preempt=requeue``: no signal, no grace;
+        3. what still runs is requeued held (``scontrol requeuehold``: Slurm's own SIGTERM,
+           ``KillWait``, SIGKILL, and the requeue in one step); a job that ended FAILED during
+           its grace (killed by the signal), or exited 75 on a Slurm without
+           ``RequeueExitHold``, is requeued held too (Slurm requeues finished batch jobs); one
+           that completed (exit 0), was cancelled by its user or ran out of time stays ended;
+        4. the record becomes ``preempted``; the job is placed again in a later epoch.
+
+        Jobs with ``preempt=never`` (the default of a job that did not say it checkpoints) are
+        never given to this: they run where they are (:attr:`pinned`)."""
+        deadline = now + self.preempt_grace_s
+        signaled: list[JobView] = []
+        requeue_now: list[JobView] = []
+        for view in views:
+            self._guard("preempt", view.job_id, self._begin_move, view, epoch, now, deadline,
+                        signaled, requeue_now)
+        copies_signaled = False
+        for end in ends:
+            g = end.group
+            v = end.view
+            if v is not None:
+                # first the record: a sidecar that dies after the cancel finds the job
+                # waiting (not "forked" with its copies gone, which would mean they ended
+                # by themselves)
+                rec = v.record.with_(epoch=epoch, state="held", place=(), gpus=v.gpus, group=0,
+                                     copies=0, done=v.done, attained=v.attained, until=now,
+                                     why="")
+                if self._write("record", v.job_id, self.api.update_job,
+                               {"AdminComment": rec.encode()}):
+                    v.record = rec
+                if g.running and self._write(
+                        "signal_copies", g.leader, self.api.signal_steps, self.preempt_signal,
+                        signal=self.preempt_signal, copy_of=g.original):
+                    copies_signaled = True
+        for view in requeue_now:
+            self._guard("requeue", view.job_id, self._requeue, view.job_id, view.record, epoch)
+        wait = max([v.record.deadline for v in signaled]
+                   + ([deadline] if copies_signaled else [])) - now if (
+                       signaled or copies_signaled) else 0.0
+        if wait > 0:
+            self._sleep(wait)
+        if not signaled and not ends:
+            return
+        # One more read: what ended during the grace period, and how.
+        try:
+            jobs = self.api.read_jobs()
+        except SlurmError as exc:
+            log_event(logger, "action_failed", logging.WARNING, epoch=self.seen.epoch,
+                      action="read_jobs", error=str(exc))
+            return  # the next epoch finishes the moves (their records say preempting)
+        by_id = {j.job_id: j for j in jobs}
+        live = {j.job_id for j in jobs if j.state in hadare.LIVE_STATES}
+        for end in ends:
+            g = end.group
+            if not any(c.job_id in live for c in g.components):
+                log_event(logger, "cancel_skipped", logging.INFO, epoch=self.seen.epoch,
+                          job=g.leader, copy_of=g.original, why="its copies already ended")
+                continue
+            self._write("cancel_copies", g.leader, self.api.cancel, copy_of=g.original,
+                        why=end.why)
+        for view in signaled:
+            self._guard("preempt", view.job_id, self._end_move, view, by_id.get(view.job_id),
+                        epoch)
+
+    def _begin_move(self, view: JobView, epoch: int, now: float, deadline: float,
+                    signaled: list[JobView], requeue_now: list[JobView]) -> None:
+        """Steps 1 and 2 of a move (:meth:`_preempt`) for one running job."""
+        job_id = view.job_id
+        mode = view.hints.preempt_mode
+        rec = view.record
+        if rec.state == "preempting":
+            # begun by an earlier epoch (the sidecar restarted, or Slurm did not answer):
+            # no second signal; requeued once its grace is over
+            (signaled if mode == "checkpoint" and now < rec.deadline else requeue_now).append(
+                view)
+            return
+        checkpoint = mode == "checkpoint"
+        rec = rec.with_(epoch=epoch, state="preempting", place=(), gpus=view.gpus,
+                        done=view.done, attained=view.attained, until=now,
+                        deadline=deadline if checkpoint else now, why="")
+        if not self._write("record", job_id, self.api.update_job,
+                           {"AdminComment": rec.encode()}, state="preempting", mode=mode):
+            return  # nothing stopped; the next epoch decides again
+        view.record = rec
+        if checkpoint:
+            # (a signal that fails still ends in the requeue after the grace period)
+            self._write("signal", job_id, self.api.signal, self.preempt_signal,
+                        signal=self.preempt_signal)
+            signaled.append(view)
+        else:
+            requeue_now.append(view)
+
+    def _end_move(self, view: JobView, job: SlurmJob | None, epoch: int) -> None:
+        """Step 3 of a move, after the grace period: ``job`` as Slurm shows it now."""
+        job_id = view.job_id
+        if job is None:
+            log_event(logger, "preempt_skipped", logging.WARNING, epoch=self.seen.epoch, job=job_id,
+                      why="gone from Slurm during the grace period")
+            return
+        if job.state in RUNNING_STATES or move_left_ended(job):
+            self._requeue(job_id, view.record, epoch)
+        elif job.state in PENDING_STATES:
+            # back in the queue by itself: slurmctld requeued its checkpoint exit
+            rec = view.record.with_(state="preempted")
+            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()},
+                        state="preempted", slurm_state=job.state)
+        else:
+            log_event(logger, "preempt_skipped", logging.INFO, epoch=self.seen.epoch, job=job_id,
+                      why=f"ended {job.state} (exit {job.exit_code}) during the grace period")
+
+    def _requeue(self, job_id: int, record: JobRecord, epoch: int) -> None:
+        """``scontrol requeuehold`` (a running job gets Slurm's SIGTERM, KillWait, SIGKILL; a
+        finished one is put back), then the record ``preempted``."""
+        nodes = [n for n, _ in record.place]
+        if self._write("requeue", job_id, self.api.requeue_hold, **(
+                {"nodes": nodes} if nodes else {})):
+            rec = record.with_(epoch=max(epoch, record.epoch), state="preempted")
+            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()},
+                        state="preempted")
+
+    def _requeue_left(self, job: SlurmJob, epoch: int) -> None:
+        """A job a move left ended (:func:`move_left_ended`): requeued held."""
+        log_event(logger, "move_resumed", logging.WARNING, epoch=self.seen.epoch, job=job.job_id,
+                  slurm_state=job.state, exit_code=job.exit_code,
+                  why="it ended during a move without being requeued")
+        self._requeue(job.job_id, decode(job.admin_comment), epoch)
+
+    def _keep_fork(self, view: JobView, epoch: int) -> None:
+        """The job's copies run (or wait) where the decision wants them: make sure the job
+        records them, waits for them and stays held.  A fork the sidecar submitted but never
+        recorded (it died in between) is adopted here."""
+        g = view.group
+        assert g is not None
+        job_id = view.job_id
+        rec = view.record
+        place = self._rows_text(view.rows)
+        adopt = rec.state != "forked" or rec.group != g.leader
+        fields: dict[str, str] = {}
+        if adopt or rec.copies != g.size or rec.place != place:
+            fields["AdminComment"] = rec.with_(
+                epoch=epoch, state="forked", place=place, gpus=view.gpus, group=g.leader,
+                copies=g.size, why="").encode()
+        if g.leader not in hadare.dependency_jobs(view.job.dependency):
+            fields["Dependency"] = f"afterany:{g.leader}"
+        if fields and self._take_hold(view):
+            self._write("adopt" if adopt else "record", job_id, self.api.update_job, fields,
+                        group=g.leader, copies=g.size, nodes=[n for n, _ in place])
+        if not (view.held or view.parked):
+            self._write("hold", job_id, self.api.hold)
+
+    def _fork(self, view: JobView, copies: Sequence[Rows], epoch: int,
+              after: CopyGroup | None) -> None:
+        """Fork the (pending, held or parked) job into ``copies``: its batch script and hints
+        saved in its tracker directory, one heterogeneous job submitted as its owner, the fork
+        recorded on the job, which stays held with ``Dependency=afterany:K``.  ``after``: an
+        earlier fork being cancelled, which the new copies wait for."""
+        job = view.job
+        job_id = view.job_id
+        rows0 = copies[0]
+        if not self._take_hold(view):
+            return
+        names, types = self.seen.node_names, self.seen.node_type_names
+        try:
+            specs: list[CopySpec] = []
+            for i, rows in enumerate(copies):
+                if len(rows) != 1:
+                    raise ForkError(f"copy {i} spans {len(rows)} nodes (a copy runs on one)")
+                k, count = rows[0]
+                specs.append(CopySpec(names[k], types[k], int(count)))
+            owner = hadare.owner_of(job)
+            tracker = view.tracker or hadare.tracker_dir(job, self.tracker_root)
+            plan = ForkPlan(
+                original_job_id=job_id, job_name=hadare.sbatch_name(job.name, job_id),
+                command=("bash", os.path.join(tracker, hadare.SCRIPT_FILE),
+                         *(view.record.args or ())),
+                copies=tuple(specs), workdir=job.workdir, tracker_dir=tracker,
+                output=os.path.join(tracker, "fork-%j.out"), partition=job.partition or None,
+                time_limit_min=job.time_limit_min or None, account=job.account or None,
+                qos=job.qos or None, mem_per_node_mb=job.mem_per_node_mb,
+                mem_per_cpu_mb=None if job.mem_per_node_mb else job.mem_per_cpu_mb,
+                cpus_per_task=job.cpus_per_node if (job.cpus_per_node or 1) > 1 else None)
+            text = render_hetjob(plan)
+        except (ForkError, InputError) as exc:
+            msg = exc.one_line() if isinstance(exc, InputError) else str(exc)
+            self._fork_failed(view, rows0, epoch, f"fork failed: {msg}")
+            return
+        nodes = [c.node for c in specs]
+        detail: dict[str, object] = {"copies": len(specs), "nodes": nodes,
+                                     "gpu_types": [c.gpu_type for c in specs],
+                                     "tracker": tracker}
+        try:
+            script = self.api.batch_script(job_id)
+        except SlurmError as exc:
+            self._fork_failed(view, rows0, epoch, f"fork failed: {exc}")
+            return
+        try:
+            self.api.write_files(owner, tracker, {
+                hadare.SCRIPT_FILE: script, hadare.HINTS_FILE: job.comment.strip() + "\n",
+                hadare.PLAN_FILE: text})
+        except SlurmError as exc:
+            self._fork_failed(view, rows0, epoch,
+                              f"fork failed: cannot write the tracker directory: {exc}")
+            return
+        # The intent first: a sidecar that dies between sbatch and the record below finds the
+        # copies by their comment (and knows, from the newest fork named here, which copies
+        # are those of this fork, even once they have ended).
+        place = tuple(sorted((c.node, c.gpus) for c in specs))
+        known = [g.leader for g in self.seen.groups.get(job_id, ())]
+        intent = view.record.with_(epoch=epoch, state="forking", place=place, gpus=view.gpus,
+                                   group=max(known, default=0), copies=len(specs), why="")
+        if not self._write("fork_intent", job_id, self.api.update_job,
+                           {"AdminComment": intent.encode()}):
+            return  # (held as it was; the next epoch tries again)
+        view.record = intent
+        dependency = f"afterany:{after.leader}" if after is not None else None
+        try:
+            leader = self.api.submit_as(os.path.join(tracker, hadare.PLAN_FILE), owner,
+                                        dependency=dependency)
+        except SlurmTimeoutError as exc:
+            # it may have been submitted all the same: the next epoch adopts it by its
+            # comment, or places the job unforked; until then the job stays held
+            why = f"fork failed: {' '.join(str(exc).split())}"[:300]
+            log_event(logger, "fork_failed", logging.WARNING, epoch=self.seen.epoch, job=job_id,
+                      why=why, fallback="held")
+            self.report.detail[job_id] = why
+            self._write("record", job_id, self.api.update_job,
+                        {"AdminComment": intent.with_(nofork=True, why=why).encode()}, why=why)
+            return
+        except SlurmError as exc:
+            self._fork_failed(view, rows0, epoch, f"fork failed: {exc}")
+            return
+        self._did("fork", job_id, group=leader, **detail)
+        self.watch.update(leader + k for k in range(len(specs)))  # the components' own ids
+        self.seen.copy_ids.update(leader + k for k in range(len(specs)))
+        rec = intent.with_(state="forked", group=leader)
+        self._write("record", job_id, self.api.update_job,
+                    {"AdminComment": rec.encode(), "Dependency": f"afterany:{leader}"},
+                    group=leader)
+
+    def _fork_failed(self, view: JobView, rows0: Rows, epoch: int, why: str) -> None:
+        """A fork that cannot be made: say why (log, the report's detail, the job's record,
+        which also stops further forks of it) and place the job unforked on copy 0's node
+        instead, in this epoch."""
+        job_id = view.job_id
+        why = " ".join(why.split())
+        if len(why) > 300:
+            why = why[:297] + "..."
+        log_event(logger, "fork_failed", logging.WARNING, epoch=self.seen.epoch, job=job_id,
+                  why=why, fallback="unforked")
+        self.report.detail[job_id] = why
+        view.record = view.record.with_(nofork=True, why=why)
+        self._place(view, rows0, epoch, why=why)
+
+    def _release_unsteered(self, u: Unsteered, epoch: int) -> None:
+        job_id = u.job.job_id
+        if u.record.state != "unsteered":
+            rec = u.record.with_(epoch=epoch, state="unsteered", place=(), why=u.why)
+            self._write("unsteer", job_id, self.api.update_job, {"AdminComment": rec.encode()},
+                        why=u.why)
+        if held_by_hadar(u.job):
+            self._write("release", job_id, self.api.release)
+        elif u.parked:
+            self._write("start", job_id, self.api.update_job, {"StartTime": "now"})

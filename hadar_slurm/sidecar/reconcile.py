@@ -1,0 +1,120 @@
+"""Reconcile: what Slurm must change so that it runs a decision, as data.
+
+:func:`reconcile` is pure: from what the sidecar observed (:class:`Observed`, built by
+:mod:`hadar_slurm.sidecar.observe` from one read of jobs and nodes) and the policy's
+:class:`~hadar_slurm.policy.base.Decision`, it lists the :class:`~hadar_slurm.loop.Change` of
+every job, in the order they are applied (:mod:`hadar_slurm.sidecar.apply` executes them):
+
+1. ``REQUEUE``: jobs a move left ended (failed in their grace period) are requeued held;
+2. ``UNSTEER``: jobs the sidecar will not steer go to Slurm's own scheduler, with the reason;
+3. ``KEEP``: jobs already where the decision wants them (a running job; a fork whose copies
+   run or wait as the decision's; a pending job already placed there, whose release a crash may
+   have left undone);
+4. ``STOP``/``MOVE`` (running jobs the decision stops or moves: checkpoint signal, grace period,
+   requeue held; a moved job is placed again in a later epoch) and ``END_FORK`` (copies that
+   end: signal, grace, cancel), which share one grace period;
+5. ``PLACE`` and ``FORK`` for pending jobs;
+6. ``WAIT`` for pending jobs without GPUs this epoch.
+
+Where the decision cannot be carried out as it stands, the change says so in ``why``: a
+placement over nodes with unequal GPU counts (one Slurm job cannot express it) waits; a fork of
+a job that cannot be forked is placed unforked on copy 0's GPUs (``nofork``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hadar_slurm.loop import Change, ChangeKind, Rows
+from hadar_slurm.policy.base import Decision
+from hadar_slurm.sidecar.observe import JobView, Observed
+
+
+def reconcile(observed: Observed, decision: Decision) -> list[Change]:
+    """The changes that make Slurm run ``decision`` (see the module's docstring)."""
+    epoch = decision.epoch
+    wanted = decision.placement.by_job_copies()
+    first: list[Change] = [Change(epoch, ChangeKind.REQUEUE, j.job_id,
+                                  why="it ended during a move without being requeued")
+                           for j in observed.moves_left]
+    first += [Change(epoch, ChangeKind.UNSTEER, u.job.job_id, why=u.why)
+              for u in observed.unsteered]
+    keep: list[Change] = []
+    stop: list[Change] = [Change(epoch, ChangeKind.END_FORK, e.group.original, why=e.why,
+                                 group=e.group.leader) for e in observed.orphans]
+    start: list[Change] = []
+    wait: list[Change] = []
+    for view in observed.views.values():
+        job_id = view.job_id
+        copies = wanted.get(job_id)
+        cps: tuple[Rows, ...] = () if copies is None else tuple(
+            tuple(sorted(copies[k])) for k in sorted(copies))
+        replaces = 0
+        if view.group is not None:
+            if len(cps) >= 2 and _same_copies(view, cps):
+                keep.append(Change(epoch, ChangeKind.KEEP, job_id, cps, group=view.group.leader))
+                continue
+            stop.append(Change(epoch, ChangeKind.END_FORK, job_id, why=_end_why(cps),
+                               group=view.group.leader))
+            replaces = view.group.leader
+        elif view.running:
+            if view.record.state == "preempting" or not cps or len(cps) >= 2 or (
+                    view.rows != cps[0]):
+                # a move (or one begun before a restart): stopped now, placed again later
+                if cps:
+                    stop.append(Change(epoch, ChangeKind.MOVE, job_id, cps,
+                                       why="the decision moves it"))
+                else:
+                    stop.append(Change(epoch, ChangeKind.STOP, job_id,
+                                       why="the decision stops it"))
+            else:
+                keep.append(Change(epoch, ChangeKind.KEEP, job_id, cps))
+            continue
+        if not cps:
+            change = Change(epoch, ChangeKind.WAIT, job_id)
+        elif len(cps) == 1:
+            change = _place(epoch, view, cps[0], observed.node_names)
+        elif view.fork_blocked:
+            change = _place(epoch, view, cps[0], observed.node_names,
+                            why=f"not forked: {view.fork_blocked}", nofork=True)
+        elif not (view.held or view.parked):
+            # released by an earlier epoch and not started yet: held now, forked next epoch
+            change = Change(epoch, ChangeKind.WAIT, job_id,
+                            why="held before it is forked (it was released, not started)")
+        else:
+            change = Change(epoch, ChangeKind.FORK, job_id, cps, group=replaces)
+        if change.kind is ChangeKind.KEEP:
+            keep.append(change)
+        else:
+            (wait if change.kind is ChangeKind.WAIT else start).append(change)
+    return first + keep + stop + start + wait
+
+
+def _place(epoch: int, view: JobView, rows: Rows, node_names: Sequence[str], *,
+           why: str = "", nofork: bool = False) -> Change:
+    """PLACE ``view`` on ``rows``, KEEP when its record already places it there, or WAIT when
+    one Slurm job cannot express ``rows`` (unequal GPU counts per node)."""
+    place = tuple(sorted((node_names[k], c) for k, c in rows))
+    if len({c for _, c in place}) != 1:
+        return Change(epoch, ChangeKind.WAIT, view.job_id, why=(
+            "placed across nodes with unequal GPU counts "
+            f"({', '.join(f'{n}:{c}' for n, c in place)}), which one Slurm job cannot "
+            "express; it waits for an even placement"))
+    rec = view.record
+    if rec.state == "placed" and rec.place == place and not why:
+        return Change(epoch, ChangeKind.KEEP, view.job_id, (rows,))
+    return Change(epoch, ChangeKind.PLACE, view.job_id, (rows,), why=why, nofork=nofork)
+
+
+def _same_copies(view: JobView, copies: Sequence[Rows]) -> bool:
+    """Whether ``view``'s copies run (or wait) exactly as ``copies`` (copy numbers aside)."""
+    want = sorted(tuple(sorted((int(k), int(c)) for k, c in rows)) for rows in copies)
+    return view.copy_rows() == want
+
+
+def _end_why(copies: Sequence[Rows]) -> str:
+    if not copies:
+        return "the decision stops it"
+    if len(copies) == 1:
+        return "the decision runs it unforked"
+    return f"the decision moves it to {len(copies)} other copies"
