@@ -181,88 +181,12 @@ DRY_RUN_IDS = 1_000_000_000
 _DRY_RUN_SPAN = 1000
 
 
-class DryRunApi:
-    """Shadow mode: reads go to Slurm, changes are only written down (and logged by the
-    caller); nothing in Slurm, and no file, changes.  ``would`` lists ``(call, job_id,
-    detail)``.  A fork it would submit gets ids no real job has (:data:`DRY_RUN_IDS`), which
-    it reports live, so that the sidecar sees its shadow world as consistent.  (The sidecar
-    does not wait out grace periods in a dry run: nothing was signalled.)"""
+class ApiWrapper:
+    """The reads of a :class:`SlurmApi` wrapper: passed to ``inner`` as they are.  The
+    wrappers (:class:`DryRunApi`, :class:`CrashDrillApi`) say what they do with changes."""
 
     def __init__(self, inner: SlurmApi) -> None:
         self.inner = inner
-        self.name = f"dry-run({inner.name})"
-        self.would: list[tuple[str, int, str]] = []
-        self._next_id = DRY_RUN_IDS
-
-    @property
-    def commands(self) -> int:
-        return self.inner.commands
-
-    def slurm_version(self) -> SlurmVersion:
-        return self.inner.slurm_version()
-
-    def read_jobs(self) -> list[SlurmJob]:
-        return self.inner.read_jobs()
-
-    def read_nodes(self) -> list[SlurmNode]:
-        return self.inner.read_nodes()
-
-    def live_job_ids(self) -> frozenset[int]:
-        return self.inner.live_job_ids() | frozenset(range(DRY_RUN_IDS, self._next_id))
-
-    def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
-        self.would.append(("update", job_id, " ".join(f"{k}={v}" for k, v in fields.items())))
-
-    def hold(self, job_id: int) -> None:
-        self.would.append(("hold", job_id, ""))
-
-    def release(self, job_id: int) -> None:
-        self.would.append(("release", job_id, ""))
-
-    def requeue_hold(self, job_id: int) -> None:
-        self.would.append(("requeuehold", job_id, ""))
-
-    def signal(self, job_id: int, signal: str) -> None:
-        self.would.append(("signal", job_id, signal))
-
-    def cancel(self, job_id: int) -> None:
-        self.would.append(("cancel", job_id, ""))
-
-    @property
-    def can_fork(self) -> bool:
-        return self.inner.can_fork
-
-    def signal_steps(self, job_id: int, signal: str) -> None:
-        self.would.append(("signal-steps", job_id, signal))
-
-    def batch_script(self, job_id: int) -> str:
-        return self.inner.batch_script(job_id)  # a read
-
-    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
-        self.would.append(("files", owner.uid, f"{directory}: {' '.join(sorted(files))}"))
-
-    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
-        self.would.append(("sbatch", owner.uid, f"{script} dependency={dependency or ''}"))
-        leader = self._next_id
-        self._next_id += _DRY_RUN_SPAN
-        return leader
-
-
-#: Fault drill: with ``HADAR_SIDECAR_CRASH_AFTER_WRITES=N`` in its environment the sidecar
-#: kills itself (SIGKILL, no cleanup) once it has made N changes to Slurm, as it is about to
-#: make the next one, i.e. in the middle of applying an epoch.  The restart tests use it;
-#: nothing else should set it.
-CRASH_ENV = "HADAR_SIDECAR_CRASH_AFTER_WRITES"
-
-
-class CrashDrillApi:
-    """A :class:`SlurmApi` that passes every call to ``inner`` and kills this process (SIGKILL)
-    when asked for a change after ``after`` changes went through (:data:`CRASH_ENV`)."""
-
-    def __init__(self, inner: SlurmApi, after: int) -> None:
-        self.inner = inner
-        self.after = after
-        self.writes = 0
         self.name = inner.name
 
     @property
@@ -286,7 +210,71 @@ class CrashDrillApi:
         return self.inner.live_job_ids()
 
     def batch_script(self, job_id: int) -> str:
-        return self.inner.batch_script(job_id)
+        return self.inner.batch_script(job_id)  # a read
+
+
+class DryRunApi(ApiWrapper):
+    """Shadow mode: reads go to Slurm, changes are only written down (and logged by the
+    caller); nothing in Slurm, and no file, changes.  ``would`` lists ``(call, job_id,
+    detail)``.  A fork it would submit gets ids no real job has (:data:`DRY_RUN_IDS`), which
+    it reports live, so that the sidecar sees its shadow world as consistent.  (The sidecar
+    does not wait out grace periods in a dry run: nothing was signalled.)"""
+
+    def __init__(self, inner: SlurmApi) -> None:
+        super().__init__(inner)
+        self.name = f"dry-run({inner.name})"
+        self.would: list[tuple[str, int, str]] = []
+        self._next_id = DRY_RUN_IDS
+
+    def live_job_ids(self) -> frozenset[int]:
+        return self.inner.live_job_ids() | frozenset(range(DRY_RUN_IDS, self._next_id))
+
+    def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
+        self.would.append(("update", job_id, " ".join(f"{k}={v}" for k, v in fields.items())))
+
+    def hold(self, job_id: int) -> None:
+        self.would.append(("hold", job_id, ""))
+
+    def release(self, job_id: int) -> None:
+        self.would.append(("release", job_id, ""))
+
+    def requeue_hold(self, job_id: int) -> None:
+        self.would.append(("requeuehold", job_id, ""))
+
+    def signal(self, job_id: int, signal: str) -> None:
+        self.would.append(("signal", job_id, signal))
+
+    def cancel(self, job_id: int) -> None:
+        self.would.append(("cancel", job_id, ""))
+
+    def signal_steps(self, job_id: int, signal: str) -> None:
+        self.would.append(("signal-steps", job_id, signal))
+
+    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
+        self.would.append(("files", owner.uid, f"{directory}: {' '.join(sorted(files))}"))
+
+    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
+        self.would.append(("sbatch", owner.uid, f"{script} dependency={dependency or ''}"))
+        leader = self._next_id
+        self._next_id += _DRY_RUN_SPAN
+        return leader
+
+
+#: Fault drill: with ``HADAR_SIDECAR_CRASH_AFTER_WRITES=N`` in its environment the sidecar
+#: kills itself (SIGKILL, no cleanup) once it has made N changes to Slurm, as it is about to
+#: make the next one, i.e. in the middle of applying an epoch.  The restart tests use it;
+#: nothing else should set it.
+CRASH_ENV = "HADAR_SIDECAR_CRASH_AFTER_WRITES"
+
+
+class CrashDrillApi(ApiWrapper):
+    """A :class:`SlurmApi` that passes every call to ``inner`` and kills this process (SIGKILL)
+    when asked for a change after ``after`` changes went through (:data:`CRASH_ENV`)."""
+
+    def __init__(self, inner: SlurmApi, after: int) -> None:
+        super().__init__(inner)
+        self.after = after
+        self.writes = 0
 
     def _change(self, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         if self.writes >= self.after:
