@@ -264,18 +264,69 @@ def test_move_of_a_running_job_signals_then_requeues_held() -> None:
     assert [a.kind for a in actions] == [ChangeKind.MOVE]
     b.apply(actions, 2000.0)
     # the record of the move first (state=preempting), then the signal, the grace, the
-    # requeue, and the record preempted
-    assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1), ("update", 1)]
-    assert slept == [5.0]
+    # requeue, and the record preempted; once Slurm shows it back in the queue (one read), it
+    # is placed on its new GPUs in the same epoch: its hold made the sidecar's, the placement,
+    # the release
+    assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1), ("update", 1),
+                       ("hold", 1), ("update", 1), ("release", 1)]
+    assert slept == [1.0] * 5  # (the job never left: the whole grace, read every second)
     rec2 = decode(api.jobs[1].admin_comment)
     k80 = default_table().rate("ResNet-50 (batch size 64)", 1, "k80")
-    assert rec2.state == "preempted" and rec2.done == pytest.approx(100 * k80, rel=1e-5)
+    assert rec2.state == "placed" and rec2.place == (("node1", 1),) and rec2.epoch == 3
+    assert rec2.done == pytest.approx(100 * k80, rel=1e-5)
     assert rec2.attained == {"k80": 100.0} and rec2.until == 2000.0
-    # next epoch it waits, held, and is placed like a new job
+    # next epoch it is where the decision wants it (placed, not started yet)
     _decision, actions = decide(b, {1: [(0, 1)]}, epoch=4, now=2010.0)
-    assert [a.kind for a in actions] == [ChangeKind.PLACE]
+    assert [a.kind for a in actions] == [ChangeKind.KEEP]
     snap = b.snapshot(4, 2010.0, 60.0, None)
     assert snap.remaining[0] == pytest.approx(40000 - 100 * k80, rel=1e-5)
+
+
+def test_a_moved_job_that_does_not_leave_in_time_stays_and_the_epoch_says_so() -> None:
+    rec = JobRecord(epoch=0, state="placed", place=(("node3", 1),), gpus=1)
+    api = FakeSlurm([job(1, state="RUNNING", reason="None", admin=rec.encode(),
+                         nodes=("node3",), start=1900)], NODES)
+    requeue = api.requeue_hold
+
+    def slow(job_id: int) -> None:  # Slurm still ends it (COMPLETING) at every read
+        requeue(job_id)
+        api.jobs[job_id] = replace(api.jobs[job_id], state="COMPLETING")
+
+    api.requeue_hold = slow  # type: ignore[method-assign]
+    slept: list[float] = []
+    b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=slept.append)
+    b.applier.move_polls = 3
+    _, actions = decide(b, {1: [(0, 1)]}, epoch=3)
+    report = b.apply(actions, 2000.0)
+    # the grace, then two waits between three reads; not placed, and the report says why
+    assert slept == [1.0] * 5 + [0.5, 0.5]
+    assert [w for w, _ in api.log] == ["update", "signal", "requeuehold", "update"]
+    assert decode(api.jobs[1].admin_comment).state == "preempted"
+    assert "still leaving its GPUs after 3 reads" in report.detail[1]
+
+
+def test_the_grace_period_ends_when_the_job_has_left() -> None:
+    # the job checkpoints on the signal and exits 75 after 2 s; slurmctld requeues it held
+    # (RequeueExitHold=75): the sidecar stops waiting then, not after the whole grace
+    api = FakeSlurm([job(1, state="RUNNING", reason="None", nodes=("node3",), start=1900)],
+                    NODES)
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        if len(slept) == 2:
+            api.jobs[1] = replace(api.jobs[1], state="SPECIAL_EXIT", state_reason="JobHeldUser",
+                                  nodes="", node_names=())
+
+    b = SlurmBackend(api, default_table(), preempt_grace_s=30.0, sleep=sleep)
+    _, actions = decide(b, {1: [(0, 1)]})
+    b.apply(actions, 2000.0)
+    assert slept == [1.0, 1.0]
+    # not requeued by the sidecar (slurmctld did it), placed on its new GPUs at once
+    assert [w for w, _ in api.log] == ["update", "signal", "update", "hold", "update",
+                                        "release"]
+    rec = decode(api.jobs[1].admin_comment)
+    assert (rec.state, rec.place) == ("placed", (("node1", 1),))
 
 
 def test_job_that_finished_during_grace_is_not_requeued() -> None:
@@ -447,7 +498,7 @@ def test_a_job_that_cannot_checkpoint_is_never_stopped() -> None:
     assert decode(api.jobs[1].admin_comment).state == "preempted"
 
 
-@pytest.mark.parametrize("deadline,slept,signals", [(1990.0, [], 0), (2003.0, [3.0], 0)])
+@pytest.mark.parametrize("deadline,slept,signals", [(1990.0, [], 0), (2003.0, [1.0] * 3, 0)])
 def test_a_move_begun_before_a_restart_is_finished_without_a_second_signal(
         deadline: float, slept: list[float], signals: int) -> None:
     # a sidecar signalled the job (record preempting) and died before the requeue: the next
@@ -461,7 +512,9 @@ def test_a_move_begun_before_a_restart_is_finished_without_a_second_signal(
     b.apply(actions, 2000.0)
     assert [w for w, _ in api.log].count("signal") == signals
     assert ("requeuehold", 1) in api.log and waited == slept
-    assert decode(api.jobs[1].admin_comment).state == "preempted"
+    # then placed where the decision wants it, in the same epoch
+    rec2 = decode(api.jobs[1].admin_comment)
+    assert (rec2.state, rec2.place) == ("placed", (("node3", 1),))
 
 
 @pytest.mark.parametrize("state,exit_code,requeued", [

@@ -312,6 +312,12 @@ def test_drained_node_job_is_signaled_requeued_and_completes(work: Workdir) -> N
     assert "signal" in acts and "requeue" in acts
     assert acts.index("signal") < acts.index("requeue") < len(acts) - 1 - acts[::-1].index(
         "place")
+    # the move happens within the epoch: signalled, requeued and placed on its new node by
+    # the same epoch, and started there with StartTime=now (not after the requeue's delay)
+    mine = [e for e in events if e.get("event") == "action" and e.get("job") == job_id]
+    signalled = next(e for e in mine if e["action"] == "signal")
+    placed = [e for e in mine if e["action"] == "place" and e["epoch"] == signalled["epoch"]]
+    assert placed and placed[0]["nodes"] != [first_node], mine
 
 
 def test_sidecar_crash_and_slurmctld_restart(work: Workdir) -> None:

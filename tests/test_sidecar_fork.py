@@ -234,7 +234,7 @@ def test_move_ends_the_copies_then_places_the_job_in_the_same_epoch(tmp_path: Pa
     step(b, {J: {0: [(0, 1)], 1: [(1, 1)]}}, 1, now=2100.0)
     assert api.log == [("update", J), ("signal_steps", old), ("cancel", old),
                        ("batch_script", J), ("update", J), ("sbatch", 0), ("update", J)]
-    assert slept == [5.0] and api.submitted[-1][2] == f"afterany:{old}"
+    assert slept == [1.0] * 5 and api.submitted[-1][2] == f"afterany:{old}"
     new = components(api)[-1].het_job_id
     assert new is not None and new != old
     rec = decode(api.jobs[J].admin_comment)
@@ -474,9 +474,11 @@ def test_a_running_unforked_job_is_preempted_to_be_forked(tmp_path: Path) -> Non
                             start=1900)], NODES)
     b = backend(api)
     step(b, {J: THREE}, 0)
-    assert api.log == [("update", J), ("signal", J), ("requeuehold", J), ("update", J)]
-    step(b, {J: THREE}, 1)
-    assert ("sbatch", 0) in api.log
+    # stopped (record, signal, grace, requeue, record), then forked in the same epoch
+    assert api.log[:4] == [("update", J), ("signal", J), ("requeuehold", J), ("update", J)]
+    assert ("sbatch", 0) in api.log and len(components(api)) == 3
+    rec = decode(api.jobs[J].admin_comment)
+    assert rec.state == "forked" and rec.group == components(api)[0].job_id
 
 
 def test_dry_run_forks_nothing(tmp_path: Path) -> None:

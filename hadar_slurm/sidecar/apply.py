@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from hadar_slurm.errors import InputError
@@ -64,8 +64,14 @@ class SlurmApplier:
     def __init__(self, api: SlurmApi, seen: SlurmObserver, *, preempt_grace_s: float = 30.0,
                  preempt_signal: str = "USR1",
                  sleep: Callable[[float], object] = time.sleep,
-                 tracker_root: str | None = None) -> None:
+                 tracker_root: str | None = None, move_poll_s: float = 0.5,
+                 move_polls: int = 60, grace_poll_s: float = 1.0) -> None:
         self.api = api
+        #: How often the jobs are read during a grace period, to end it once they have left.
+        self.grace_poll_s = grace_poll_s
+        #: How a moved job is waited for, once stopped, before it is placed on its new GPUs.
+        self.move_poll_s = move_poll_s
+        self.move_polls = move_polls
         self.seen = seen
         self.preempt_grace_s = preempt_grace_s
         self.preempt_signal = preempt_signal
@@ -124,7 +130,8 @@ class SlurmApplier:
             if c.kind in (ChangeKind.STOP, ChangeKind.MOVE, ChangeKind.END_FORK):
                 if not stopped and (stops or ends):
                     stopped = True
-                    self._preempt(stops, ends, epoch, now)
+                    moves = {m.job_id: m for m in todo if m.kind is ChangeKind.MOVE}
+                    self._preempt(stops, ends, epoch, now, moves)
             elif c.kind is ChangeKind.REQUEUE and job_id in left:
                 self._guard("requeue", job_id, self._requeue_left, left[job_id], c.epoch)
             elif c.kind is ChangeKind.UNSTEER and job_id in unsteered:
@@ -221,8 +228,10 @@ class SlurmApplier:
                 fields["TresPerNode"] = f"gres:gpu:{per_node}"
             fields["NodeList"] = ",".join(n for n, _ in place)
             fields["Features"] = "|".join(types)
-            if view.parked:
-                fields["StartTime"] = "now"  # (its begin time kept it for the sidecar)
+            if view.parked or (view.job.eligible_time or 0.0) > time.time():
+                # its begin time kept it for the sidecar (parked), or slurmctld delays a job
+                # it has just requeued (a moved one): it starts when placed
+                fields["StartTime"] = "now"
             fields["AdminComment"] = rec.with_(
                 epoch=epoch, state="placed", place=place, gpus=view.gpus, group=0, copies=0,
                 why=why or (rec.why if rec.nofork else "")).encode()
@@ -262,9 +271,11 @@ class SlurmApplier:
         self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()})
 
     def _preempt(self, views: list[JobView], ends: list[GroupEnd], epoch: int,
-                 now: float) -> None:
-        """Stop running jobs to move them, and end forks (checkpoint signal to the copies'
-        steps, the grace period, cancel).
+                 now: float, moves: Mapping[int, Change] | None = None) -> None:
+        """Stop running jobs (to move them, or because the decision stops them), end forks
+        (checkpoint signal to the copies' steps, the grace period, cancel), and place the
+        moved jobs on their new GPUs, in the same epoch (:meth:`_finish_moves`; ``moves``:
+        the MOVE changes, by job).
 
         A move is a small state machine kept in Slurm, so that it finishes whatever happens to
         the sidecar or to slurmctld on the way (a restarted sidecar, or the next epoch, carries
@@ -272,7 +283,8 @@ class SlurmApplier:
 
         1. the record ``state=preempting deadline=T`` is written first (nothing is stopped if
            Slurm does not take it);
-        2. ``preempt=checkpoint``: the checkpoint signal, then the grace period (until ``T``);
+        2. ``preempt=checkpoint``: the checkpoint signal, then the grace period (until ``T``,
+           or until every signalled job has left its GPUs, read every :attr:`grace_poll_s`);
            the job saves its state and exits 75, and slurmctld itself requeues it held
            (``RequeueExitHold=75`` in slurm.conf): it never shows FAILED, so a dependent job
            never sees it fail.  ``preempt=requeue``: no signal, no grace;
@@ -281,7 +293,9 @@ class SlurmApplier:
            its grace (killed by the signal), or exited 75 on a Slurm without
            ``RequeueExitHold``, is requeued held too (Slurm requeues finished batch jobs); one
            that completed (exit 0), was cancelled by its user or ran out of time stays ended;
-        4. the record becomes ``preempted``; the job is placed again in a later epoch.
+        4. the record becomes ``preempted``; a job the decision moves is placed on its new
+           GPUs as soon as Slurm shows it back in the queue (:meth:`_finish_moves`), a job
+           it stops is placed again in a later epoch.
 
         Jobs with ``preempt=never`` (the default of a job that did not say it checkpoints) are
         never given to this: they run where they are (:attr:`pinned`)."""
@@ -310,20 +324,17 @@ class SlurmApplier:
                         signal=self.preempt_signal, copy_of=g.original):
                     copies_signaled = True
         for view in requeue_now:
-            self._guard("requeue", view.job_id, self._requeue, view.job_id, view.record, epoch)
+            self._guard("requeue", view.job_id, self._requeue_view, view, epoch)
         wait = max([v.record.deadline for v in signaled]
                    + ([deadline] if copies_signaled else [])) - now if (
                        signaled or copies_signaled) else 0.0
-        if wait > 0:
-            self._sleep(wait)
         if not signaled and not ends:
+            self._finish_moves(views, moves or {}, epoch)
             return
-        # One more read: what ended during the grace period, and how.
-        try:
-            jobs = self.api.read_jobs()
-        except SlurmError as exc:
-            log_event(logger, "action_failed", logging.WARNING, epoch=self.seen.epoch,
-                      action="read_jobs", error=str(exc))
+        # The grace period, cut short once every signalled job and copy has left: what ended
+        # during it, and how, is in the last read.
+        jobs = self._wait_for_leave(wait, signaled, ends)
+        if jobs is None:
             return  # the next epoch finishes the moves (their records say preempting)
         by_id = {j.job_id: j for j in jobs}
         live = {j.job_id for j in jobs if j.state in hadare.LIVE_STATES}
@@ -338,6 +349,75 @@ class SlurmApplier:
         for view in signaled:
             self._guard("preempt", view.job_id, self._end_move, view, by_id.get(view.job_id),
                         epoch)
+        self._finish_moves(views, moves or {}, epoch)
+
+    def _wait_for_leave(self, wait: float, signaled: Sequence[JobView],
+                        ends: Sequence[GroupEnd]) -> list[SlurmJob] | None:
+        """Wait up to ``wait`` seconds (the grace period) for the signalled jobs to leave
+        their GPUs (no longer running or completing) and the ended forks' copies to end,
+        reading the jobs every :attr:`grace_poll_s`; the last read (None when Slurm did not
+        answer)."""
+        ids = {v.job_id for v in signaled}
+        comps = {c.job_id for e in ends for c in e.group.components}
+        remaining = wait
+        while True:
+            if remaining > 0:
+                step = min(self.grace_poll_s, remaining)
+                self._sleep(step)
+                remaining -= step
+            try:
+                jobs = self.api.read_jobs()
+            except SlurmError as exc:
+                log_event(logger, "action_failed", logging.WARNING, epoch=self.seen.epoch,
+                          action="read_jobs", error=str(exc))
+                return None
+            busy = any((j.job_id in ids and (j.state in RUNNING_STATES
+                                             or j.state == "COMPLETING"))
+                       or (j.job_id in comps and j.state in hadare.LIVE_STATES) for j in jobs)
+            if remaining <= 0 or not busy:
+                return jobs
+
+    def _finish_moves(self, views: Sequence[JobView], moves: Mapping[int, Change],
+                      epoch: int) -> None:
+        """Step 5 of a move: the jobs of ``moves`` that left their GPUs (record
+        ``preempted``) are placed (or forked) on their new GPUs in this epoch, as soon as
+        Slurm shows them back in the queue: one ``squeue`` every :attr:`move_poll_s`, at most
+        :attr:`move_polls` times.  One that is not back by then stays preempted, with the
+        reason in the report (the next epoch places it)."""
+        waiting = {v.job_id: v for v in views
+                   if v.job_id in moves and v.record.state == "preempted"}
+        polls = 0
+        while waiting:
+            try:
+                jobs = {j.job_id: j for j in self.api.read_jobs() if j.job_id in waiting}
+            except SlurmError as exc:
+                log_event(logger, "action_failed", logging.WARNING, epoch=self.seen.epoch,
+                          action="read_jobs", error=str(exc))
+                break
+            for job_id, job in sorted(jobs.items()):
+                if job.state not in PENDING_STATES:
+                    continue
+                view = waiting.pop(job_id)
+                view.job, view.running, view.rows, view.row_copy = job, False, (), ()
+                self.watch.add(job_id)
+                change = moves[job_id]
+                if change.nofork:
+                    self._guard("fork", job_id, self._fork_failed, view, change.copies[0],
+                                epoch, change.why)
+                elif len(change.copies) > 1:
+                    self._guard("fork", job_id, self._fork, view, change.copies, epoch, None)
+                else:
+                    self._guard("place", job_id, self._place, view, change.copies[0], epoch)
+            polls += 1
+            if not waiting or polls >= self.move_polls:
+                break
+            self._sleep(self.move_poll_s)
+        for job_id in sorted(waiting):
+            why = (f"moved: it was still leaving its GPUs after {self.move_polls} reads, "
+                   f"{self.move_poll_s:g} s apart; placed again next epoch")
+            self.report.detail[job_id] = why
+            log_event(logger, "move_deferred", logging.WARNING, epoch=self.seen.epoch,
+                      job=job_id, why=why)
 
     def _begin_move(self, view: JobView, epoch: int, now: float, deadline: float,
                     signaled: list[JobView], requeue_now: list[JobView]) -> None:
@@ -375,25 +455,33 @@ class SlurmApplier:
                       why="gone from Slurm during the grace period")
             return
         if job.state in RUNNING_STATES or move_left_ended(job):
-            self._requeue(job_id, view.record, epoch)
+            view.record = self._requeue(job_id, view.record, epoch)
         elif job.state in PENDING_STATES:
             # back in the queue by itself: slurmctld requeued its checkpoint exit
             rec = view.record.with_(state="preempted")
-            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()},
-                        state="preempted", slurm_state=job.state)
+            if self._write("record", job_id, self.api.update_job,
+                           {"AdminComment": rec.encode()}, state="preempted",
+                           slurm_state=job.state):
+                view.record = rec
         else:
             log_event(logger, "preempt_skipped", logging.INFO, epoch=self.seen.epoch, job=job_id,
                       why=f"ended {job.state} (exit {job.exit_code}) during the grace period")
 
-    def _requeue(self, job_id: int, record: JobRecord, epoch: int) -> None:
+    def _requeue_view(self, view: JobView, epoch: int) -> None:
+        view.record = self._requeue(view.job_id, view.record, epoch)
+
+    def _requeue(self, job_id: int, record: JobRecord, epoch: int) -> JobRecord:
         """``scontrol requeuehold`` (a running job gets Slurm's SIGTERM, KillWait, SIGKILL; a
-        finished one is put back), then the record ``preempted``."""
+        finished one is put back), then the record ``preempted``; the job's record as it
+        stands in Slurm after that."""
         nodes = [n for n, _ in record.place]
         if self._write("requeue", job_id, self.api.requeue_hold, **(
                 {"nodes": nodes} if nodes else {})):
             rec = record.with_(epoch=max(epoch, record.epoch), state="preempted")
-            self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()},
-                        state="preempted")
+            if self._write("record", job_id, self.api.update_job,
+                           {"AdminComment": rec.encode()}, state="preempted"):
+                return rec
+        return record
 
     def _requeue_left(self, job: SlurmJob, epoch: int) -> None:
         """A job a move left ended (:func:`move_left_ended`): requeued held."""

@@ -11,8 +11,9 @@ every job, in the order they are applied (:mod:`hadar_slurm.sidecar.apply` execu
    run or wait as the decision's; a pending job already placed there, whose release a crash may
    have left undone);
 4. ``STOP``/``MOVE`` (running jobs the decision stops or moves: checkpoint signal, grace period,
-   requeue held; a moved job is placed again in a later epoch) and ``END_FORK`` (copies that
-   end: signal, grace, cancel), which share one grace period;
+   requeue held; a moved job is placed on its new GPUs as soon as Slurm has requeued it, in the
+   same epoch) and ``END_FORK`` (copies that end: signal, grace, cancel), which share one grace
+   period;
 5. ``PLACE`` and ``FORK`` for pending jobs;
 6. ``WAIT`` for pending jobs without GPUs this epoch.
 
@@ -60,8 +61,12 @@ def reconcile(observed: Observed, decision: Decision) -> list[Change]:
         elif view.running:
             if view.record.state == "preempting" or not cps or len(cps) >= 2 or (
                     view.rows != cps[0]):
-                # a move (or one begun before a restart): stopped now, placed again later
-                if cps:
+                # a move (or one begun before a restart): stopped, then placed on its new
+                # GPUs in the same epoch once Slurm has requeued it
+                if len(cps) >= 2 and view.fork_blocked:
+                    stop.append(Change(epoch, ChangeKind.MOVE, job_id, cps[:1],
+                                       why=f"not forked: {view.fork_blocked}", nofork=True))
+                elif cps:
                     stop.append(Change(epoch, ChangeKind.MOVE, job_id, cps,
                                        why="the decision moves it"))
                 else:

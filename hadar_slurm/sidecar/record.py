@@ -11,7 +11,7 @@ epoch, and how much work a job did in its earlier runs.  The text reads as one l
 ``state`` is ``placed`` (released to run on ``place``), ``held`` (waits for a placement),
 ``preempting`` (a move has begun: the job was sent its checkpoint signal and must be back in the
 queue by ``deadline``; a restarted sidecar finishes the move, see
-``SlurmBackend._preempt``), ``preempted`` (stopped, back in the queue held, to be placed again),
+``SlurmApplier._preempt``), ``preempted`` (stopped, back in the queue held, to be placed again),
 ``forked`` (HadarE: the job itself stays held while ``copies`` copies of it run as the
 heterogeneous job ``group`` on ``place``), ``forking`` (the sidecar is submitting such copies;
 ``group`` is then the newest earlier fork, 0 if none), or ``unsteered`` (released to Slurm's own

@@ -1,0 +1,179 @@
+"""What moving a running job really costs on Slurm: from the checkpoint signal to the job running
+again on its new node, measured on the real dev cluster.
+
+    python -m bench.move_cost [--repeats 5] [--grace 30] [--checkpoint-s 1]
+                              [--json bench/results/move_cost.json]
+
+Needs root and Debian's Slurm (``make deps``); uses the dev cluster that answers at
+``$SLURM_CONF`` or starts its own and stops it again (as ``bench.epoch_overhead`` does).
+
+Each repeat submits one hadar job (``preempt=checkpoint``) whose payload, on the checkpoint
+signal, spends ``--checkpoint-s`` seconds "checkpointing" and exits 75 (as
+:mod:`hadar_slurm.runtime` does), lets the sidecar (in this process, ``slurm_conf/dev-sidecar
+.toml``, policy ``hadar``, grace ``--grace`` s) place it, waits until it runs, drains its node
+and runs one epoch: the policy moves the job, the sidecar signals it, waits for it to leave,
+and places it on its new node in the same epoch.  Times, from the signal (all wall clock):
+
+* ``exit_s``: the payload's exit after its checkpoint;
+* ``placed_s``: the sidecar's placement on the new node (the end of its work for the move);
+* ``start_s``: Slurm's start of the job on the new node (its ``StartTime``, 1 s resolution);
+* ``running_s``: the payload's first line on the new node (the job runs again): **the move
+  cost**, i.e. the progress a move loses besides what the job's checkpoint itself loses;
+* ``apply_s``: the moving epoch's apply (the grace, the requeue, the placement).
+
+A job slurmctld has just requeued gets a begin time some seconds ahead (about 10 s on the dev
+cluster); the sidecar places it with ``StartTime=now``, without which ``start_s`` was 11.9 s.
+
+The median ``running_s`` is what ``[scheduler] migration_s`` should be (the sidecar tells the
+policy, and ``simulate`` charges, that many seconds per move): see ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.epoch_overhead import DEV_CONFIG, Cluster, dev_cluster
+from bench.report import write_rows
+from hadar_slurm.sidecar.config import load_config
+from hadar_slurm.sidecar.controller import Sidecar
+from hadar_slurm.slurm import SlurmJob, commands
+from hadar_slurm.slurm.parse import parse_sbatch_parsable, parse_squeue_json
+
+JOB_NAME = "hadar-bench-move"
+PAYLOAD = """#!/bin/bash
+# bench.move_cost payload: log start/signal/exit with the time; checkpoint and exit 75 on USR1
+log="$1/$SLURM_JOB_ID.log"
+echo "start $(date +%s.%N) $(hostname) ${SLURM_RESTART_COUNT:-0}" >> "$log"
+trap 'echo "signal $(date +%s.%N)" >> "$log"; sleep $2; echo "exit $(date +%s.%N)" >> "$log";
+      exit 75' USR1
+while true; do sleep 1 & wait $!; done
+"""
+
+
+def _jobs(cluster: Cluster) -> dict[int, SlurmJob]:
+    return {j.job_id: j for j in
+            parse_squeue_json(cluster.runner.run(commands.squeue_json()).stdout)}
+
+
+def _wait(what: str, timeout: float, check: Any) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        out = check()
+        if out:
+            return out
+        if time.monotonic() > end:
+            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _log(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def one_move(cluster: Cluster, work: Path, run: int, grace: float,
+             checkpoint_s: float) -> dict[str, Any]:
+    """Place one job, drain its node, let one epoch move it; the times of the move."""
+    payload = work / "payload.sh"
+    payload.write_text(PAYLOAD)
+    out = cluster.runner.run(commands.sbatch(
+        script=str(payload), job_name=JOB_NAME, gres="gpu:1", output="/dev/null",
+        chdir=str(work), comment="hadar: model=resnet50 bs=64 steps=400000 preempt=checkpoint",
+        script_args=[str(work), f"{checkpoint_s:g}"]))
+    job_id = parse_sbatch_parsable(out.stdout)
+    log = work / f"{job_id}.log"
+    config = load_config(str(DEV_CONFIG)).with_overrides(
+        slurm_conf=str(cluster.conf), policy="hadar", state_dir=str(work / f"state-{run}"),
+        log_file=str(work / f"sidecar-{run}.log"), preempt_grace_s=grace)
+    sidecar = Sidecar(config)
+    marks: dict[str, float] = {}
+    api = sidecar.api
+    signal, update = api.signal, api.update_job
+
+    def timed_signal(jid: int, sig: str) -> None:
+        marks.setdefault("signal", time.time())
+        signal(jid, sig)
+
+    def timed_update(jid: int, fields: Any) -> None:
+        update(jid, fields)
+        if "signal" in marks and "NodeList" in fields:
+            marks["placed"] = time.time()
+
+    api.signal = timed_signal  # type: ignore[method-assign]
+    api.update_job = timed_update  # type: ignore[method-assign]
+    sidecar.loop.epoch = sidecar.recover_epoch()
+    first = ""
+    try:
+        sidecar.loop.run_epoch()  # places it
+        job = _wait("the job to run", 60, lambda: (
+            j if (j := _jobs(cluster).get(job_id)) and j.state == "RUNNING" else None))
+        first = job.node_names[0]
+        _wait("the payload to start", 30, lambda: _log(log))
+        cluster.runner.run(["scontrol", "update", f"NodeName={first}", "State=DRAIN",
+                            "Reason=bench.move_cost"])
+        sidecar.loop.run_epoch()  # moves it: signal, grace, requeue, placement
+        apply_s = sidecar.backend.stats.apply_s
+        moved = _wait("the job to run again", 120, lambda: (
+            j if (j := _jobs(cluster).get(job_id)) and j.state == "RUNNING"
+            and j.node_names and j.node_names[0] != first else None))
+        lines = _wait("the payload to start again", 60, lambda: [
+            x for x in _log(log) if x[0] == "start" and x[2] != first])
+    finally:
+        if first:
+            cluster.runner.run(["scontrol", "update", f"NodeName={first}", "State=RESUME"],
+                               check=False)
+        cluster.runner.run(commands.scancel([job_id]), check=False)
+        sidecar.close()
+    events = {x[0]: float(x[1]) for x in _log(log) if x[0] in ("signal", "exit")}
+    sig = marks["signal"]
+    row = {
+        "run": run, "job": job_id, "from": first, "to": moved.node_names[0],
+        "grace_s": grace, "checkpoint_s": checkpoint_s, "apply_s": round(apply_s, 3),
+        "exit_s": round(events.get("exit", float("nan")) - sig, 3),
+        "placed_s": round(marks.get("placed", float("nan")) - sig, 3),
+        "start_s": round(float(moved.start_time or 0) - sig, 3),
+        "running_s": round(float(lines[0][1]) - sig, 3),
+    }
+    print(f"  run {run}: job {job_id} {first} -> {row['to']}: exit {row['exit_s']:.2f} s, "
+          f"placed {row['placed_s']:.2f} s, Slurm start {row['start_s']:.2f} s, running "
+          f"{row['running_s']:.2f} s after the signal (the epoch's apply: {apply_s:.2f} s)",
+          flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.move_cost", description=__doc__.split(
+        "\n\n")[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--grace", type=float, default=30.0, help="preempt_grace_s (s)")
+    p.add_argument("--checkpoint-s", type=float, default=1.0,
+                   help="seconds the payload takes to checkpoint on the signal")
+    p.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = p.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    with dev_cluster() as cluster, tempfile.TemporaryDirectory(prefix="hadar-move-") as tmp:
+        for run in range(args.repeats):
+            work = Path(tmp) / f"run{run}"
+            work.mkdir()
+            rows.append(one_move(cluster, work, run, args.grace, args.checkpoint_s))
+    keys = ("exit_s", "placed_s", "start_s", "running_s", "apply_s")
+    summary = {"run": "median", **{k: round(statistics.median(r[k] for r in rows), 3)
+                                   for k in keys}}
+    print()
+    print(f"{'':8s} " + " ".join(f"{k:>10s}" for k in keys))
+    for r in [*rows, summary]:
+        print(f"{r['run']!s:8s} " + " ".join(f"{r[k]:10.2f}" for k in keys))
+    print(f"\nmove cost (signal to running on the new node), median of {len(rows)}: "
+          f"{summary['running_s']:.1f} s")
+    if args.json is not None:
+        write_rows([*rows, summary], args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
