@@ -1,0 +1,153 @@
+"""An emulated training job: it advances at the throughput table's rate for the GPU type it runs
+on, so that a cluster of fake GPUs (the dev cluster) behaves like a cluster of those types.
+
+    python -m hadar_slurm.runtime.emulate --job-type "ResNet-50 (batch size 64)" --gpus 1 \\
+        --steps 40000 --compression 100 [--table FILE ...] [--gpu-type v100]
+
+It trains through the project's runtime (:class:`~hadar_slurm.runtime.JobRuntime`), so it
+checkpoints every round, stops on the preemption signal (exit 75), resumes where it stopped,
+reports its progress (``progress.json``) and can be forked (each copy advances at its own GPU
+type's rate; the tracker adds their steps up).  One runtime iteration is one step of the job
+(the unit of the table and of the ``steps=`` hint); the model is a one-weight stand-in, and
+each step waits until the time it would end on the real GPUs, divided by ``--compression``.
+
+Its rate: ``table.rate(job type, GPUs, GPU type)`` steps/s, whole job (Gavel's convention),
+times ``--compression``; with several GPU types (a job over nodes of several types) the slowest
+type's, as a synchronous job runs.  The GPU type is ``--gpu-type``, else that of a forked
+copy (``HADAR_COPY_GPU_TYPE``), else read from Slurm: the ``gpu`` GRES of every node of
+``SLURM_JOB_NODELIST`` (``scontrol show node``, with the job's ``SLURM_CONF``).  A forked job
+(more than one copy) also spends :class:`~hadar_slurm.consolidation.ConsolidationCost`'s
+seconds per round, divided by ``--compression``, consolidating: as the simulator charges it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from hadar_slurm.consolidation import ConsolidationCost
+from hadar_slurm.errors import InputError
+from hadar_slurm.rates.table import ThroughputTable, load_tables
+from hadar_slurm.slurm import SlurmRunner, expand_hostlist, parse_gres, parse_scontrol_show
+
+_SOURCE = "hadar_slurm.runtime.emulate"
+#: Sleep only when this far ahead of the pace (s): shorter sleeps cost more than they keep.
+_MIN_SLEEP_S = 0.005
+
+
+def node_gpu_types(env: Mapping[str, str], runner: SlurmRunner | None = None) -> list[str]:
+    """The GPU types of the nodes of this job (``SLURM_JOB_NODELIST``), from Slurm."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+    if not nodelist:
+        raise InputError("not in a Slurm job (no SLURM_JOB_NODELIST): give --gpu-type",
+                         source=_SOURCE, field="--gpu-type")
+    runner = runner or SlurmRunner(env.get("SLURM_CONF"), env=env)
+    types: list[str] = []
+    for name in expand_hostlist(nodelist):
+        record = parse_scontrol_show(runner.run(["scontrol", "show", "node", name]).stdout)
+        for g in parse_gres(record.get("Gres", ""), source=f"node {name}", field="Gres"):
+            if g.name == "gpu" and g.type and g.type not in types:
+                types.append(g.type)
+    if not types:
+        raise InputError(f"no typed gpu GRES on the nodes {nodelist}: give --gpu-type",
+                         source=_SOURCE, field="--gpu-type")
+    return types
+
+
+def emulated_rate(table: ThroughputTable, job_type: str, gpus: int,
+                  gpu_types: Sequence[str]) -> float:
+    """Steps/s of the whole job on ``gpus`` GPUs of ``gpu_types`` (the slowest one's)."""
+    rates = [table.rate(job_type, gpus, t) for t in gpu_types]
+    missing = [t for t, r in zip(gpu_types, rates, strict=True) if r <= 0]
+    if missing:
+        raise InputError(f"the table has no rate for {job_type!r} on {gpus} GPU(s) of type "
+                         f"{', '.join(missing)}", source=_SOURCE, field="--job-type")
+    return min(rates)
+
+
+class Pace:
+    """Keeps a loop at ``rate`` iterations per second on average: :meth:`step` waits until the
+    time the next iteration is due (sleeping only when ahead by :data:`_MIN_SLEEP_S`)."""
+
+    def __init__(self, rate: float, clock: object = time.monotonic,
+                 sleep: object = time.sleep) -> None:
+        if rate <= 0:
+            raise ValueError("rate must be > 0")
+        self.period = 1.0 / rate
+        self._clock = clock
+        self._sleep = sleep
+        self._due = 0.0
+        self.restart()
+
+    def restart(self) -> None:
+        """The next iteration is due one period from now (after a pause: no catching up)."""
+        self._due = self._now() + self.period
+
+    def _now(self) -> float:
+        return float(self._clock())  # type: ignore[operator]
+
+    def step(self) -> None:
+        ahead = self._due - self._now()
+        if ahead > _MIN_SLEEP_S:
+            self._sleep(ahead)  # type: ignore[operator]
+        elif ahead < -1.0:
+            self._due = self._now()  # (stalled: do not run fast to catch up)
+        self._due += self.period
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hadar_slurm.runtime.emulate",
+                                description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--job-type", required=True, help='as in the table, e.g. "A3C"')
+    p.add_argument("--gpus", type=int, default=1, help="the job's GPU count (its scale)")
+    p.add_argument("--steps", type=int, required=True, help="the job's work, in steps")
+    p.add_argument("--compression", type=float, default=1.0,
+                   help="how many times faster than the real GPUs (>= 1)")
+    p.add_argument("--table", action="append", default=[], type=Path,
+                   help="throughput table files (default: Gavel's table)")
+    p.add_argument("--gpu-type", help="the GPU type (default: from the fork, or Slurm)")
+    p.add_argument("--round-seconds", type=float, default=30.0,
+                   help="wall seconds per round (checkpoint) of the runtime")
+    args = p.parse_args(argv)
+    if args.compression < 1 or args.gpus < 1 or args.steps < 1:
+        p.error("--compression, --gpus and --steps must be >= 1")
+    env = os.environ
+    table = load_tables([str(t) for t in args.table])
+    types = ([args.gpu_type] if args.gpu_type else
+             [env["HADAR_COPY_GPU_TYPE"]] if env.get("HADAR_COPY_GPU_TYPE") else
+             node_gpu_types(env))
+    rate = emulated_rate(table, args.job_type, args.gpus, types) * args.compression
+    consolidate_s = ConsolidationCost().seconds(args.job_type) / args.compression
+
+    import torch  # (the runtime's dependency; imported after the cheap checks)
+
+    from hadar_slurm.runtime import JobRuntime, RuntimeConfig
+
+    torch.set_num_threads(1)
+    config = RuntimeConfig.from_env(args.steps, round_seconds=args.round_seconds)
+    model = torch.nn.Linear(1, 1, bias=False)
+    print(f"emulate: {args.job_type} on {args.gpus} GPU(s) of {'/'.join(types)}: "
+          f"{rate:.3f} steps/s ({args.compression:g}x), copy {config.index} of "
+          f"{config.copies}", flush=True)
+    with JobRuntime(model, None, config) as rt:
+        pace = Pace(rate)
+        current = -1
+        for _ in rt.steps():
+            if rt.round != current:
+                if current >= 0 and config.copies > 1 and consolidate_s > 0:
+                    time.sleep(consolidate_s)  # (what one consolidation costs, compressed)
+                current = rt.round
+                pace.restart()
+            pace.step()
+        summary = rt.finish()
+    print(f"emulate: copy {config.index}: done {summary.done}/{summary.work}, ran "
+          f"{summary.executed}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
