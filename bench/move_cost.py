@@ -38,12 +38,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.epoch_overhead import DEV_CONFIG, Cluster, dev_cluster
+from bench.epoch_overhead import DEV_CONFIG, Cluster, all_jobs, dev_cluster
 from bench.report import write_rows
 from hadar_slurm.sidecar.config import load_config
 from hadar_slurm.sidecar.controller import Sidecar
 from hadar_slurm.slurm import SlurmJob, commands
-from hadar_slurm.slurm.parse import parse_sbatch_parsable, parse_squeue_json
+from hadar_slurm.slurm.parse import parse_sbatch_parsable
 
 JOB_NAME = "hadar-bench-move"
 PAYLOAD = """#!/bin/bash
@@ -57,8 +57,7 @@ while true; do sleep 1 & wait $!; done
 
 
 def _jobs(cluster: Cluster) -> dict[int, SlurmJob]:
-    return {j.job_id: j for j in
-            parse_squeue_json(cluster.runner.run(commands.squeue_json()).stdout)}
+    return {j.job_id: j for j in all_jobs(cluster)}
 
 
 def _wait(what: str, timeout: float, check: Any) -> Any:

@@ -196,8 +196,6 @@ class EpochLoop:
         self.records: list[EpochRecord] = []
         self.last_snapshot: Snapshot | None = None  # of the last epoch, for reports
         self.last_decision: Decision | None = None
-        self.last_changes: list[Change] = []
-        self.last_report: ApplyReport | None = None
 
     def run_epoch(self) -> bool:
         """One epoch; False when the backend says nothing is left."""
@@ -209,8 +207,7 @@ class EpochLoop:
         self.policy_state = decision.policy_state
         changes = self.backend.reconcile(snapshot, decision)
         self.last_snapshot, self.last_decision = snapshot, decision
-        self.last_changes = changes
-        self.last_report = self.backend.apply(changes, now)
+        self.backend.apply(changes, now)
         record = EpochRecord(
             self.epoch, now, snapshot.num_jobs,
             int(np.unique(decision.placement.job).shape[0]), decision_s,

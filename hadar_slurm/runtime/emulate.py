@@ -26,7 +26,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hadar_slurm.consolidation import ConsolidationCost
@@ -73,8 +73,8 @@ class Pace:
     """Keeps a loop at ``rate`` iterations per second on average: :meth:`step` waits until the
     time the next iteration is due (sleeping only when ahead by :data:`_MIN_SLEEP_S`)."""
 
-    def __init__(self, rate: float, clock: object = time.monotonic,
-                 sleep: object = time.sleep) -> None:
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], object] = time.sleep) -> None:
         if rate <= 0:
             raise ValueError("rate must be > 0")
         self.period = 1.0 / rate
@@ -85,17 +85,14 @@ class Pace:
 
     def restart(self) -> None:
         """The next iteration is due one period from now (after a pause: no catching up)."""
-        self._due = self._now() + self.period
-
-    def _now(self) -> float:
-        return float(self._clock())  # type: ignore[operator]
+        self._due = self._clock() + self.period
 
     def step(self) -> None:
-        ahead = self._due - self._now()
+        ahead = self._due - self._clock()
         if ahead > _MIN_SLEEP_S:
-            self._sleep(ahead)  # type: ignore[operator]
+            self._sleep(ahead)
         elif ahead < -1.0:
-            self._due = self._now()  # (stalled: do not run fast to catch up)
+            self._due = self._clock()  # (stalled: do not run fast to catch up)
         self._due += self.period
 
 

@@ -41,6 +41,7 @@ from hadar_slurm.sidecar.observe import (
     held_by_hadar,
     log_job_error,
     move_left_ended,
+    rows_text,
 )
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmTimeoutError
@@ -204,13 +205,10 @@ class SlurmApplier:
         self.report.applied.append(entry)
         log_event(logger, "action", logging.INFO, **entry)
 
-    def _rows_text(self, rows: Sequence[tuple[int, int]]) -> tuple[tuple[str, int], ...]:
-        return tuple(sorted((self.seen.node_names[k], c) for k, c in rows))
-
     def _place(self, view: JobView, rows: Rows, epoch: int, why: str = "") -> None:
         """Place a pending job on ``rows`` (equal GPU counts per node: reconcile checked), or
         only release it when its record says it is placed there already."""
-        place = self._rows_text(rows)
+        place = rows_text(self.seen.node_names, rows)
         counts = {c for _, c in place}
         job_id = view.job_id
         rec = view.record
@@ -349,7 +347,8 @@ class SlurmApplier:
         for view in signaled:
             self._guard("preempt", view.job_id, self._end_move, view, by_id.get(view.job_id),
                         epoch)
-        self._finish_moves(views, moves or {}, epoch)
+        # (a job that read shows back in the queue left by itself: it is placed at once)
+        self._finish_moves(views, moves or {}, epoch, jobs)
 
     def _wait_for_leave(self, wait: float, signaled: Sequence[JobView],
                         ends: Sequence[GroupEnd]) -> list[SlurmJob] | None:
@@ -365,11 +364,8 @@ class SlurmApplier:
                 step = min(self.grace_poll_s, remaining)
                 self._sleep(step)
                 remaining -= step
-            try:
-                jobs = self.api.read_jobs()
-            except SlurmError as exc:
-                log_event(logger, "action_failed", logging.WARNING, epoch=self.seen.epoch,
-                          action="read_jobs", error=str(exc))
+            jobs = self._read_jobs()
+            if jobs is None:
                 return None
             busy = any((j.job_id in ids and (j.state in RUNNING_STATES
                                              or j.state == "COMPLETING"))
@@ -377,26 +373,41 @@ class SlurmApplier:
             if remaining <= 0 or not busy:
                 return jobs
 
+    def _read_jobs(self) -> list[SlurmJob] | None:
+        """One read of all jobs within an epoch's apply; None (logged) when Slurm did not
+        answer, and the next epoch carries on from the jobs' records."""
+        try:
+            return self.api.read_jobs()
+        except SlurmError as exc:
+            log_event(logger, "action_failed", logging.WARNING, epoch=self.seen.epoch,
+                      action="read_jobs", error=str(exc))
+            return None
+
     def _finish_moves(self, views: Sequence[JobView], moves: Mapping[int, Change],
-                      epoch: int) -> None:
+                      epoch: int, jobs: Sequence[SlurmJob] | None = None) -> None:
         """Step 5 of a move: the jobs of ``moves`` that left their GPUs (record
         ``preempted``) are placed (or forked) on their new GPUs in this epoch, as soon as
-        Slurm shows them back in the queue: one ``squeue`` every :attr:`move_poll_s`, at most
-        :attr:`move_polls` times.  One that is not back by then stays preempted, with the
+        Slurm shows them back in the queue: first in ``jobs`` (the grace period's last read,
+        when there was one), then in one ``squeue`` every :attr:`move_poll_s`, at most
+        :attr:`move_polls` of them.  One that is not back by then stays preempted, with the
         reason in the report (the next epoch places it)."""
         waiting = {v.job_id: v for v in views
                    if v.job_id in moves and v.record.state == "preempted"}
-        polls = 0
+        reads = 0
         while waiting:
-            try:
-                jobs = {j.job_id: j for j in self.api.read_jobs() if j.job_id in waiting}
-            except SlurmError as exc:
-                log_event(logger, "action_failed", logging.WARNING, epoch=self.seen.epoch,
-                          action="read_jobs", error=str(exc))
-                break
-            for job_id, job in sorted(jobs.items()):
-                if job.state not in PENDING_STATES:
-                    continue
+            if jobs is None:
+                if reads >= self.move_polls:
+                    break
+                if reads:
+                    self._sleep(self.move_poll_s)
+                jobs = self._read_jobs()
+                reads += 1
+                if jobs is None:
+                    break
+            back = sorted((j.job_id, j) for j in jobs
+                          if j.job_id in waiting and j.state in PENDING_STATES)
+            jobs = None
+            for job_id, job in back:
                 view = waiting.pop(job_id)
                 view.job, view.running, view.rows, view.row_copy = job, False, (), ()
                 self.watch.add(job_id)
@@ -408,10 +419,6 @@ class SlurmApplier:
                     self._guard("fork", job_id, self._fork, view, change.copies, epoch, None)
                 else:
                     self._guard("place", job_id, self._place, view, change.copies[0], epoch)
-            polls += 1
-            if not waiting or polls >= self.move_polls:
-                break
-            self._sleep(self.move_poll_s)
         for job_id in sorted(waiting):
             why = (f"moved: it was still leaving its GPUs after {self.move_polls} reads, "
                    f"{self.move_poll_s:g} s apart; placed again next epoch")
@@ -498,7 +505,7 @@ class SlurmApplier:
         assert g is not None
         job_id = view.job_id
         rec = view.record
-        place = self._rows_text(view.rows)
+        place = rows_text(self.seen.node_names, view.rows)
         adopt = rec.state != "forked" or rec.group != g.leader
         fields: dict[str, str] = {}
         if adopt or rec.copies != g.size or rec.place != place:

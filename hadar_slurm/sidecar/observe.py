@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -211,6 +211,12 @@ def move_left_ended(job: SlurmJob) -> bool:
 def error_text(exc: BaseException) -> str:
     text = " ".join(f"{type(exc).__name__}: {exc}".split())
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def rows_text(node_names: Sequence[str],
+              rows: Iterable[tuple[int, int]]) -> tuple[tuple[str, int], ...]:
+    """``(node index, GPUs)`` rows as a record's ``place``: ``(node name, GPUs)``, sorted."""
+    return tuple(sorted((node_names[k], c) for k, c in rows))
 
 
 def log_job_error(epoch: int, stage: str, job_id: int,

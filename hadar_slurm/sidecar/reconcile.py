@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from hadar_slurm.loop import Change, ChangeKind, Rows
 from hadar_slurm.policy.base import Decision
-from hadar_slurm.sidecar.observe import JobView, Observed
+from hadar_slurm.sidecar.observe import JobView, Observed, rows_text
 
 
 def reconcile(observed: Observed, decision: Decision) -> list[Change]:
@@ -99,7 +99,7 @@ def _place(epoch: int, view: JobView, rows: Rows, node_names: Sequence[str], *,
            why: str = "", nofork: bool = False) -> Change:
     """PLACE ``view`` on ``rows``, KEEP when its record already places it there, or WAIT when
     one Slurm job cannot express ``rows`` (unequal GPU counts per node)."""
-    place = tuple(sorted((node_names[k], c) for k, c in rows))
+    place = rows_text(node_names, rows)
     if len({c for _, c in place}) != 1:
         return Change(epoch, ChangeKind.WAIT, view.job_id, why=(
             "placed across nodes with unequal GPU counts "
