@@ -16,6 +16,7 @@ from conftest import REPO, run_cli, trace_line
 from hadar_slurm import __version__
 from hadar_slurm.cli.main import main
 from hadar_slurm.core.info import core_kind, core_line
+from hadar_slurm.costs import DEFAULT_RESTART_S, LiveCosts
 
 WriteTrace = Callable[[Sequence[str]], Path]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -38,8 +39,10 @@ def test_simulate_prints_table_and_writes_json(
 ) -> None:
     out = tmp_path / "res" / "out.json"
     proc = run_cli("simulate", "--trace", str(two_jobs), "--cluster", "v100=1",
-                   "--throughputs", str(toy_csv), "--policy", "fifo", "--json", str(out))
+                   "--throughputs", str(toy_csv), "--policy", "fifo", "--json", str(out),
+                   "--free-moves")
     assert proc.returncode == 0, proc.stderr
+    assert "starts and moves free" in proc.stdout
     # no progress bar when stderr is not a terminal: only the line saying which core runs
     assert proc.stderr == core_line() + "\n"
     lines = proc.stdout.splitlines()
@@ -59,6 +62,28 @@ def test_simulate_prints_table_and_writes_json(
     assert rows[0]["avg_jct_s"] == 1030.0
     assert rows[0]["utilization"] == 1.0
     assert (rows[0]["num_jobs"], rows[0]["num_completed"]) == (2, 2)
+
+
+def test_simulate_charges_the_live_costs_by_default(
+    tmp_path: Path, two_jobs: Path, toy_csv: Path
+) -> None:
+    # The same two jobs, one after the other: each loses a start's cost (the Slurm start
+    # measured on the dev cluster plus the job's own restart), the sidecar's defaults.
+    for restart in (None, "5"):
+        out = tmp_path / f"out-{restart}.json"
+        extra = ("--restart-s", restart) if restart else ()
+        proc = run_cli("simulate", "--trace", str(two_jobs), "--cluster", "v100=1",
+                       "--throughputs", str(toy_csv), "--policy", "fifo", "--json", str(out),
+                       *extra)
+        assert proc.returncode == 0, proc.stderr
+        start_s = LiveCosts(float(restart) if restart else DEFAULT_RESTART_S).start_s
+        assert f"a start costs {start_s:g} s" in proc.stdout
+        (row,) = json.loads(out.read_text())
+        assert row["makespan_s"] == pytest.approx(1440.0 + 2 * start_s)
+        assert row["avg_jct_s"] == pytest.approx(((720 + start_s) + (1340 + 2 * start_s)) / 2)
+    bad = run_cli("simulate", "--trace", str(two_jobs), "--cluster", "v100=1",
+                  "--throughputs", str(toy_csv), "--restart-s", "-1")
+    assert bad.returncode == 2 and "restart-s" in bad.stderr
 
 
 def test_simulate_bundled_trace_on_gavel_cluster(tmp_path: Path) -> None:

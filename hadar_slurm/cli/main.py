@@ -39,6 +39,7 @@ from hadar_slurm.cli import report as cli_report
 from hadar_slurm.cli import store as cli_store
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.core.info import core_line
+from hadar_slurm.costs import DEFAULT_RESTART_S, SLURM_MOVE_S, SLURM_START_S, LiveCosts
 from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.loop import EpochRecord
@@ -242,9 +243,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if plots_dir is not None and plots_dir.exists() and not plots_dir.is_dir():
         raise InputError("exists and is not a directory", source=args.plots, field="plots")
 
+    if args.free_moves:
+        move_s = start_s = 0.0
+        costs = "starts and moves free"
+    else:
+        live = LiveCosts(parse_seconds(args.restart_s, "restart-s"))
+        move_s, start_s = live.move_s, live.start_s
+        costs = f"a start costs {start_s:g} s, a move {move_s:g} s"
     print(core_line(), file=sys.stderr)
     print(f"trace {source}: {len(jobs)} jobs; cluster {cluster.describe()}; "
-          f"round {round_s:g} s")
+          f"round {round_s:g} s; {costs}")
     start = min(j.arrival_s for j in jobs)
     results: list[SimResult] = []
     for policy in policies:
@@ -254,7 +262,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         try:
             results.append(simulate(jobs, cluster, table, policy, round_s=round_s,
                                     consolidation=consolidation, on_epoch=hook,
-                                    reschedule_on_finish=args.reschedule_on_finish))
+                                    reschedule_on_finish=args.reschedule_on_finish,
+                                    migration_cost_s=move_s, start_cost_s=start_s))
         finally:
             progress.close()
     print(result_table(results))
@@ -389,6 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="start the next round as soon as a job ends, as the sidecar does "
                      "([scheduler] reschedule_on_finish), instead of at the end of the round "
                      "(fixed rounds, as Gavel's simulator)")
+    sim.add_argument("--restart-s", default=f"{DEFAULT_RESTART_S:g}", metavar="S",
+                     help="a job's own restart (as the sidecar's [scheduler] restart_s): a "
+                     f"start costs it plus {SLURM_START_S:g} s, a move plus {SLURM_MOVE_S:g} s "
+                     "(Slurm's, measured) (default: %(default)s)")
+    sim.add_argument("--free-moves", action="store_true",
+                     help="charge nothing for starts and moves, as Gavel's simulator")
     sim.add_argument("--json", metavar="OUT", help="write one JSON object per policy to OUT")
     sim.add_argument("--plots", metavar="DIR",
                      help="write jct_cdf.png, gpus_busy.png and, when a policy forked jobs, "

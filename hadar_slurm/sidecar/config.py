@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time
 from pathlib import Path
 
+from hadar_slurm.costs import DEFAULT_RESTART_S, SLURM_MOVE_S, LiveCosts
 from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy import REGISTRY
@@ -132,6 +133,17 @@ def _seconds(*, allow_zero: bool) -> Check:
                 f"must be a number of seconds {bound}, got {_show(value)}") from None
 
     return check
+
+
+def _auto_seconds(value: object, _base: Path) -> float | None:
+    """``"auto"`` (None: derived from ``restart_s``) or a number of seconds >= 0."""
+    if value == "auto":
+        return None
+    try:
+        return parse_seconds_value(value, positive=False, text=False)
+    except ValueError:
+        raise _InvalidValueError(
+            f'must be "auto" or a number of seconds >= 0, got {_show(value)}') from None
 
 
 def _factor(value: object, _base: Path) -> float:
@@ -366,10 +378,19 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_seconds(allow_zero=True),
     ),
     ConfigKey(
-        "scheduler", "migration_s", "seconds", "60",
-        "What moving a running job costs it, in seconds of lost progress (checkpoint, grace "
-        "period, requeue, restart); the hadar policy weighs it against a faster GPU type (>= 0).",
+        "scheduler", "restart_s", "seconds", f"{DEFAULT_RESTART_S:g}",
+        "A job's own restart, in seconds (>= 0): its checkpoint on the signal, then its process "
+        "start, framework import and checkpoint load until its first step. Part of what a move "
+        "costs (migration_s).",
         check=_seconds(allow_zero=True),
+    ),
+    ConfigKey(
+        "scheduler", "migration_s", 'seconds or "auto"', '"auto"',
+        "What moving a running job costs it, in seconds of lost progress; the hadar policy "
+        'weighs it against a faster GPU type (>= 0). "auto": restart_s plus the '
+        f"{SLURM_MOVE_S:g} s that Slurm and the sidecar take from the job's exit to its start "
+        "on its new GPUs (measured on the dev cluster; docs/architecture.md).",
+        check=_auto_seconds,
     ),
     ConfigKey(
         "scheduler", "preempt_signal", "signal", '"USR1"',
@@ -494,7 +515,8 @@ class SidecarConfig:
     reschedule_on_finish: bool
     finish_poll_s: float
     preempt_grace_s: float
-    migration_s: float
+    restart_s: float
+    migration_s: float | None
     preempt_signal: str
     throughputs: tuple[str, ...]
     throughput_db: str | None
@@ -509,6 +531,14 @@ class SidecarConfig:
     allow_untested_slurm: bool
     metrics_address: str
     metrics_allow_remote: bool
+
+    @property
+    def move_cost_s(self) -> float:
+        """What a move costs a job, as the policy is told: ``migration_s``, or with ``"auto"``
+        :class:`~hadar_slurm.costs.LiveCosts` of ``restart_s``."""
+        if self.migration_s is not None:
+            return self.migration_s
+        return LiveCosts(self.restart_s).move_s
 
     @property
     def store_path(self) -> Path:

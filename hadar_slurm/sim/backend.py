@@ -10,9 +10,11 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
   ``reschedule_on_finish`` (the sidecar's ``[scheduler] reschedule_on_finish``) a round ends
   as soon as its first job finishes instead, and the next epoch gives its GPUs out.
 * When nothing runs and nothing waits, time jumps to the next arrival.
-* No preemption or checkpoint cost unless ``migration_cost_s`` is set: then a job that is placed
-  on GPUs other than those it held (or resumes after a pause) makes no progress for that long
-  at the start of its round.
+* No start, preemption or checkpoint cost unless ``migration_cost_s`` or ``start_cost_s`` is
+  set: then a job that is placed on GPUs other than those it held (or resumes after a pause)
+  makes no progress for ``migration_cost_s`` at the start of its round, and a job that starts
+  for the first time for ``start_cost_s`` (:class:`~hadar_slurm.costs.LiveCosts` has the live
+  world's figures: ``hadar-slurm simulate`` charges them by default).
 
 Progress of a job in a round: per-worker rate ``r[h] = rate[h] / scale``; a synchronous job
 runs at ``workers * min r over the types it uses`` (the slowest worker sets the pace) times
@@ -88,6 +90,7 @@ class SimulatedCluster:
         *,
         spread_factor: float = 1.0,
         migration_cost_s: float = 0.0,
+        start_cost_s: float = 0.0,
         idle_epochs_limit: int = 3,
         consolidation: ConsolidationCost | None = None,
         policy_table: ThroughputTable | None = None,
@@ -102,6 +105,7 @@ class SimulatedCluster:
         self.gpu_types = cluster.gpu_types
         self.spread_factor = spread_factor
         self.migration_cost_s = migration_cost_s
+        self.start_cost_s = start_cost_s
         self.idle_epochs_limit = idle_epochs_limit
         self.consolidation = consolidation if consolidation is not None else ConsolidationCost()
         n = len(self.jobs)
@@ -145,7 +149,9 @@ class SimulatedCluster:
         self._round_start = 0.0
         self._admitted = 0  # jobs[:admitted] have been admitted
         self._idle_epochs = 0
-        self._moved: set[int] = set()
+        #: Jobs started by the last apply (placed, forked, moved): their seconds without
+        #: progress at the start of the round (a first start's cost, or a move's).
+        self._moved: dict[int, float] = {}
 
     # -- ClusterBackend -------------------------------------------------------------------
 
@@ -180,7 +186,10 @@ class SimulatedCluster:
         """Run what ``changes`` leave running from ``now`` on (applying them twice is the same
         as once: the placement is what they name)."""
         started = (ChangeKind.PLACE, ChangeKind.FORK, ChangeKind.MOVE)
-        self._moved = {c.job_id for c in changes if c.kind in started}
+        self._moved = {
+            c.job_id: (self.start_cost_s if np.isnan(self.state.first_start[
+                self.index_of[c.job_id]]) else self.migration_cost_s)
+            for c in changes if c.kind in started}
         self.current = placement_of(changes)
         self._round_start = now
         forked = {j: k for j, k in self.current.num_copies().items() if k > 1}
@@ -240,7 +249,7 @@ class SimulatedCluster:
 
     def _delay(self, job_id: int, copies: int) -> float:
         """Seconds without progress at the start of the round: restart, then consolidation."""
-        moved = self.migration_cost_s if job_id in self._moved else 0.0
+        moved = self._moved.get(job_id, 0.0)
         consolidate = float(self.consolidation_s[self.index_of[job_id]]) if copies > 1 else 0.0
         return moved + consolidate
 

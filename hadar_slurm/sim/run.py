@@ -116,6 +116,7 @@ def simulate(
     *,
     round_s: float = 360.0,
     migration_cost_s: float = 0.0,
+    start_cost_s: float = 0.0,
     consolidation: ConsolidationCost | None = None,
     on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
     policy_table: ThroughputTable | None = None,
@@ -139,6 +140,7 @@ def simulate(
     may span several nodes (the snapshot tells the policy); False, as in Slurm, by default.
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
+                               start_cost_s=start_cost_s,
                                consolidation=consolidation, policy_table=policy_table,
                                learn_rates=learn_rates,
                                reschedule_on_finish=reschedule_on_finish,

@@ -1,0 +1,63 @@
+"""What the live world costs a job: seconds of wall time without progress when it starts, and when
+it is moved.  The one place the sidecar's policy (``[scheduler] migration_s``, by default) and the
+simulator (``hadar-slurm simulate``, by default) take these figures from.
+
+A cost has two parts:
+
+* **Slurm's and the sidecar's**, measured on the dev cluster by ``python -m bench.move_cost``
+  (``bench/results/move_cost.json``; ``docs/architecture.md``, "What a move costs, live"):
+
+  - :data:`SLURM_MOVE_S`: from the moved job's exit (after its checkpoint) to the job running
+    on its new GPUs: slurmctld requeues it, the sidecar sees it pending and places it in the
+    same epoch (with ``StartTime=now``), Slurm starts it;
+  - :data:`SLURM_START_S`: from the sidecar's placement of a pending job to the job running.
+
+* **The job's own**, ``restart_s``: on a move, its checkpoint on the signal, and, on every start,
+  its process start, framework import and checkpoint load until its first step.  It depends on
+  the workload, so it is a setting (``[scheduler] restart_s``); :data:`DEFAULT_RESTART_S` is
+  an assumption for a PyTorch training job, not a measurement.  The emulated payload
+  (:mod:`hadar_slurm.runtime.emulate`) restarts in about 2.5 s on the dev cluster's host
+  (``bench.fidelity`` measures it before it runs).
+
+``tests/test_costs.py`` checks the two Slurm figures against the bench's result file, so a new
+measurement that moves them fails until this module is updated with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Exit of a moved job to its running on its new GPUs (median, bench.move_cost: the median
+#: ``running_s`` 2.315 s less the payload's own ``checkpoint_s`` of 1.0 s).
+SLURM_MOVE_S = 1.3
+#: Placement of a pending job to its running (median, bench.move_cost: ``running_s`` less
+#: ``placed_s``).
+SLURM_START_S = 0.27
+#: A training job's own restart (checkpoint on the signal, then start to first step): assumed.
+DEFAULT_RESTART_S = 30.0
+
+
+@dataclass(frozen=True)
+class LiveCosts:
+    """The seconds without progress of a job's start and of its move, for a job that takes
+    ``restart_s`` to restart."""
+
+    restart_s: float = DEFAULT_RESTART_S
+
+    def __post_init__(self) -> None:
+        if not self.restart_s >= 0:
+            raise ValueError(f"restart_s must be >= 0, got {self.restart_s!r}")
+
+    @property
+    def move_s(self) -> float:
+        """A running job stopped and started on other GPUs (also a preempted job's resume)."""
+        return SLURM_MOVE_S + self.restart_s
+
+    @property
+    def start_s(self) -> float:
+        """A pending job's first start."""
+        return SLURM_START_S + self.restart_s
+
+
+#: What the sidecar and the simulator charge when nothing else is configured.
+DEFAULT = LiveCosts()
