@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -165,6 +165,17 @@ class ClusterBackend(Protocol):
     def next_epoch_start(self, now: float, round_s: float) -> float | None: ...
 
 
+def movements(changes: Sequence[Change]) -> tuple[int, int]:
+    """``(moves, preemptions)`` in one epoch's changes: a running job (or fork) that is stopped
+    and started again elsewhere in the same epoch moves; one stopped and not started again is
+    preempted.  The live sidecar and the simulator count them alike (``bench.fidelity``)."""
+    started = {c.job_id for c in changes
+               if c.kind in (ChangeKind.PLACE, ChangeKind.FORK, ChangeKind.MOVE)}
+    stopped = {c.job_id for c in changes
+               if c.kind in (ChangeKind.MOVE, ChangeKind.STOP, ChangeKind.END_FORK)}
+    return len(stopped & started), len(stopped - started)
+
+
 @dataclass(frozen=True)
 class EpochRecord:
     epoch: int
@@ -173,6 +184,8 @@ class EpochRecord:
     num_placed: int
     decision_s: float
     changes: int  # changes other than KEEP
+    moves: int = 0  # see movements()
+    preemptions: int = 0
 
 
 class EpochLoop:
@@ -211,7 +224,7 @@ class EpochLoop:
         record = EpochRecord(
             self.epoch, now, snapshot.num_jobs,
             int(np.unique(decision.placement.job).shape[0]), decision_s,
-            sum(1 for c in changes if c.kind is not ChangeKind.KEEP),
+            sum(1 for c in changes if c.kind is not ChangeKind.KEEP), *movements(changes),
         )
         self.records.append(record)
         if self.on_epoch is not None:

@@ -466,6 +466,30 @@ def test_jobs_that_end_after_the_epoch_are_seen_with_one_light_read() -> None:
     assert b.ended_since_epoch() == [1, 3, 5]
 
 
+def test_a_job_that_arrives_while_gpus_are_free_is_seen_with_one_light_read() -> None:
+    """reschedule_on_finish: when the last epoch left GPUs free, a job submitted since (not in
+    its read, not a fork copy of the sidecar's) is worth an early epoch; when it left none, it
+    is not."""
+    api = FakeSlurm([job(1)], NODES)
+    b = backend(api)
+    _decision, actions = decide(b, {1: [(0, 1)]}, epoch=0)
+    b.apply(actions, 2000.0)
+    assert b.free_gpus == 4 + 4 + 2 - 1
+    assert b.since_epoch() == ([], [])  # job 1 (placed) is known
+    api.jobs[7] = job(7)
+    b.copy_ids.add(8)
+    api.jobs[8] = replace(job(8), comment="a fork copy")
+    before = api.commands
+    assert b.since_epoch() == ([], [7]) and api.commands == before + 1
+    # a decision that uses every GPU: an arrival has nowhere to run before the next epoch
+    full = FakeSlurm([job(1, gpus=4), job(2, gpus=4), job(3, gpus=2)], NODES)
+    b = backend(full)
+    _decision, actions = decide(b, {1: [(0, 4)], 2: [(1, 4)], 3: [(2, 2)]}, epoch=0)
+    b.apply(actions, 2000.0)
+    full.jobs[7] = job(7)
+    assert b.free_gpus == 0 and b.since_epoch() == ([], [])  # (read for the watched jobs)
+
+
 # -- issue #11: moves that survive faults, users that cannot steer ------------------------------
 
 NO_CHECKPOINT = "hadar: model=resnet50 bs=64 steps=40000"  # (no preempt hint: never stopped)

@@ -167,3 +167,25 @@ def test_row_is_the_json_contract(toy_table: ThroughputTable) -> None:
     assert row["utilization"] == 1.0
     assert (row["num_jobs"], row["num_completed"]) == (2, 2)
     assert row["cluster"] == "1 v100 on 1 nodes"
+
+
+def test_an_arrival_while_gpus_are_free_starts_an_epoch_as_the_sidecar_does(
+    toy_table: ThroughputTable,
+) -> None:
+    # Job 0 runs 720 s on one of two v100s; job 1 arrives at 100.  Fixed rounds (Gavel): it
+    # waits for the round at 360.  The sidecar's epochs (reschedule_on_finish): the arrival,
+    # with a GPU free, starts an epoch at once (its jobs_arrived wake).
+    jobs = [make_job(0, 720, 0), make_job(1, 720, 100)]
+    fixed = run_fifo(jobs, "v100=2", toy_table)
+    assert finish_times(fixed) == [720.0, 360.0 + 720.0]
+    live = simulate(jobs, parse_counts("v100=2"), toy_table, make_policy("fifo"),
+                    round_s=360.0, reschedule_on_finish=True)
+    assert finish_times(live) == [720.0, 100.0 + 720.0]
+    # no GPU free: the arrival waits for the first finish (or the round's end)
+    full = simulate(jobs, parse_counts("v100=1"), toy_table, make_policy("fifo"),
+                    round_s=360.0, reschedule_on_finish=True)
+    assert finish_times(full) == [720.0, 720.0 + 720.0]
+    # an idle cluster: the first arrival is the first epoch
+    idle = simulate([make_job(0, 720, 50)], parse_counts("v100=1"), toy_table,
+                    make_policy("fifo"), round_s=360.0, reschedule_on_finish=True)
+    assert finish_times(idle) == [50.0 + 720.0]

@@ -54,6 +54,7 @@ class SlurmBackend(SlurmObserver):
                          tracker_root=tracker_root, knowledge=knowledge,
                          migration_s=migration_s)
         self._should_stop = should_stop
+        self.free_gpus = 0
         self.applier = SlurmApplier(api, self, preempt_grace_s=preempt_grace_s,
                                     preempt_signal=preempt_signal, sleep=sleep,
                                     tracker_root=tracker_root)
@@ -70,6 +71,10 @@ class SlurmBackend(SlurmObserver):
 
     def reconcile(self, snapshot: Snapshot, decision: Decision) -> list[Change]:
         """The changes that make Slurm run ``decision`` (pure, over the last read)."""
+        #: GPUs the decision leaves free: a job that arrives is worth an early epoch then
+        #: (:meth:`since_epoch`).
+        self.free_gpus = max(0, int(snapshot.node_gpus.sum())
+                             - int(decision.placement.count.sum()))
         return reconcile(self.observed(), decision)
 
     def apply(self, changes: Sequence[Change], now: float) -> ApplyReport:
@@ -83,6 +88,22 @@ class SlurmBackend(SlurmObserver):
         ids; none when nothing is watched): their GPUs are free now, which is worth an epoch
         before the round is over (``[scheduler] reschedule_on_finish``).  A placed job that
         has not started yet is live, so it is no reason."""
-        if not self.watch:
-            return []
-        return sorted(self.watch - self.api.live_job_ids())
+        return self.since_epoch()[0]
+
+    def since_epoch(self) -> tuple[list[int], list[int]]:
+        """``(ended, arrived)`` since the last epoch, from one light ``squeue`` (none when
+        there is nothing to look for): the jobs of :attr:`watch` that have ended (their GPUs
+        are free now), and, when the last epoch left GPUs free, jobs that were not in its read
+        and are not the sidecar's own fork copies (a job submitted since, which may run on
+        them).  Either is worth an epoch before the round is over (``[scheduler]
+        reschedule_on_finish``).  A placed job that has not started yet is live, so it is no
+        reason."""
+        if not self.watch and self.free_gpus <= 0:
+            return [], []
+        live = self.api.live_job_ids()
+        ended = sorted(self.watch - live)
+        arrived: list[int] = []
+        if self.free_gpus > 0:
+            known = {j.job_id for j in self.jobs} | self.copy_ids
+            arrived = sorted(live - known)
+        return ended, arrived

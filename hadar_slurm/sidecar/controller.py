@@ -263,10 +263,11 @@ class Sidecar:
         self._slurm_checked = False
 
     def _job_ended(self) -> bool:
-        """Whether a job that ran at the last epoch has ended since (its GPUs are free): then
-        the next epoch starts now.  A Slurm error only means no early epoch."""
+        """Whether a job that ran at the last epoch has ended since (its GPUs are free), or a
+        job arrived while the last epoch left GPUs free: then the next epoch starts now.  A
+        Slurm error only means no early epoch."""
         try:
-            ended = self.backend.ended_since_epoch()
+            ended, arrived = self.backend.since_epoch()
         except SlurmError as exc:
             if is_unreachable(exc):
                 self.reach.failed(exc, at="finish_poll")
@@ -276,7 +277,10 @@ class Sidecar:
         if ended:
             log_event(self.logger, "jobs_ended", jobs=ended, epoch=self.loop.epoch,
                       early=True)
-        return bool(ended)
+        if arrived:
+            log_event(self.logger, "jobs_arrived", jobs=arrived, epoch=self.loop.epoch,
+                      free_gpus=self.backend.free_gpus, early=True)
+        return bool(ended or arrived)
 
     def _should_stop(self) -> bool:
         return self.stop.is_set() or (
@@ -444,7 +448,8 @@ class Sidecar:
                                   self.backend, self.finishes)
         log_event(
             self.logger, "epoch", logging.INFO, epoch=record.epoch, jobs=record.num_jobs,
-            placed=record.num_placed, changes=len(st.applied), unsteered=len(
+            placed=record.num_placed, changes=len(st.applied), moves=record.moves,
+            preemptions=record.preemptions, unsteered=len(
                 self.backend.unsteered), read_s=round(st.read_s, 4),
             decide_s=round(record.decision_s, 4), apply_s=round(st.apply_s, 4),
             slurm_commands=st.commands_read + st.commands_apply, dry_run=self.config.dry_run,

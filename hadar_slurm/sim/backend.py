@@ -8,7 +8,8 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
   The round ends when its last job stops, so a round where every job finishes early is short.
   A GPU freed mid-round stays idle until the round ends; nothing starts mid-round.  With
   ``reschedule_on_finish`` (the sidecar's ``[scheduler] reschedule_on_finish``) a round ends
-  as soon as its first job finishes instead, and the next epoch gives its GPUs out.
+  as soon as its first job finishes instead, and the next epoch gives its GPUs out; it also
+  ends when a job arrives while the round leaves GPUs free (the sidecar's ``jobs_arrived``).
 * When nothing runs and nothing waits, time jumps to the next arrival.
 * No start, preemption or checkpoint cost unless ``migration_cost_s`` or ``start_cost_s`` is
   set: then a job that is placed on GPUs other than those it held (or resumes after a pause)
@@ -206,15 +207,22 @@ class SimulatedCluster:
         ttf = [self._time_to_finish(j, copies)
                for j, copies in self.current.by_job_copies().items()]
         ends = [t for t in ttf if t > 0]  # 0: the job makes no progress where it is
+        arrival = (float(self.arrival[self._admitted]) if self._admitted < len(self.jobs)
+                   else None)
         if ends:
             self._idle_epochs = 0
             # the round ends early when every job ended, or (reschedule_on_finish) when the
             # first one did: its GPUs are free for the next epoch instead of idle
-            return now + min(round_s, min(ends) if self.reschedule_on_finish else max(ends))
+            end = now + min(round_s, min(ends) if self.reschedule_on_finish else max(ends))
+            if self.reschedule_on_finish and arrival is not None and int(
+                    self.current.count.sum()) < int(self.node_gpus.sum()):
+                end = min(end, arrival)  # (and as soon as a job arrives while GPUs are free)
+            return end
         waiting = bool(np.isnan(self.state.finish[: self._admitted]).any())
-        if self._admitted < len(self.jobs):
-            nxt = float(self.arrival[self._admitted])
-            return max(nxt, now + round_s) if waiting else max(nxt, now)
+        if arrival is not None:
+            if self.reschedule_on_finish:  # nothing runs: the arrival starts an epoch
+                return min(arrival, now + round_s) if waiting else max(arrival, now)
+            return max(arrival, now + round_s) if waiting else max(arrival, now)
         if waiting:
             # Jobs wait but the policy ran nothing; give up after a few such epochs rather than
             # loop forever (e.g. jobs that no GPU type of the cluster can run).

@@ -1,0 +1,493 @@
+"""What you simulate is what you get: one trace run live on the dev cluster by the sidecar, with
+the emulated payload, and in the simulator, with the same compression, epoch length, costs and
+starting state; per policy, how far apart the two are.
+
+    python -m bench.fidelity [--policies hadar,hadare,fifo] [--trace bench/data/fidelity.tsv]
+                             [--compression 60] [--epoch-s 12] [--sim-only]
+                             [--json bench/results/fidelity.json]
+
+Needs root and Debian's Slurm (``make deps``) for the live runs; uses the dev cluster that
+answers at ``$SLURM_CONF`` or starts its own and stops it again (as ``bench.epoch_overhead``).
+
+**The trace** (``bench/data/fidelity.tsv``, Gavel's format, times and work in real seconds and
+steps; ``--write-trace`` makes it again): 26 jobs of 1, 2 and 4 GPUs of the dev table's
+slower models, 12 at the start and the rest arriving over the next three hours (real time), so
+that the cluster (the dev cluster's 18 GPUs of 4 types) is oversubscribed, jobs wait, GPUs
+free up while others run on slow types, and the policies move and preempt.
+
+**Live**: every job is an ``sbatch`` of ``python -m hadar_slurm.runtime.emulate`` (through the
+project's runtime: it checkpoints, resumes, is forked) at the table's rate for the GPU type
+Slurm gave it, times ``--compression``; the bench submits each job at its arrival / compression
+after the sidecar's first epoch (``t0``), and the sidecar (``hadar-slurm run``, its own
+process) runs epochs of ``--epoch-s`` wall seconds, ending one early when a job ends
+(``finish_poll_s`` 1 s).  A job's completion is its payload's exit 0 (the time its script writes
+then); its JCT counts from its arrival.  Every hint says ``fork=3``, which only ``hadare``
+uses.
+
+**Simulated**: the same jobs on the same nodes (``slurm_conf/nodes.conf``) and the same table,
+with rounds of ``epoch_s * compression`` real seconds that end when a job does
+(``reschedule_on_finish``), and the live world's costs (:mod:`hadar_slurm.costs`): a first start
+costs Slurm's start plus the payload's restart, a move Slurm's requeue plus the restart; the
+payload's restart (python and torch start) is measured here first.  Times are divided by the
+compression, so both are in wall seconds.
+
+Rows: ``policy``, ``mode`` (sim/live), ``makespan_s``, ``avg_jct_s``, ``moves`` and
+``preemptions`` (counted alike from each epoch's changes: :func:`hadar_slurm.loop.movements`),
+``completed``; then per policy ``makespan_diff``, ``avg_jct_diff`` (relative, live against
+simulated) and ``p90_jct_diff`` (the 90th percentile of the per-job relative JCT differences).
+Targets (issue #14): within 5%, 10% and 20%.  ``--json`` also keeps every job's JCTs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.epoch_overhead import Cluster, all_jobs, dev_cluster
+from bench.report import write_rows
+from hadar_slurm.costs import LiveCosts
+from hadar_slurm.logs import read_events
+from hadar_slurm.model import ClusterSpec, Job, Node
+from hadar_slurm.policy import make_policy
+from hadar_slurm.rates.table import ThroughputTable, load_tables
+from hadar_slurm.sim.run import simulate
+from hadar_slurm.sim.trace import parse_trace
+from hadar_slurm.slurm import commands
+from hadar_slurm.slurm.parse import UNFINISHED_STATES, parse_sbatch_parsable
+
+REPO = Path(__file__).resolve().parent.parent
+TRACE = REPO / "bench" / "data" / "fidelity.tsv"
+TABLE = REPO / "slurm_conf" / "dev-throughputs.csv"
+NODES = REPO / "slurm_conf" / "nodes.conf"
+JOB_NAME = "hadar-bench-fidelity"
+FORK = 3  # the fork= hint of every job (only hadare forks)
+TARGETS = {"makespan_diff": 0.05, "avg_jct_diff": 0.10, "p90_jct_diff": 0.20}
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+PAYLOAD = """#!/bin/bash
+# bench.fidelity payload: the emulated job; logs its runs (start, exit with status and time).
+# $1 out dir, $2 job type, $3 GPUs, $4 steps, $5 compression, $6 table, $7 round seconds
+out="$1"
+id="$SLURM_JOB_ID"
+echo "start $(date +%s.%N) $(hostname) ${SLURM_RESTART_COUNT:-0} ${HADAR_COPY_INDEX:-}" \\
+    >> "$out/$id.log"
+trap 'echo "signal $(date +%s.%N)" >> "$out/$id.log"' USR1
+export PYTHONPATH=@REPO@ OMP_NUM_THREADS=1
+@PYTHON@ -m hadar_slurm.runtime.emulate --job-type "$2" --gpus "$3" \\
+    --steps "$4" --compression "$5" --table "$6" --round-seconds "$7" >> "$out/$id.out" 2>&1
+rc=$?
+echo "exit $(date +%s.%N) $rc" >> "$out/$id.log"
+exit $rc
+"""
+
+
+# -- the trace ---------------------------------------------------------------------------------
+
+
+def dev_cluster_spec() -> ClusterSpec:
+    """The dev cluster's nodes (``slurm_conf/nodes.conf``)."""
+    nodes = []
+    for line in NODES.read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields:
+            nodes.append(Node(fields[0], fields[1], int(fields[2])))
+    return ClusterSpec(tuple(nodes))
+
+
+def dev_table() -> ThroughputTable:
+    return load_tables([str(TABLE)])
+
+
+#: (job type, GPUs) drawn for the trace: the dev table's slower models (the emulated payload
+#: then takes little CPU however compressed).
+KINDS: tuple[tuple[str, int], ...] = (
+    ("ResNet-50 (batch size 64)", 1), ("ResNet-50 (batch size 128)", 1),
+    ("Transformer (batch size 128)", 1), ("A3C", 1), ("CycleGAN", 1),
+    ("Recommendation (batch size 4096)", 1), ("ResNet-18 (batch size 256)", 1),
+    ("ResNet-50 (batch size 64)", 2), ("Transformer (batch size 256)", 2),
+    ("ResNet-18 (batch size 256)", 2), ("ResNet-50 (batch size 128)", 4),
+    ("Transformer (batch size 128)", 4),
+)
+
+
+def make_trace(seed: int = 14, jobs: int = 26, at_start: int = 12,
+               span_s: float = 10800.0) -> str:
+    """The bundled trace (``--write-trace``): each job 0.5 to 2 hours on a v100 (real time),
+    ``at_start`` at time 0 and the others at uniform random times over ``span_s``."""
+    rng = np.random.default_rng(seed)
+    table = dev_table()
+    arrivals = sorted([0.0] * at_start + [float(round(a)) for a in
+                                          rng.uniform(60.0, span_s, jobs - at_start)])
+    lines = ["# bench.fidelity's trace (python -m bench.fidelity --write-trace): Gavel's format,"
+             " real seconds and steps"]
+    for k, arrival in enumerate(arrivals):
+        job_type, gpus = KINDS[int(rng.integers(len(KINDS)))] if k >= 2 else KINDS[-k - 1]
+        hours = float(rng.uniform(0.5, 2.0))
+        steps = round(table.rate(job_type, gpus, "v100") * hours * 3600)
+        lines.append("\t".join([job_type, "-", "-", "-", "0", str(steps), str(gpus), "1", "-1",
+                                f"{arrival:g}"]))
+    return "\n".join(lines) + "\n"
+
+
+def load_trace(path: Path) -> list[Job]:
+    return parse_trace(path.read_text(), str(path), dev_table())
+
+
+def hint_of(job: Job) -> str:
+    """The job's ``hadar:`` hints: its model and batch size from the table's name."""
+    m = re.fullmatch(r"(.+?)(?: \(batch size (\d+)\))?", job.job_type)
+    assert m is not None
+    model = re.sub(r"[^a-z0-9]", "", m.group(1).lower())
+    bs = f" bs={m.group(2)}" if m.group(2) else ""
+    return f"hadar: model={model}{bs} steps={int(job.total_steps)} fork={FORK}"
+
+
+# -- settings and results ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    compression: float
+    epoch_s: float  # wall seconds
+    restart_s: float  # the payload's restart, wall seconds
+    grace_s: float = 10.0
+    finish_poll_s: float = 1.0
+    round_s: float = 2.0  # the payload's checkpoint round, wall seconds
+
+    @property
+    def costs(self) -> LiveCosts:
+        return LiveCosts(self.restart_s)
+
+
+@dataclass
+class Run:
+    policy: str
+    mode: str
+    jct: dict[int, float]  # trace job id -> JCT (wall s); missing: not completed
+    finish: dict[int, float]  # trace job id -> completion (wall s from t0)
+    moves: int
+    preemptions: int
+    problems: list[str] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, n_jobs: int) -> dict[str, Any]:
+        done = list(self.jct.values())
+        return {
+            "policy": self.policy, "mode": self.mode,
+            "makespan_s": round(max(self.finish.values()), 2) if self.finish else math.nan,
+            "avg_jct_s": round(statistics.fmean(done), 2) if done else math.nan,
+            "moves": self.moves, "preemptions": self.preemptions,
+            "completed": f"{len(done)}/{n_jobs}", "problems": self.problems, **self.detail,
+        }
+
+
+def compare(sim: Run, live: Run, n_jobs: int) -> dict[str, Any]:
+    s, li = sim.row(n_jobs), live.row(n_jobs)
+    both = sorted(set(sim.jct) & set(live.jct))
+    per_job = [abs(live.jct[j] - sim.jct[j]) / sim.jct[j] for j in both if sim.jct[j] > 0]
+    out = {
+        "policy": sim.policy, "mode": "live/sim",
+        "makespan_diff": round(li["makespan_s"] / s["makespan_s"] - 1, 4),
+        "avg_jct_diff": round(li["avg_jct_s"] / s["avg_jct_s"] - 1, 4),
+        "p90_jct_diff": round(float(np.percentile(per_job, 90)), 4) if per_job else math.nan,
+        "jobs_compared": len(both),
+    }
+    out["within_targets"] = all(abs(out[k]) <= v for k, v in TARGETS.items())
+    return out
+
+
+# -- simulated ---------------------------------------------------------------------------------
+
+
+def run_sim(jobs: Sequence[Job], policy_name: str, st: Settings) -> Run:
+    c = st.compression
+    costs = st.costs
+    settings: dict[str, object] = {"max_copies": FORK} if policy_name == "hadare" else {}
+    res = simulate(jobs, dev_cluster_spec(), dev_table(), make_policy(policy_name, **settings),
+                   round_s=st.epoch_s * c, reschedule_on_finish=True,
+                   migration_cost_s=costs.move_s * c, start_cost_s=costs.start_s * c)
+    jct, finish = {}, {}
+    for i, job in enumerate(sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))):
+        f = float(res.finish[i])
+        if not math.isnan(f):
+            finish[job.job_id] = f / c
+            jct[job.job_id] = (f - job.arrival_s) / c
+    return Run(policy_name, "sim", jct, finish, sum(r.moves for r in res.records),
+               sum(r.preemptions for r in res.records), detail={"epochs": res.epochs})
+
+
+# -- live --------------------------------------------------------------------------------------
+
+
+def measure_restart(repeats: int = 3) -> float:
+    """Seconds from the start of the emulated payload to its first step (python, torch, the
+    runtime), with one step to run: the median of ``repeats`` runs in a scratch directory."""
+    times = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-m", "hadar_slurm.runtime.emulate", "--job-type", "A3C",
+                 "--steps", "1", "--gpu-type", "v100", "--table", str(TABLE)],
+                cwd=d, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True,
+                capture_output=True, timeout=120)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def cancel_all(cluster: Cluster, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        active = [j.job_id for j in all_jobs(cluster)
+                  if (j.name == JOB_NAME or "hadar-copy" in (j.comment or ""))
+                  and j.state in UNFINISHED_STATES]
+        if not active:
+            return
+        if time.monotonic() > end:
+            raise RuntimeError(f"bench jobs still active after {timeout:g} s: {active[:20]}")
+        cluster.runner.run(commands.scancel(active), check=False)
+        time.sleep(1.0)
+
+
+def _ts(text: object) -> float:
+    return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=UTC).timestamp()
+
+
+def write_config(cluster: Cluster, policy: str, st: Settings, work: Path) -> Path:
+    path = work / f"sidecar-{policy}.toml"
+    path.write_text(f"""
+[slurm]
+conf = "{cluster.conf}"
+[scheduler]
+policy = "{policy}"
+epoch_seconds = {st.epoch_s}
+reschedule_on_finish = true
+finish_poll_s = {st.finish_poll_s}
+preempt_grace_s = {st.grace_s}
+restart_s = {st.restart_s:.3f}
+throughputs = ["{TABLE}"]
+[hadare]
+tracker_root = "{work}/trackers-{policy}"
+[sidecar]
+state_dir = "{work}/state-{policy}"
+log_format = "json"
+log_file = "{work}/sidecar-{policy}.log"
+""")
+    (work / f"trackers-{policy}").mkdir(exist_ok=True)
+    return path
+
+
+def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, work: Path,
+             *, timeout_s: float = 1500.0, drain: tuple[float, str] | None = None) -> Run:
+    """The trace on the dev cluster under the sidecar; ``drain``: (wall s after t0, node) to
+    drain a node mid-run (the short test's way to force a move), resumed at the end."""
+    cancel_all(cluster)
+    out = work / f"out-{policy}"
+    out.mkdir(mode=0o777, exist_ok=True)
+    script = work / "payload.sh"
+    script.write_text(PAYLOAD.replace("@REPO@", str(REPO)).replace("@PYTHON@", sys.executable))
+    script.chmod(0o755)
+    config = write_config(cluster, policy, st, work)
+    env = dict(os.environ, SLURM_CONF=str(cluster.conf),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    order = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
+
+    def submit(job: Job) -> int:
+        argv = commands.sbatch(
+            script=str(script), job_name=JOB_NAME, gres=f"gpu:{job.scale_factor}",
+            comment=hint_of(job), output="/dev/null", chdir=str(work),
+            script_args=[str(out), job.job_type, str(job.scale_factor),
+                         str(int(job.total_steps)), f"{st.compression:g}", str(TABLE),
+                         f"{st.round_s:g}"])
+        return parse_sbatch_parsable(cluster.runner.run(argv).stdout)
+
+    slurm_id: dict[int, int] = {}
+    first = [j for j in order if j.arrival_s <= 0]
+    for job in first:
+        slurm_id[job.job_id] = submit(job)
+    log = work / f"sidecar-{policy}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
+                             str(config)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(work / f"sidecar-{policy}.err", "w"))
+    problems: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        t0 = None
+        while t0 is None:
+            epochs = [e for e in (read_events(log) if log.exists() else [])
+                      if e.get("event") == "epoch"]
+            if epochs:
+                e = epochs[0]
+                t0 = _ts(e["ts"]) - float(e.get("read_s", 0)) - float(  # type: ignore[arg-type]
+                    e.get("decide_s", 0)) - float(e.get("apply_s", 0))  # type: ignore[arg-type]
+            elif time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"the sidecar ran no epoch: see {work}/sidecar-{policy}.err")
+            else:
+                time.sleep(0.05)
+        later = [j for j in order if j.arrival_s > 0]
+        drained = False
+        end = time.monotonic() + timeout_s
+        state: dict[int, str] = {}
+        while True:
+            now = time.time() - t0
+            while later and later[0].arrival_s / st.compression <= now:
+                job = later.pop(0)
+                slurm_id[job.job_id] = submit(job)
+            if drain is not None and not drained and now >= drain[0]:
+                cluster.runner.run(["scontrol", "update", f"NodeName={drain[1]}",
+                                    "State=DRAIN", "Reason=bench.fidelity"])
+                drained = True
+            seen = {j.job_id: j for j in all_jobs(cluster)}
+            state = {t: seen[s].state if s in seen else "GONE" for t, s in slurm_id.items()}
+            if not later and all(s in FINAL or s == "GONE" for s in state.values()):
+                break
+            if time.monotonic() > end or proc.poll() is not None:
+                problems.append("timed out" if proc.poll() is None else
+                                f"the sidecar exited ({proc.returncode})")
+                break
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if drain is not None:
+            cluster.runner.run(["scontrol", "update", f"NodeName={drain[1]}", "State=RESUME"],
+                               check=False)
+    events = read_events(log)
+    jct, finish = {}, {}
+    by_trace = {j.job_id: j for j in jobs}
+    for t, s in slurm_id.items():
+        runs = _runs(out / f"{s}.log")
+        ends = [r for r in runs if r.get("rc") == 0]
+        if state.get(t) != "COMPLETED" or len(ends) != 1:
+            problems.append(f"job {t} (Slurm {s}): {state.get(t)}, {len(ends)} successful "
+                            f"end(s)")
+            continue
+        finish[t] = ends[0]["exit"] - t0
+        jct[t] = finish[t] - by_trace[t].arrival_s / st.compression
+    epochs = [e for e in events if e.get("event") == "epoch"]
+    deferred = [e for e in events if e.get("event") == "move_deferred"]
+    problems += [f"move deferred: job {e.get('job')}" for e in deferred]
+    cancel_all(cluster)
+    return Run(policy, "live", jct, finish,
+               sum(int(e.get("moves", 0)) for e in epochs),  # type: ignore[call-overload]
+               sum(int(e.get("preemptions", 0)) for e in epochs),  # type: ignore[call-overload]
+               problems, detail={"epochs": len(epochs), "slurm_ids": slurm_id,
+                                 "t0": t0, "work": str(work)})
+
+
+def _runs(path: Path) -> list[dict[str, Any]]:
+    """The payload's runs from its log: ``start`` (time, host) and ``exit`` (time, rc)."""
+    runs: list[dict[str, Any]] = []
+    if not path.exists():
+        return runs
+    for line in path.read_text().splitlines():
+        f = line.split()
+        if f and f[0] == "start":
+            runs.append({"start": float(f[1]), "host": f[2]})
+        elif f and f[0] == "exit" and runs:
+            runs[-1].update(exit=float(f[1]), rc=int(f[2]))
+    return runs
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(f"{'policy':8s} {'mode':8s} {'makespan s':>10s} {'avg JCT s':>9s} {'moves':>5s} "
+          f"{'preempt':>7s} {'done':>6s}")
+    for r in rows:
+        if r["mode"] == "live/sim":
+            print(f"{r['policy']:8s} {'diff':8s} {r['makespan_diff']:>+10.1%} "
+                  f"{r['avg_jct_diff']:>+9.1%}   p90 per-job JCT diff {r['p90_jct_diff']:.1%}"
+                  f"  ({'within' if r['within_targets'] else 'OUTSIDE'} 5/10/20%)")
+        else:
+            print(f"{r['policy']:8s} {r['mode']:8s} {r['makespan_s']:>10.1f} "
+                  f"{r['avg_jct_s']:>9.1f} {r['moves']:>5d} {r['preemptions']:>7d} "
+                  f"{r['completed']:>6s}" + (f"  problems: {r['problems']}"
+                                              if r["problems"] else ""))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.fidelity",
+                                description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--policies", default="hadar,hadare,fifo")
+    p.add_argument("--trace", type=Path, default=TRACE)
+    p.add_argument("--compression", type=float, default=60.0)
+    p.add_argument("--epoch-s", type=float, default=12.0, help="wall seconds per epoch")
+    p.add_argument("--restart-s", type=float,
+                   help="the payload's restart (default: measured here)")
+    p.add_argument("--sim-only", action="store_true", help="only the simulated runs")
+    p.add_argument("--json", metavar="OUT")
+    p.add_argument("--keep", metavar="DIR", type=Path,
+                   help="run in DIR and keep it (the sidecar's logs, the payloads' logs)")
+    p.add_argument("--write-trace", action="store_true",
+                   help=f"write the bundled trace to {TRACE.relative_to(REPO)} and exit")
+    args = p.parse_args(argv)
+    if args.write_trace:
+        TRACE.parent.mkdir(parents=True, exist_ok=True)
+        TRACE.write_text(make_trace())
+        print(f"wrote {TRACE}")
+        return 0
+    jobs = load_trace(args.trace)
+    restart = args.restart_s if args.restart_s is not None else measure_restart()
+    st = Settings(args.compression, args.epoch_s, restart)
+    print(f"trace {args.trace.name}: {len(jobs)} jobs; compression {st.compression:g}x, epoch "
+          f"{st.epoch_s:g} s; payload restart {restart:.2f} s: a start costs "
+          f"{st.costs.start_s:.2f} s, a move {st.costs.move_s:.2f} s (wall)", flush=True)
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    rows: list[dict[str, Any]] = []
+    per_job: dict[str, Any] = {}
+    sims = {pol: run_sim(jobs, pol, st) for pol in policies}
+    if args.sim_only:
+        rows = [sims[pol].row(len(jobs)) for pol in policies]
+    else:
+        with dev_cluster() as cluster, tempfile.TemporaryDirectory(prefix="fidelity-") as d:
+            work = args.keep or Path(d)
+            work.mkdir(parents=True, exist_ok=True)
+            work.chmod(0o755)
+            for pol in policies:
+                print(f"{pol}: live run ...", flush=True)
+                t = time.monotonic()
+                live = run_live(cluster, jobs, pol, st, work)
+                print(f"{pol}: live run took {time.monotonic() - t:.0f} s", flush=True)
+                rows += [sims[pol].row(len(jobs)), live.row(len(jobs)),
+                         compare(sims[pol], live, len(jobs))]
+                per_job[pol] = {str(j): {"sim_jct_s": round(sims[pol].jct.get(j, math.nan), 2),
+                                         "live_jct_s": round(live.jct.get(j, math.nan), 2)}
+                                for j in sorted(sims[pol].jct)}
+                print_rows(rows[-3:])
+    for r in rows:
+        r.pop("slurm_ids", None)
+    print_rows(rows)
+    if args.json:
+        meta = {"settings": {"compression": st.compression, "epoch_s": st.epoch_s,
+                             "restart_s": round(restart, 3), "start_cost_s":
+                             round(st.costs.start_s, 3), "move_cost_s": round(st.costs.move_s, 3),
+                             "trace": args.trace.name, "jobs": len(jobs)},
+                "per_job": per_job}
+        write_rows([*rows, meta], args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
