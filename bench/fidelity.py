@@ -19,9 +19,11 @@ free up while others run on slow types, and the policies move and preempt.
 project's runtime: it checkpoints, resumes, is forked) at the table's rate for the GPU type
 Slurm gave it, times ``--compression``; the bench submits each job at its arrival / compression
 after the sidecar's first epoch (``t0``), and the sidecar (``hadar-slurm run``, its own
-process) runs epochs of ``--epoch-s`` wall seconds, ending one early when a job ends
-(``finish_poll_s`` 1 s).  A job's completion is its payload's exit 0 (the time its script writes
-then); its JCT counts from its arrival.  Every hint says ``fork=3``, which only ``hadare``
+process) runs epochs of ``--epoch-s`` wall seconds, ending one early when a job ends or arrives
+(``finish_poll_s`` 1 s).  It plans with the table times the compression (the emulated GPUs'
+true speed; learning off, as the simulator's policy also knows the true table).  A job's
+completion is its payload's exit 0 (the time its script writes then); its JCT counts from its
+arrival.  Every hint says ``fork=3``, which only ``hadare``
 uses.
 
 **Simulated**: the same jobs on the same nodes (``slurm_conf/nodes.conf``) and the same table,
@@ -51,7 +53,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ echo "start $(date +%s.%N) $(hostname) ${SLURM_RESTART_COUNT:-0} ${HADAR_COPY_IN
     >> "$out/$id.log"
 trap 'echo "signal $(date +%s.%N)" >> "$out/$id.log"' USR1
 export PYTHONPATH=@REPO@ OMP_NUM_THREADS=1
+echo "== run on $(hostname)" >> "$out/$id.out"
 @PYTHON@ -m hadar_slurm.runtime.emulate --job-type "$2" --gpus "$3" \\
     --steps "$4" --compression "$5" --table "$6" --round-seconds "$7" >> "$out/$id.out" 2>&1
 rc=$?
@@ -264,12 +266,22 @@ def cancel_all(cluster: Cluster, timeout: float = 120.0) -> None:
         time.sleep(1.0)
 
 
-def _ts(text: object) -> float:
-    return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-        tzinfo=UTC).timestamp()
+def write_compressed_table(jobs: Sequence[Job], st: Settings, path: Path) -> Path:
+    """The table the live sidecar plans with: every rate of the trace's jobs on the dev
+    cluster's GPU types times the compression, for the emulated GPUs do run that fast (the
+    simulator instead runs the plain table with rounds ``compression`` times longer)."""
+    table = dev_table()
+    lines = ["job_type,scale_factor,gpu_type,steps_per_second"]
+    for job_type, scale in sorted({(j.job_type, j.scale_factor) for j in jobs}):
+        for gpu in dev_cluster_spec().gpu_types:
+            rate = table.rate(job_type, scale, gpu)
+            lines.append(f'"{job_type}",{scale},{gpu},{rate * st.compression:.6f}')
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
-def write_config(cluster: Cluster, policy: str, st: Settings, work: Path) -> Path:
+def write_config(cluster: Cluster, policy: str, st: Settings, work: Path,
+                 table: Path) -> Path:
     path = work / f"sidecar-{policy}.toml"
     path.write_text(f"""
 [slurm]
@@ -281,7 +293,8 @@ reschedule_on_finish = true
 finish_poll_s = {st.finish_poll_s}
 preempt_grace_s = {st.grace_s}
 restart_s = {st.restart_s:.3f}
-throughputs = ["{TABLE}"]
+throughputs = ["{table}"]
+learn_throughputs = false
 [hadare]
 tracker_root = "{work}/trackers-{policy}"
 [sidecar]
@@ -303,7 +316,8 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
     script = work / "payload.sh"
     script.write_text(PAYLOAD.replace("@REPO@", str(REPO)).replace("@PYTHON@", sys.executable))
     script.chmod(0o755)
-    config = write_config(cluster, policy, st, work)
+    config = write_config(cluster, policy, st, work,
+                          write_compressed_table(jobs, st, work / "compressed.csv"))
     env = dict(os.environ, SLURM_CONF=str(cluster.conf),
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     order = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
@@ -333,9 +347,7 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
             epochs = [e for e in (read_events(log) if log.exists() else [])
                       if e.get("event") == "epoch"]
             if epochs:
-                e = epochs[0]
-                t0 = _ts(e["ts"]) - float(e.get("read_s", 0)) - float(  # type: ignore[arg-type]
-                    e.get("decide_s", 0)) - float(e.get("apply_s", 0))  # type: ignore[arg-type]
+                t0 = float(epochs[0]["epoch_start"])  # type: ignore[arg-type]
             elif time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError(f"the sidecar ran no epoch: see {work}/sidecar-{policy}.err")
             else:

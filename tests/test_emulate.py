@@ -128,3 +128,26 @@ def test_it_runs_through_the_runtime_at_the_tables_pace_and_resumes(tmp_path: Pa
     assert proc.returncode == 0, err
     assert f"done {work}/{work}, ran {work - saved}" in out
     assert elapsed >= (work - saved) / rate  # (never faster than the table; slower: startup)
+
+
+def _loading_torch(pid: int) -> bool:
+    """Whether process ``pid`` has begun to map torch's libraries (its import is under way)."""
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_a_signal_while_it_starts_stops_it_as_a_preemption(tmp_path: Path) -> None:
+    # A job moved right after it started gets the checkpoint signal while torch loads: it
+    # must exit 75 (requeued, nothing lost), not die of the signal (exit 138 in Slurm).
+    proc = _emulate(tmp_path, 1000, "--compression", "50")
+    end = time.monotonic() + 30
+    while not _loading_torch(proc.pid):
+        assert time.monotonic() < end and proc.poll() is None, proc.communicate()
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, (out, err)
+    progress = tmp_path / ".hadar-tracker" / "local" / "progress.json"
+    assert not progress.exists() or json.loads(progress.read_text())["done"] < 1000

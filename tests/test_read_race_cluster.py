@@ -40,6 +40,9 @@ class StaleNodesApi(ApiWrapper):
         self.stale: list[SlurmNode] | None = None
         self.handed: list[SlurmNode] | None = None
 
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)  # the changes: to Slurm, as they are
+
     def read_nodes(self) -> list[SlurmNode]:
         if self.stale is not None:
             self.handed, self.stale = self.stale, None

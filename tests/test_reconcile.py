@@ -18,6 +18,7 @@ from hadar_slurm.hints import ModelCatalog, parse_hints
 from hadar_slurm.loop import Change, ChangeKind, diff, placement_of
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
 from hadar_slurm.rates.table import default_table
+from hadar_slurm.sidecar.apply import start_time
 from hadar_slurm.sidecar.fork import CopyGroup
 from hadar_slurm.sidecar.observe import GroupEnd, JobView, Observed, Unsteered
 from hadar_slurm.sidecar.reconcile import reconcile
@@ -111,6 +112,26 @@ def test_what_slurm_cannot_express_waits_or_runs_unforked_with_the_reason() -> N
     assert by[5].kind is ChangeKind.FORK and len(by[5].copies) == 3 and by[5].group == 0
     assert [c.kind for c in out] == [ChangeKind.PLACE, ChangeKind.FORK, ChangeKind.FORK,
                                      ChangeKind.WAIT, ChangeKind.WAIT]
+
+
+def test_a_running_job_is_not_moved_where_slurm_cannot_run_it() -> None:
+    # 4 GPUs on node1 and node2 with 2 each: the decision wants node1:1 + node2:3, which one
+    # Slurm job cannot express (the placement would set 1 or 3 GPUs per node): it stays
+    obs = observed(view(1, running=True, rows=((0, 2), (1, 2)), gpus=4))
+    out = reconcile(obs, decision(2, {1: {0: [(0, 1), (1, 3)]}}))
+    assert kinds(out) == [("keep", 1)] and out[0].copies == (((0, 2), (1, 2)),)
+    assert "unequal GPU counts (node1:1, node2:3)" in out[0].why and "stays" in out[0].why
+    # an even move is a move
+    out = reconcile(obs, decision(2, {1: {0: [(0, 2), (2, 2)]}}))
+    assert kinds(out) == [("move", 1)]
+
+
+def test_a_moved_job_starts_two_seconds_after_its_last_run_ended() -> None:
+    assert start_time(None, 1000.0) == "now"
+    assert start_time(1000.4, 1000.5) == "now+2"  # not in second 1000, nor in 1001
+    assert start_time(1000.9, 1001.2) == "now+1"
+    assert start_time(1000.9, 1002.0) == "now"
+    assert start_time(990.0, 1000.0) == "now"
 
 
 def test_forks_are_kept_ended_or_replaced() -> None:

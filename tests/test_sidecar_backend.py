@@ -254,6 +254,21 @@ def test_crash_between_update_and_release_is_repaired() -> None:
     assert api.log == [("release", 1)]
 
 
+def test_progress_from_run_time_starts_after_the_jobs_restart() -> None:
+    """With ``restart_s`` (the config's), a running job without a runtime report is estimated
+    to have made no progress in its first ``restart_s`` seconds (the GPUs count as held), as
+    the simulator charges a start."""
+    rec = JobRecord(epoch=0, state="placed", place=(("node3", 1),), gpus=1)
+    k80 = default_table().rate("ResNet-50 (batch size 64)", 1, "k80")
+    for restart, worked in ((0.0, 100.0), (30.0, 70.0), (150.0, 0.0)):
+        api = FakeSlurm([job(1, state="RUNNING", reason="None", admin=rec.encode(),
+                             nodes=("node3",), start=1900)], NODES)
+        b = SlurmBackend(api, default_table(), restart_s=restart)
+        snap = b.snapshot(1, 2000.0, 60.0, None)
+        assert snap.remaining[0] == pytest.approx(40000 - worked * k80, rel=1e-6)
+        assert snap.attained[0].tolist() == [0.0, 0.0, 100.0]
+
+
 def test_move_of_a_running_job_signals_then_requeues_held() -> None:
     rec = JobRecord(epoch=0, state="placed", place=(("node3", 1),), gpus=1)
     api = FakeSlurm([job(1, state="RUNNING", reason="None", admin=rec.encode(),

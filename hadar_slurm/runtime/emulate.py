@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,7 @@ from pathlib import Path
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.errors import InputError
 from hadar_slurm.rates.table import ThroughputTable, load_tables
+from hadar_slurm.runtime.config import EXIT_PREEMPTED, RuntimeConfig, signal_number
 from hadar_slurm.slurm import SlurmRunner, expand_hostlist, parse_gres, parse_scontrol_show
 
 _SOURCE = "hadar_slurm.runtime.emulate"
@@ -119,18 +121,29 @@ def main(argv: Sequence[str] | None = None) -> int:
              node_gpu_types(env))
     rate = emulated_rate(table, args.job_type, args.gpus, types) * args.compression
     consolidate_s = ConsolidationCost().seconds(args.job_type) / args.compression
+    config = RuntimeConfig.from_env(args.steps, round_seconds=args.round_seconds)
+    # The preemption signal may come while torch loads (a job moved right after it started):
+    # until the runtime takes the signals over, it only stops the start (exit 75: requeued,
+    # nothing was done, nothing is lost), rather than kill the process by default.
+    early: list[int] = []
+    for name in config.preempt_signals:
+        signal.signal(signal_number(name), lambda signum, _frame: early.append(signum))
 
     import torch  # (the runtime's dependency; imported after the cheap checks)
 
-    from hadar_slurm.runtime import JobRuntime, RuntimeConfig
+    from hadar_slurm.runtime import JobRuntime
 
+    if early:
+        print(f"emulate: stopped by signal {early[0]} before it started", flush=True)
+        return EXIT_PREEMPTED
     torch.set_num_threads(1)
-    config = RuntimeConfig.from_env(args.steps, round_seconds=args.round_seconds)
     model = torch.nn.Linear(1, 1, bias=False)
     print(f"emulate: {args.job_type} on {args.gpus} GPU(s) of {'/'.join(types)}: "
           f"{rate:.3f} steps/s ({args.compression:g}x), copy {config.index} of "
           f"{config.copies}", flush=True)
     with JobRuntime(model, None, config) as rt:
+        if early:  # (came after torch loaded: the runtime, which has the signals now, stops)
+            os.kill(os.getpid(), early[0])
         pace = Pace(rate)
         current = -1
         for _ in rt.steps():

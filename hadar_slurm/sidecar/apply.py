@@ -22,6 +22,7 @@ sidecar will not steer are released to Slurm's own scheduler with the reason in 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +59,18 @@ PHASES = (ChangeKind.REQUEUE, ChangeKind.UNSTEER, ChangeKind.KEEP, ChangeKind.ST
           ChangeKind.WAIT)
 
 
+def start_time(left: float | None, now: float) -> str:
+    """``StartTime=`` for a job placed to start at once whose last run ended at or before
+    ``left`` (None: long ago): ``now``, or ``now+N`` seconds so that it starts two whole
+    seconds after ``left`` at the earliest (the end of a run revokes its credential on its
+    nodes within about a second, and a credential made in a second that is not later than the
+    revocation's is refused)."""
+    if left is None:
+        return "now"
+    wait = math.floor(left) + 2 - now
+    return f"now+{math.ceil(wait)}" if wait > 0 else "now"
+
+
 class SlurmApplier:
     """Applies the changes of an epoch to Slurm over ``api``, reading the jobs they concern
     from ``seen`` (the observer of the same epoch)."""
@@ -84,6 +97,8 @@ class SlurmApplier:
         #: forked.
         self.watch: set[int] = set()
         self._done: set[tuple[int, int, str, int]] = set()  # keys applied (this epoch)
+        #: When a moved job was seen back in the queue (its last run ended before), by job.
+        self._left: dict[int, float] = {}
         self._done_epoch = -1
 
     def apply(self, changes: Sequence[Change], now: float) -> ApplyReport:
@@ -92,6 +107,7 @@ class SlurmApplier:
         before = self.api.commands
         t0 = time.perf_counter()
         report = self.report = ApplyReport()
+        self._left = {j: t for j, t in self._left.items() if t > time.time() - 60.0}
         todo: list[Change] = []
         for c in changes:
             if c.epoch != self._done_epoch:
@@ -126,7 +142,7 @@ class SlurmApplier:
         for c in todo:
             job_id = c.job_id
             view = views.get(job_id)
-            if c.why and c.kind in (ChangeKind.WAIT, ChangeKind.PLACE):
+            if c.why and c.kind in (ChangeKind.WAIT, ChangeKind.PLACE, ChangeKind.KEEP):
                 report.detail[job_id] = c.why
             if c.kind in (ChangeKind.STOP, ChangeKind.MOVE, ChangeKind.END_FORK):
                 if not stopped and (stops or ends):
@@ -226,10 +242,16 @@ class SlurmApplier:
                 fields["TresPerNode"] = f"gres:gpu:{per_node}"
             fields["NodeList"] = ",".join(n for n, _ in place)
             fields["Features"] = "|".join(types)
-            if view.parked or (view.job.eligible_time or 0.0) > time.time():
-                # its begin time kept it for the sidecar (parked), or slurmctld delays a job
-                # it has just requeued (a moved one): it starts when placed
-                fields["StartTime"] = "now"
+            now = time.time()
+            if view.parked:
+                fields["StartTime"] = "now"  # its begin time kept it for the sidecar
+            elif (view.job.eligible_time or 0.0) > now:
+                # slurmctld delays a job it has just requeued (a moved one): it starts when
+                # placed, but not in the second its last run ended nor the next (slurmd
+                # rejects a credential made in the second it revoked the job's last one: "Job
+                # credential revoked", and the job FAILS), which that delay is for; when the
+                # end is not known here, it is taken to be now
+                fields["StartTime"] = start_time(self._left.get(job_id, now), now)
             fields["AdminComment"] = rec.with_(
                 epoch=epoch, state="placed", place=place, gpus=view.gpus, group=0, copies=0,
                 why=why or (rec.why if rec.nofork else "")).encode()
@@ -408,6 +430,7 @@ class SlurmApplier:
                           if j.job_id in waiting and j.state in PENDING_STATES)
             jobs = None
             for job_id, job in back:
+                self._left[job_id] = time.time()  # (it left before this read)
                 view = waiting.pop(job_id)
                 view.job, view.running, view.rows, view.row_copy = job, False, (), ()
                 self.watch.add(job_id)

@@ -45,14 +45,14 @@ class SlurmBackend(SlurmObserver):
         partition: str | None = None, preempt_grace_s: float = 30.0,
         preempt_signal: str = "USR1", sleep: Callable[[float], object] = time.sleep,
         should_stop: Callable[[], bool] = lambda: False, tracker_root: str | None = None,
-        knowledge: Knowledge | None = None, migration_s: float = 0.0,
+        knowledge: Knowledge | None = None, migration_s: float = 0.0, restart_s: float = 0.0,
     ) -> None:
         """``sleep`` waits out grace periods (the controller passes one that does not wait in
         a dry run, where nothing was signalled); ``should_stop``: whether the loop ends after
         this epoch.  The rest: :class:`~hadar_slurm.sidecar.observe.SlurmObserver`."""
         super().__init__(api, table, catalog=catalog, partition=partition,
                          tracker_root=tracker_root, knowledge=knowledge,
-                         migration_s=migration_s)
+                         migration_s=migration_s, restart_s=restart_s)
         self._should_stop = should_stop
         self.free_gpus = 0
         self.applier = SlurmApplier(api, self, preempt_grace_s=preempt_grace_s,

@@ -250,7 +250,7 @@ class Sidecar:
             tracker_root=config.tracker_root,
             knowledge=Knowledge(table, self.store, learn=config.learn_throughputs,
                                 optimism=config.estimate_optimism),
-            migration_s=config.move_cost_s,
+            migration_s=config.move_cost_s, restart_s=config.restart_s,
         )
         clock = StopClock(self.stop, wake=self._job_ended if config.reschedule_on_finish
                           else None, poll_s=config.finish_poll_s)

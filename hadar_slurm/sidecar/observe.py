@@ -244,14 +244,18 @@ class SlurmObserver:
     def __init__(
         self, api: SlurmApi, table: ThroughputTable, *, catalog: ModelCatalog | None = None,
         partition: str | None = None, tracker_root: str | None = None,
-        knowledge: Knowledge | None = None, migration_s: float = 0.0,
+        knowledge: Knowledge | None = None, migration_s: float = 0.0, restart_s: float = 0.0,
     ) -> None:
         """``table``: the base throughput table; ``knowledge``: what the sidecar knows over it
         (a store, online learning, estimates; :mod:`hadar_slurm.rates.learn`), by default
         ``table`` with in-memory estimates; ``migration_s``: what a move costs a job (the
-        config's ``[scheduler] migration_s``), told to the policy in every snapshot."""
+        config's ``[scheduler] migration_s``), told to the policy in every snapshot;
+        ``restart_s``: how long a job runs after its start before it makes progress (the
+        config's ``[scheduler] restart_s``), for the estimate of its progress from its run
+        time when its runtime reports none."""
         self.api = api
         self.migration_s = migration_s
+        self.restart_s = restart_s
         self.knowledge = knowledge if knowledge is not None else Knowledge(table)
         self.catalog = catalog if catalog is not None else ModelCatalog.from_table(table)
         self.partition = partition
@@ -555,7 +559,8 @@ class SlurmObserver:
                 run_s = max(0.0, now - max(start, record.until))
                 used = [self.node_type_names[k] for k, _ in rows]
                 if run_s > 0:
-                    done += sum(rates[self.gpu_types.index(t)] for t in used) * run_s
+                    done += sum(rates[self.gpu_types.index(t)] for t in used) * self._working(
+                        start, record.until, now)
                     for t in used:
                         attained[t] = attained.get(t, 0.0) + run_s
         elif running:
@@ -567,7 +572,7 @@ class SlurmObserver:
             used = sorted({self.node_type_names[k] for k, _ in rows})
             if used and run_s > 0:
                 r = min(rates[self.gpu_types.index(t)] for t in used)
-                done += r * run_s
+                done += r * self._working(start, record.until, now)
                 for t in used:
                     attained[t] = attained.get(t, 0.0) + run_s
         elif record.state == "placed" and job.state_reason in STUCK_REASONS:
@@ -591,6 +596,12 @@ class SlurmObserver:
             fork_blocked=blocked, tracker=tracker, progress=progress,
             rate_sources=tuple(self.knowledge.source(hints.job_type, gpus, t)
                                for t in self.gpu_types))
+
+    def _working(self, start: float, until: float, now: float) -> float:
+        """Seconds of progress of a run that started at ``start`` whose work up to ``until``
+        is already counted: none in its first ``restart_s`` (the job's own restart, as the
+        simulator charges it; the GPUs count as held all along)."""
+        return max(0.0, now - max(start + self.restart_s, until))
 
     def _learn(self, job: SlurmJob, job_type: str, gpus: int, now: float,
                group: CopyGroup | None, tracker: str, progress: Progress | None) -> None:

@@ -59,7 +59,13 @@ def reconcile(observed: Observed, decision: Decision) -> list[Change]:
                                group=view.group.leader))
             replaces = view.group.leader
         elif view.running:
-            if view.record.state == "preempting" or not cps or len(cps) >= 2 or (
+            if (len(cps) == 1 and view.record.state != "preempting"
+                    and not _expressible(cps[0], observed.node_names)):
+                # the decision moves it where one Slurm job cannot run: it stays where it is
+                keep.append(Change(epoch, ChangeKind.KEEP, job_id, (view.rows,),
+                                   why=_uneven(cps[0], observed.node_names) + "; it stays "
+                                   "where it runs"))
+            elif view.record.state == "preempting" or not cps or len(cps) >= 2 or (
                     view.rows != cps[0]):
                 # a move (or one begun before a restart): stopped, then placed on its new
                 # GPUs in the same epoch once Slurm has requeued it
@@ -99,16 +105,25 @@ def _place(epoch: int, view: JobView, rows: Rows, node_names: Sequence[str], *,
            why: str = "", nofork: bool = False) -> Change:
     """PLACE ``view`` on ``rows``, KEEP when its record already places it there, or WAIT when
     one Slurm job cannot express ``rows`` (unequal GPU counts per node)."""
-    place = rows_text(node_names, rows)
-    if len({c for _, c in place}) != 1:
+    if not _expressible(rows, node_names):
         return Change(epoch, ChangeKind.WAIT, view.job_id, why=(
-            "placed across nodes with unequal GPU counts "
-            f"({', '.join(f'{n}:{c}' for n, c in place)}), which one Slurm job cannot "
-            "express; it waits for an even placement"))
+            _uneven(rows, node_names) + "; it waits for an even placement"))
+    place = rows_text(node_names, rows)
     rec = view.record
     if rec.state == "placed" and rec.place == place and not why:
         return Change(epoch, ChangeKind.KEEP, view.job_id, (rows,))
     return Change(epoch, ChangeKind.PLACE, view.job_id, (rows,), why=why, nofork=nofork)
+
+
+def _expressible(rows: Rows, node_names: Sequence[str]) -> bool:
+    """Whether one Slurm job can run on ``rows``: the same GPU count on every node."""
+    return len({c for _, c in rows_text(node_names, rows)}) == 1
+
+
+def _uneven(rows: Rows, node_names: Sequence[str]) -> str:
+    place = rows_text(node_names, rows)
+    return ("placed across nodes with unequal GPU counts "
+            f"({', '.join(f'{n}:{c}' for n, c in place)}), which one Slurm job cannot express")
 
 
 def _same_copies(view: JobView, copies: Sequence[Rows]) -> bool:
