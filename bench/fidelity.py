@@ -43,6 +43,7 @@ Targets (issue #14): within 5%, 10% and 20%.  ``--json`` also keeps every job's 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -340,10 +341,11 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
                              str(config)], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(work / f"sidecar-{policy}.err", "w"))
     problems: list[str] = []
+    state: dict[int, str] = {}
+    t0 = math.nan
     try:
         deadline = time.monotonic() + 120
-        t0 = None
-        while t0 is None:
+        while math.isnan(t0):
             epochs = [e for e in (read_events(log) if log.exists() else [])
                       if e.get("event") == "epoch"]
             if epochs:
@@ -355,7 +357,6 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
         later = [j for j in order if j.arrival_s > 0]
         drained = False
         end = time.monotonic() + timeout_s
-        state: dict[int, str] = {}
         while True:
             now = time.time() - t0
             while later and later[0].arrival_s / st.compression <= now:
@@ -366,8 +367,9 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
                                     "State=DRAIN", "Reason=bench.fidelity"])
                 drained = True
             seen = {j.job_id: j for j in all_jobs(cluster)}
-            state = {t: seen[s].state if s in seen else "GONE" for t, s in slurm_id.items()}
-            if not later and all(s in FINAL or s == "GONE" for s in state.values()):
+            # (a job that ended over MinJobAge ago is no longer in squeue: its last state stays)
+            state.update({t: seen[s].state for t, s in slurm_id.items() if s in seen})
+            if not later and all(state.get(t) in FINAL for t in slurm_id):
                 break
             if time.monotonic() > end or proc.poll() is not None:
                 problems.append("timed out" if proc.poll() is None else
@@ -384,7 +386,23 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
         if drain is not None:
             cluster.runner.run(["scontrol", "update", f"NodeName={drain[1]}", "State=RESUME"],
                                check=False)
-    events = read_events(log)
+    (work / f"slurm-ids-{policy}.json").write_text(json.dumps(
+        {"t0": t0, "ids": slurm_id, "state": state}))
+    cancel_all(cluster)
+    return live_result(jobs, policy, st, work, problems)
+
+
+def live_result(jobs: Sequence[Job], policy: str, st: Settings, work: Path,
+                problems: list[str] | None = None) -> Run:
+    """The live run's figures from what it left in ``work`` (the sidecar's log, the payloads'
+    logs, ``slurm-ids-POLICY.json``): also ``--from-dir``, to look at a kept run again."""
+    problems = list(problems or [])
+    saved = json.loads((work / f"slurm-ids-{policy}.json").read_text())
+    t0 = float(saved["t0"])
+    slurm_id = {int(t): int(s) for t, s in saved["ids"].items()}
+    state = {int(t): s for t, s in saved["state"].items()}
+    out = work / f"out-{policy}"
+    events = read_events(work / f"sidecar-{policy}.log")
     jct, finish = {}, {}
     by_trace = {j.job_id: j for j in jobs}
     for t, s in slurm_id.items():
@@ -399,7 +417,6 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
     epochs = [e for e in events if e.get("event") == "epoch"]
     deferred = [e for e in events if e.get("event") == "move_deferred"]
     problems += [f"move deferred: job {e.get('job')}" for e in deferred]
-    cancel_all(cluster)
     return Run(policy, "live", jct, finish,
                sum(int(e.get("moves", 0)) for e in epochs),  # type: ignore[call-overload]
                sum(int(e.get("preemptions", 0)) for e in epochs),  # type: ignore[call-overload]
@@ -450,6 +467,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the payload's restart (default: measured here)")
     p.add_argument("--sim-only", action="store_true", help="only the simulated runs")
     p.add_argument("--json", metavar="OUT")
+    p.add_argument("--from-dir", metavar="DIR", type=Path,
+                   help="no live run: the live figures of a run kept with --keep in DIR")
     p.add_argument("--keep", metavar="DIR", type=Path,
                    help="run in DIR and keep it (the sidecar's logs, the payloads' logs)")
     p.add_argument("--write-trace", action="store_true",
@@ -472,6 +491,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sims = {pol: run_sim(jobs, pol, st) for pol in policies}
     if args.sim_only:
         rows = [sims[pol].row(len(jobs)) for pol in policies]
+    elif args.from_dir:
+        for pol in policies:
+            live = live_result(jobs, pol, st, args.from_dir)
+            rows += [sims[pol].row(len(jobs)), live.row(len(jobs)),
+                     compare(sims[pol], live, len(jobs))]
+            per_job[pol] = {str(j): {"sim_jct_s": round(sims[pol].jct.get(j, math.nan), 2),
+                                     "live_jct_s": round(live.jct.get(j, math.nan), 2)}
+                            for j in sorted(sims[pol].jct)}
     else:
         with dev_cluster() as cluster, tempfile.TemporaryDirectory(prefix="fidelity-") as d:
             work = args.keep or Path(d)

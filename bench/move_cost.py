@@ -19,7 +19,9 @@ and places it on its new node in the same epoch.  Times, from the signal (all wa
 * ``start_s``: Slurm's start of the job on the new node (its ``StartTime``, 1 s resolution);
 * ``running_s``: the payload's first line on the new node (the job runs again): **the move
   cost**, i.e. the progress a move loses besides what the job's checkpoint itself loses;
-* ``apply_s``: the moving epoch's apply (the grace, the requeue, the placement).
+* ``apply_s``: the moving epoch's apply (the grace, the requeue, the placement);
+* ``first_start_s`` (not from the signal): the job's first placement to its payload's first
+  line, i.e. what a start costs besides the payload's own start.
 
 A job slurmctld has just requeued gets a begin time some seconds ahead (about 10 s on the dev
 cluster); the sidecar places it with ``StartTime=now``, without which ``start_s`` was 11.9 s.
@@ -100,8 +102,8 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
 
     def timed_update(jid: int, fields: Any) -> None:
         update(jid, fields)
-        if "signal" in marks and "NodeList" in fields:
-            marks["placed"] = time.time()
+        if "NodeList" in fields:
+            marks["placed" if "signal" in marks else "first_placed"] = time.time()
 
     api.signal = timed_signal  # type: ignore[method-assign]
     api.update_job = timed_update  # type: ignore[method-assign]
@@ -129,6 +131,7 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
         cluster.runner.run(commands.scancel([job_id]), check=False)
         sidecar.close()
     events = {x[0]: float(x[1]) for x in _log(log) if x[0] in ("signal", "exit")}
+    first_start = next(float(x[1]) for x in _log(log) if x[0] == "start")
     sig = marks["signal"]
     row = {
         "run": run, "job": job_id, "from": first, "to": moved.node_names[0],
@@ -137,6 +140,7 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
         "placed_s": round(marks.get("placed", float("nan")) - sig, 3),
         "start_s": round(float(moved.start_time or 0) - sig, 3),
         "running_s": round(float(lines[0][1]) - sig, 3),
+        "first_start_s": round(first_start - marks["first_placed"], 3),
     }
     print(f"  run {run}: job {job_id} {first} -> {row['to']}: exit {row['exit_s']:.2f} s, "
           f"placed {row['placed_s']:.2f} s, Slurm start {row['start_s']:.2f} s, running "
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(tmp) / f"run{run}"
             work.mkdir()
             rows.append(one_move(cluster, work, run, args.grace, args.checkpoint_s))
-    keys = ("exit_s", "placed_s", "start_s", "running_s", "apply_s")
+    keys = ("exit_s", "placed_s", "start_s", "running_s", "apply_s", "first_start_s")
     summary = {"run": "median", **{k: round(statistics.median(r[k] for r in rows), 3)
                                    for k in keys}}
     print()

@@ -27,7 +27,7 @@ def test_slurm_figures_are_the_benchs_medians() -> None:
     assert len(checkpoint) == 1
     # the payload's own checkpoint is the job's part (restart_s), not Slurm's
     assert SLURM_MOVE_S == pytest.approx(median["running_s"] - checkpoint.pop(), abs=0.02)
-    assert SLURM_START_S == pytest.approx(median["running_s"] - median["placed_s"], abs=0.02)
+    assert SLURM_START_S == pytest.approx(median["first_start_s"], abs=0.02)
 
 
 def test_live_costs_add_the_jobs_restart() -> None:

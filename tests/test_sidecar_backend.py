@@ -284,7 +284,7 @@ def test_move_of_a_running_job_signals_then_requeues_held() -> None:
     # the release
     assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1), ("update", 1),
                        ("hold", 1), ("update", 1), ("release", 1)]
-    assert slept == [1.0] * 5  # (the job never left: the whole grace, read every second)
+    assert slept == [0.25] * 20  # (the job never left: the whole grace, read every 0.25 s)
     rec2 = decode(api.jobs[1].admin_comment)
     k80 = default_table().rate("ResNet-50 (batch size 64)", 1, "k80")
     assert rec2.state == "placed" and rec2.place == (("node1", 1),) and rec2.epoch == 3
@@ -314,7 +314,7 @@ def test_a_moved_job_that_does_not_leave_in_time_stays_and_the_epoch_says_so() -
     _, actions = decide(b, {1: [(0, 1)]}, epoch=3)
     report = b.apply(actions, 2000.0)
     # the grace, then two waits between three reads; not placed, and the report says why
-    assert slept == [1.0] * 5 + [0.5, 0.5]
+    assert slept == [0.25] * 20 + [0.5, 0.5]
     assert [w for w, _ in api.log] == ["update", "signal", "requeuehold", "update"]
     assert decode(api.jobs[1].admin_comment).state == "preempted"
     assert "still leaving its GPUs after 3 reads" in report.detail[1]
@@ -329,14 +329,14 @@ def test_the_grace_period_ends_when_the_job_has_left() -> None:
 
     def sleep(s: float) -> None:
         slept.append(s)
-        if len(slept) == 2:
+        if len(slept) == 8:
             api.jobs[1] = replace(api.jobs[1], state="SPECIAL_EXIT", state_reason="JobHeldUser",
                                   nodes="", node_names=())
 
     b = SlurmBackend(api, default_table(), preempt_grace_s=30.0, sleep=sleep)
     _, actions = decide(b, {1: [(0, 1)]})
     b.apply(actions, 2000.0)
-    assert slept == [1.0, 1.0]
+    assert slept == [0.25] * 8
     # not requeued by the sidecar (slurmctld did it), placed on its new GPUs at once
     assert [w for w, _ in api.log] == ["update", "signal", "update", "hold", "update",
                                         "release"]
@@ -537,7 +537,7 @@ def test_a_job_that_cannot_checkpoint_is_never_stopped() -> None:
     assert decode(api.jobs[1].admin_comment).state == "preempted"
 
 
-@pytest.mark.parametrize("deadline,slept,signals", [(1990.0, [], 0), (2003.0, [1.0] * 3, 0)])
+@pytest.mark.parametrize("deadline,slept,signals", [(1990.0, [], 0), (2003.0, [0.25] * 12, 0)])
 def test_a_move_begun_before_a_restart_is_finished_without_a_second_signal(
         deadline: float, slept: list[float], signals: int) -> None:
     # a sidecar signalled the job (record preempting) and died before the requeue: the next

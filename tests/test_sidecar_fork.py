@@ -234,7 +234,7 @@ def test_move_ends_the_copies_then_places_the_job_in_the_same_epoch(tmp_path: Pa
     step(b, {J: {0: [(0, 1)], 1: [(1, 1)]}}, 1, now=2100.0)
     assert api.log == [("update", J), ("signal_steps", old), ("cancel", old),
                        ("batch_script", J), ("update", J), ("sbatch", 0), ("update", J)]
-    assert slept == [1.0] * 5 and api.submitted[-1][2] == f"afterany:{old}"
+    assert slept == [0.25] * 20 and api.submitted[-1][2] == f"afterany:{old}"
     new = components(api)[-1].het_job_id
     assert new is not None and new != old
     rec = decode(api.jobs[J].admin_comment)

@@ -79,7 +79,7 @@ class SlurmApplier:
                  preempt_signal: str = "USR1",
                  sleep: Callable[[float], object] = time.sleep,
                  tracker_root: str | None = None, move_poll_s: float = 0.5,
-                 move_polls: int = 60, grace_poll_s: float = 1.0) -> None:
+                 move_polls: int = 60, grace_poll_s: float = 0.25) -> None:
         self.api = api
         #: How often the jobs are read during a grace period, to end it once they have left.
         self.grace_poll_s = grace_poll_s
