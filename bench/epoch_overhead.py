@@ -44,7 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -173,12 +173,14 @@ def all_jobs(cluster: Cluster) -> tuple[SlurmJob, ...]:
     return parse_squeue_json(cluster.runner.run(commands.squeue_json()).stdout)
 
 
-def cancel_bench_jobs(cluster: Cluster, timeout: float = 120.0) -> None:
-    """Cancel every job of this bench (by name) and wait until none is active."""
+def cancel_bench_jobs(cluster: Cluster, timeout: float = 120.0,
+                      ours: Callable[[SlurmJob], bool] = lambda j: j.name == JOB_NAME) -> None:
+    """Cancel every job of a bench (``ours``: by default this one's, by name) and wait until
+    none is active."""
     end = time.monotonic() + timeout
     while True:
         active = [j.job_id for j in all_jobs(cluster)
-                  if j.name == JOB_NAME and j.state in UNFINISHED_STATES]
+                  if ours(j) and j.state in UNFINISHED_STATES]
         if not active:
             return
         if time.monotonic() > end:

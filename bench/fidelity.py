@@ -59,17 +59,18 @@ from typing import Any
 
 import numpy as np
 
-from bench.epoch_overhead import Cluster, all_jobs, dev_cluster
+from bench.epoch_overhead import Cluster, all_jobs, cancel_bench_jobs, dev_cluster
 from bench.report import write_rows
 from hadar_slurm.costs import LiveCosts
 from hadar_slurm.logs import read_events
 from hadar_slurm.model import ClusterSpec, Job, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.rates.table import ThroughputTable, load_tables
+from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import parse_trace
 from hadar_slurm.slurm import commands
-from hadar_slurm.slurm.parse import UNFINISHED_STATES, parse_sbatch_parsable
+from hadar_slurm.slurm.parse import parse_sbatch_parsable
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE = REPO / "bench" / "data" / "fidelity.tsv"
@@ -253,18 +254,11 @@ def measure_restart(repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def cancel_all(cluster: Cluster, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while True:
-        active = [j.job_id for j in all_jobs(cluster)
-                  if (j.name == JOB_NAME or "hadar-copy" in (j.comment or ""))
-                  and j.state in UNFINISHED_STATES]
-        if not active:
-            return
-        if time.monotonic() > end:
-            raise RuntimeError(f"bench jobs still active after {timeout:g} s: {active[:20]}")
-        cluster.runner.run(commands.scancel(active), check=False)
-        time.sleep(1.0)
+def cancel_all(cluster: Cluster) -> None:
+    """Cancel the bench's jobs and the sidecar's fork copies of them, and wait until none is
+    active."""
+    cancel_bench_jobs(cluster, ours=lambda j: (
+        j.name == JOB_NAME or copy_of(j.comment or "") is not None))
 
 
 def write_compressed_table(jobs: Sequence[Job], st: Settings, path: Path) -> Path:
