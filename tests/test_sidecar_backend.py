@@ -344,6 +344,44 @@ def test_the_grace_period_ends_when_the_job_has_left() -> None:
     assert (rec.state, rec.place) == ("placed", (("node1", 1),))
 
 
+def test_each_moved_job_is_placed_as_it_leaves_and_pending_ones_before_the_grace_ends(
+) -> None:
+    # jobs 1 and 2 move; job 1 leaves after 1 s, job 2 never does (requeued at the end of the
+    # grace); job 3, pending, is placed on job 2's GPU: job 1 and job 3 must not wait for job 2
+    rec = JobRecord(epoch=0, state="placed", place=(("node3", 1),), gpus=1)
+    api = FakeSlurm([job(1, state="RUNNING", reason="None", admin=rec.encode(),
+                         nodes=("node3",), start=1900),
+                     job(2, state="RUNNING", reason="None", admin=rec.encode(),
+                         nodes=("node3",), start=1900),
+                     job(3)], NODES)
+    slept: list[float] = []
+    log_at: dict[int, int] = {}
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        log_at[len(slept)] = len(api.log)
+        if len(slept) == 4:
+            api.jobs[1] = replace(api.jobs[1], state="SPECIAL_EXIT", state_reason="JobHeldUser",
+                                  nodes="", node_names=())
+
+    b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=sleep)
+    _, actions = decide(b, {1: [(0, 1)], 2: [(1, 1)], 3: [(2, 1)]}, epoch=3)
+    assert sorted(a.kind.value for a in actions) == ["move", "move", "place"]
+    b.apply(actions, 2000.0)
+    assert slept == [0.25] * 20  # (job 2 never left: the whole grace)
+    # the moves' records and signals, then job 3's placement, all before the first wait
+    assert api.log[:log_at[1]] == [("update", 1), ("signal", 1), ("update", 2), ("signal", 2),
+                                   ("update", 3), ("release", 3)]
+    # job 1 is placed at the read after it left (the 5th), long before the grace ends
+    assert api.log[log_at[4]:log_at[5]] == [("update", 1), ("hold", 1), ("update", 1),
+                                            ("release", 1)]
+    assert api.log[log_at[20]:] == [("requeuehold", 2), ("update", 2), ("hold", 2),
+                                    ("update", 2), ("release", 2)]
+    for j, place in ((1, "node1"), (2, "node2"), (3, "node3")):
+        r = decode(api.jobs[j].admin_comment)
+        assert (r.state, r.place) == ("placed", ((place, 1),)), j
+
+
 def test_job_that_finished_during_grace_is_not_requeued() -> None:
     api = FakeSlurm([job(1, state="RUNNING", reason="None", nodes=("node3",), start=1900)],
                     NODES)

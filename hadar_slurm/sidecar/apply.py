@@ -26,7 +26,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import log_event
@@ -52,11 +52,27 @@ from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
 
 logger = logging.getLogger("hadar_slurm.sidecar")
 
-#: The order in which kinds of change are applied (stops and ends of forks share one grace
-#: period; places come after them, so that GPUs being freed are not handed out twice).
+#: The order in which kinds of change are applied: stops and ends of forks share one grace
+#: period, begun first; the pending jobs' places are written while it runs (a job placed on
+#: GPUs still being freed waits in Slurm and starts when they are free), and the moved jobs'
+#: as each leaves; new forks and holds come after it.
 PHASES = (ChangeKind.REQUEUE, ChangeKind.UNSTEER, ChangeKind.KEEP, ChangeKind.STOP,
           ChangeKind.MOVE, ChangeKind.END_FORK, ChangeKind.PLACE, ChangeKind.FORK,
           ChangeKind.WAIT)
+
+
+@dataclass
+class _Grace:
+    """A grace period begun (:meth:`SlurmApplier._preempt`), to finish
+    (:meth:`SlurmApplier._grace`): the stopped jobs (``views``), the forks ended, the jobs
+    signalled, the MOVE changes by job, the epoch, and the seconds it lasts at most."""
+
+    views: list[JobView]
+    ends: list[GroupEnd]
+    signaled: list[JobView]
+    moves: dict[int, Change]
+    epoch: int
+    wait: float
 
 
 def start_time(left: float | None, now: float) -> str:
@@ -139,16 +155,20 @@ class SlurmApplier:
                       and gpu_nodes.intersection(j.node_names) and j.job_id not in stopping}
         epoch = seen.epoch if not todo else todo[0].epoch
         stopped = False
+        grace: _Grace | None = None
         for c in todo:
             job_id = c.job_id
             view = views.get(job_id)
             if c.why and c.kind in (ChangeKind.WAIT, ChangeKind.PLACE, ChangeKind.KEEP):
                 report.detail[job_id] = c.why
+            if grace is not None and c.kind in (ChangeKind.FORK, ChangeKind.WAIT):
+                self._grace(grace)  # (pending jobs are placed before it; forks after)
+                grace = None
             if c.kind in (ChangeKind.STOP, ChangeKind.MOVE, ChangeKind.END_FORK):
                 if not stopped and (stops or ends):
                     stopped = True
                     moves = {m.job_id: m for m in todo if m.kind is ChangeKind.MOVE}
-                    self._preempt(stops, ends, epoch, now, moves)
+                    grace = self._preempt(stops, ends, epoch, now, moves)
             elif c.kind is ChangeKind.REQUEUE and job_id in left:
                 self._guard("requeue", job_id, self._requeue_left, left[job_id], c.epoch)
             elif c.kind is ChangeKind.UNSTEER and job_id in unsteered:
@@ -178,6 +198,8 @@ class SlurmApplier:
                 self._guard("fork", job_id, self._fork, view, c.copies, c.epoch, after)
             elif c.kind is ChangeKind.WAIT:
                 self._guard("wait", job_id, self._keep_waiting, view, c.epoch)
+        if grace is not None:
+            self._grace(grace)
         seen.stats.apply_s = time.perf_counter() - t0
         seen.stats.commands_apply = self.api.commands - before
         return report
@@ -291,11 +313,14 @@ class SlurmApplier:
         self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()})
 
     def _preempt(self, views: list[JobView], ends: list[GroupEnd], epoch: int,
-                 now: float, moves: Mapping[int, Change] | None = None) -> None:
+                 now: float, moves: Mapping[int, Change] | None = None) -> _Grace:
         """Stop running jobs (to move them, or because the decision stops them), end forks
         (checkpoint signal to the copies' steps, the grace period, cancel), and place the
         moved jobs on their new GPUs, in the same epoch (:meth:`_finish_moves`; ``moves``:
-        the MOVE changes, by job).
+        the MOVE changes, by job).  This begins it (the records, the signals, the requeues
+        that need no grace); :meth:`_grace` finishes it, and the pending jobs of the epoch are
+        placed in between (on GPUs still being freed they wait in Slurm: they start the moment
+        the GPUs are free, not when the last job of the grace has left).
 
         A move is a small state machine kept in Slurm, so that it finishes whatever happens to
         the sidecar or to slurmctld on the way (a restarted sidecar, or the next epoch, carries
@@ -314,8 +339,9 @@ class SlurmApplier:
            ``RequeueExitHold``, is requeued held too (Slurm requeues finished batch jobs); one
            that completed (exit 0), was cancelled by its user or ran out of time stays ended;
         4. the record becomes ``preempted``; a job the decision moves is placed on its new
-           GPUs as soon as Slurm shows it back in the queue (:meth:`_finish_moves`), a job
-           it stops is placed again in a later epoch.
+           GPUs as soon as Slurm shows it back in the queue (:meth:`_finish_moves`: during
+           the grace period, each as it leaves, not after the last one), a job it stops is
+           placed again in a later epoch.
 
         Jobs with ``preempt=never`` (the default of a job that did not say it checkpoints) are
         never given to this: they run where they are (:attr:`pinned`)."""
@@ -348,39 +374,21 @@ class SlurmApplier:
         wait = max([v.record.deadline for v in signaled]
                    + ([deadline] if copies_signaled else [])) - now if (
                        signaled or copies_signaled) else 0.0
-        if not signaled and not ends:
-            self._finish_moves(views, moves or {}, epoch)
-            return
-        # The grace period, cut short once every signalled job and copy has left: what ended
-        # during it, and how, is in the last read.
-        jobs = self._wait_for_leave(wait, signaled, ends)
-        if jobs is None:
-            return  # the next epoch finishes the moves (their records say preempting)
-        by_id = {j.job_id: j for j in jobs}
-        live = {j.job_id for j in jobs if j.state in hadare.LIVE_STATES}
-        for end in ends:
-            g = end.group
-            if not any(c.job_id in live for c in g.components):
-                log_event(logger, "cancel_skipped", logging.INFO, epoch=self.seen.epoch,
-                          job=g.leader, copy_of=g.original, why="its copies already ended")
-                continue
-            self._write("cancel_copies", g.leader, self.api.cancel, copy_of=g.original,
-                        why=end.why)
-        for view in signaled:
-            self._guard("preempt", view.job_id, self._end_move, view, by_id.get(view.job_id),
-                        epoch)
-        # (a job that read shows back in the queue left by itself: it is placed at once)
-        self._finish_moves(views, moves or {}, epoch, jobs)
+        return _Grace(views, ends, signaled, dict(moves or {}), epoch, wait)
 
-    def _wait_for_leave(self, wait: float, signaled: Sequence[JobView],
-                        ends: Sequence[GroupEnd]) -> list[SlurmJob] | None:
-        """Wait up to ``wait`` seconds (the grace period) for the signalled jobs to leave
-        their GPUs (no longer running or completing) and the ended forks' copies to end,
-        reading the jobs every :attr:`grace_poll_s`; the last read (None when Slurm did not
-        answer)."""
-        ids = {v.job_id for v in signaled}
-        comps = {c.job_id for e in ends for c in e.group.components}
-        remaining = wait
+    def _grace(self, g: _Grace) -> None:
+        """The grace period of :meth:`_preempt`, cut short once every signalled job and copy
+        has left: the jobs are read every :attr:`grace_poll_s`; a signalled job that has left
+        is done with (:meth:`_end_move`) and, moved, placed on its new GPUs at once.  Then the
+        ended forks' copies are cancelled, what still runs is requeued, and the moved jobs not
+        placed yet are placed as soon as Slurm shows them back (:meth:`_finish_moves`)."""
+        if not g.signaled and not g.ends:
+            self._finish_moves(g.views, g.moves, g.epoch)
+            return
+        pending = {v.job_id: v for v in g.signaled}
+        comps = {c.job_id for e in g.ends for c in e.group.components}
+        placed: set[int] = set()
+        remaining = g.wait
         while True:
             if remaining > 0:
                 step = min(self.grace_poll_s, remaining)
@@ -388,12 +396,34 @@ class SlurmApplier:
                 remaining -= step
             jobs = self._read_jobs()
             if jobs is None:
-                return None
-            busy = any((j.job_id in ids and (j.state in RUNNING_STATES
-                                             or j.state == "COMPLETING"))
-                       or (j.job_id in comps and j.state in hadare.LIVE_STATES) for j in jobs)
+                return  # the next epoch finishes the moves (their records say preempting)
+            by_id = {j.job_id: j for j in jobs}
+            for job_id in sorted(pending):
+                job = by_id.get(job_id)
+                if job is None or not (job.state in RUNNING_STATES
+                                       or job.state == "COMPLETING"):
+                    self._guard("preempt", job_id, self._end_move, pending.pop(job_id), job,
+                                g.epoch)
+            # (a job that read shows back in the queue left by itself: it is placed at once)
+            placed |= self._finish_moves([v for v in g.views if v.job_id not in placed],
+                                         g.moves, g.epoch, jobs, polls=0)
+            busy = bool(pending) or any(
+                j.job_id in comps and j.state in hadare.LIVE_STATES for j in jobs)
             if remaining <= 0 or not busy:
-                return jobs
+                break
+        live = {j.job_id for j in jobs if j.state in hadare.LIVE_STATES}
+        for end in g.ends:
+            grp = end.group
+            if not any(c.job_id in live for c in grp.components):
+                log_event(logger, "cancel_skipped", logging.INFO, epoch=self.seen.epoch,
+                          job=grp.leader, copy_of=grp.original, why="its copies already ended")
+                continue
+            self._write("cancel_copies", grp.leader, self.api.cancel, copy_of=grp.original,
+                        why=end.why)
+        for job_id, view in sorted(pending.items()):  # (still on its GPUs: requeued)
+            self._guard("preempt", job_id, self._end_move, view, by_id.get(job_id), g.epoch)
+        self._finish_moves([v for v in g.views if v.job_id not in placed], g.moves, g.epoch,
+                           None if pending else jobs)
 
     def _read_jobs(self) -> list[SlurmJob] | None:
         """One read of all jobs within an epoch's apply; None (logged) when Slurm did not
@@ -406,19 +436,23 @@ class SlurmApplier:
             return None
 
     def _finish_moves(self, views: Sequence[JobView], moves: Mapping[int, Change],
-                      epoch: int, jobs: Sequence[SlurmJob] | None = None) -> None:
+                      epoch: int, jobs: Sequence[SlurmJob] | None = None,
+                      polls: int | None = None) -> set[int]:
         """Step 5 of a move: the jobs of ``moves`` that left their GPUs (record
         ``preempted``) are placed (or forked) on their new GPUs in this epoch, as soon as
-        Slurm shows them back in the queue: first in ``jobs`` (the grace period's last read,
+        Slurm shows them back in the queue: first in ``jobs`` (a read of the grace period,
         when there was one), then in one ``squeue`` every :attr:`move_poll_s`, at most
-        :attr:`move_polls` of them.  One that is not back by then stays preempted, with the
-        reason in the report (the next epoch places it)."""
+        ``polls`` (default :attr:`move_polls`) of them; with ``polls`` 0, only ``jobs``.  One
+        that is not back after the reads stays preempted, with the reason in the report (the
+        next epoch places it).  The jobs placed."""
+        polls = self.move_polls if polls is None else polls
         waiting = {v.job_id: v for v in views
                    if v.job_id in moves and v.record.state == "preempted"}
+        placed: set[int] = set()
         reads = 0
         while waiting:
             if jobs is None:
-                if reads >= self.move_polls:
+                if reads >= polls:
                     break
                 if reads:
                     self._sleep(self.move_poll_s)
@@ -432,6 +466,7 @@ class SlurmApplier:
             for job_id, job in back:
                 self._left[job_id] = time.time()  # (it left before this read)
                 view = waiting.pop(job_id)
+                placed.add(job_id)
                 view.job, view.running, view.rows, view.row_copy = job, False, (), ()
                 self.watch.add(job_id)
                 change = moves[job_id]
@@ -442,12 +477,14 @@ class SlurmApplier:
                     self._guard("fork", job_id, self._fork, view, change.copies, epoch, None)
                 else:
                     self._guard("place", job_id, self._place, view, change.copies[0], epoch)
-        for job_id in sorted(waiting):
-            why = (f"moved: it was still leaving its GPUs after {self.move_polls} reads, "
-                   f"{self.move_poll_s:g} s apart; placed again next epoch")
-            self.report.detail[job_id] = why
-            log_event(logger, "move_deferred", logging.WARNING, epoch=self.seen.epoch,
-                      job=job_id, why=why)
+        if polls:
+            for job_id in sorted(waiting):
+                why = (f"moved: it was still leaving its GPUs after {polls} reads, "
+                       f"{self.move_poll_s:g} s apart; placed again next epoch")
+                self.report.detail[job_id] = why
+                log_event(logger, "move_deferred", logging.WARNING, epoch=self.seen.epoch,
+                          job=job_id, why=why)
+        return placed
 
     def _begin_move(self, view: JobView, epoch: int, now: float, deadline: float,
                     signaled: list[JobView], requeue_now: list[JobView]) -> None:
