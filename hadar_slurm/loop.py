@@ -3,6 +3,12 @@
 The mechanism owns the loop, the timing and the diff; a :class:`ClusterBackend` owns the world
 (real Slurm, or the trace-driven simulator) and a :class:`Clock` owns time (the sidecar's wall
 clock, or simulated time that jumps).  There is no "simulate" flag anywhere in here.
+
+An epoch that comes less than a round after the last full one (a job ended or arrived and the
+backend brought the epoch forward: ``reschedule_on_finish``) only fills the GPUs no job holds
+(:func:`fill_snapshot`): the jobs that run keep their GPUs, and the policy places the others on
+what is free.  Moving a running job costs it a restart, so the loop re-plans everything once a
+round, not at every finish and arrival, which would move the same jobs back and forth.
 """
 
 from __future__ import annotations
@@ -10,12 +16,13 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
-from hadar_slurm.policy.base import Decision, Placement, Policy, Snapshot
+from hadar_slurm.policy.base import Decision, Placement, Policy, Reason, Snapshot
 
 
 class Clock(Protocol):
@@ -176,6 +183,53 @@ def movements(changes: Sequence[Change]) -> tuple[int, int]:
     return len(stopped & started), len(stopped - started)
 
 
+def fill_snapshot(snapshot: Snapshot) -> tuple[Snapshot, npt.NDArray[np.bool_]]:
+    """The snapshot of an epoch that only fills free GPUs: the jobs that hold no GPUs, and the
+    GPUs that no job holds (``current``); with the mask of the jobs that hold some.  A job's
+    rate on a GPU type with fewer free GPUs than it needs is 0 there (it cannot run there this
+    epoch, which is all a fill plans for)."""
+    idx = snapshot.current_index()
+    rows = idx >= 0
+    holds = np.zeros(snapshot.num_jobs, dtype=np.bool_)
+    holds[idx[rows]] = True
+    cur = snapshot.current
+    used = np.bincount(cur.node[rows], weights=cur.count[rows],
+                       minlength=snapshot.node_gpus.shape[0]).astype(np.int64)
+    keep = ~holds
+    free = np.maximum(snapshot.node_gpus - used, 0)
+    free_of_type = np.bincount(snapshot.node_type, weights=free,
+                               minlength=len(snapshot.gpu_types))
+    fits = free_of_type[None, :] >= snapshot.scale[keep, None]
+    sub = replace(
+        snapshot, node_gpus=free,
+        job_ids=snapshot.job_ids[keep],
+        job_types=tuple(t for t, k in zip(snapshot.job_types, keep, strict=True) if k),
+        arrival=snapshot.arrival[keep], total=snapshot.total[keep],
+        remaining=snapshot.remaining[keep], scale=snapshot.scale[keep],
+        weight=snapshot.weight[keep], sync=snapshot.sync[keep],
+        rate=np.where(fits, snapshot.rate[keep], 0.0),
+        attained=snapshot.attained[keep], current=Placement.empty(),
+        max_copies=None if snapshot.max_copies is None else snapshot.max_copies[keep])
+    return sub, holds
+
+
+def fill_decision(snapshot: Snapshot, holds: npt.NDArray[np.bool_], sub: Decision,
+                  policy_state: object) -> Decision:
+    """The whole epoch's decision from the fill-only one (``sub``, over the jobs that hold no
+    GPUs): the jobs that hold GPUs keep them, with ``policy_state`` (the last full epoch's)."""
+    cur = snapshot.current.select(snapshot.current_index() >= 0)
+    new = sub.placement
+    copy = None
+    if cur.copy is not None or new.copy is not None:
+        copy = np.concatenate([cur.copy_index(), new.copy_index()])
+    placement = Placement(np.concatenate([cur.job, new.job]),
+                          np.concatenate([cur.node, new.node]),
+                          np.concatenate([cur.count, new.count]), copy)
+    reason = np.full(snapshot.num_jobs, Reason.PLACED, dtype=np.int8)
+    reason[~holds] = sub.reason
+    return Decision(snapshot.epoch, placement, reason, policy_state, dict(sub.detail))
+
+
 @dataclass(frozen=True)
 class EpochRecord:
     epoch: int
@@ -209,13 +263,23 @@ class EpochLoop:
         self.records: list[EpochRecord] = []
         self.last_snapshot: Snapshot | None = None  # of the last epoch, for reports
         self.last_decision: Decision | None = None
+        self._last_full: float | None = None  # when the last epoch that re-planned all began
 
     def run_epoch(self) -> bool:
         """One epoch; False when the backend says nothing is left."""
         now = self.clock.now()
         snapshot = self.backend.snapshot(self.epoch, now, self.round_s, self.policy_state)
         t0 = time.perf_counter()
-        decision = self.policy.allocate(snapshot)
+        full = self._last_full is None or now >= self._last_full + self.round_s
+        if not full:
+            sub, holds = fill_snapshot(snapshot)
+            full = not holds.any()  # (nothing runs: the fill is the whole epoch)
+        if full:
+            decision = self.policy.allocate(snapshot)
+            self._last_full = now
+        else:
+            decision = fill_decision(snapshot, holds, self.policy.allocate(sub),
+                                     self.policy_state)
         decision_s = time.perf_counter() - t0
         self.policy_state = decision.policy_state
         changes = self.backend.reconcile(snapshot, decision)

@@ -15,6 +15,7 @@ from conftest import make_job
 
 from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
 from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import SimResult, simulate
@@ -189,3 +190,43 @@ def test_an_arrival_while_gpus_are_free_starts_an_epoch_as_the_sidecar_does(
     idle = simulate([make_job(0, 720, 50)], parse_counts("v100=1"), toy_table,
                     make_policy("fifo"), round_s=360.0, reschedule_on_finish=True)
     assert finish_times(idle) == [50.0 + 720.0]
+
+
+class _Reverse:
+    """Places the jobs in decreasing id order on nodes 0, 1, 2... (one GPU each), wherever
+    they ran: a policy that would move every running job at every epoch."""
+
+    name = "reverse"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, list[int], list[int]]] = []
+
+    def allocate(self, snapshot: Snapshot) -> Decision:
+        self.seen.append((snapshot.now, sorted(snapshot.job_ids.tolist()),
+                          snapshot.node_gpus.tolist()))
+        free = [n for n, g in enumerate(snapshot.node_gpus.tolist()) if g > 0]
+        order = sorted(snapshot.job_ids.tolist(), reverse=True)[: len(free)]
+        n = len(order)
+        return Decision(snapshot.epoch, Placement(
+            np.array(order, dtype=np.int64), np.array(free[:n], dtype=np.int64),
+            np.ones(n, dtype=np.int64)), np.full(snapshot.num_jobs, Reason.PLACED,
+                                                 dtype=np.int8))
+
+
+def test_an_epoch_brought_forward_fills_free_gpus_and_moves_no_running_job(
+    toy_table: ThroughputTable,
+) -> None:
+    # Jobs 3 (100 s), 2 and 1 (1000 s) run on nodes 0, 1, 2 from t=0; job 0 arrives at 50 and
+    # waits (no GPU free).  Job 3 ends at 100: the epoch it brings forward sees only job 0 and
+    # node 0's GPU, and places it there; jobs 2 and 1 keep theirs (a full re-plan would move
+    # both).  The next full epoch, a round after the last (t=460 >= 0 + 360), re-plans all:
+    # jobs 2, 1, 0 to nodes 0, 1, 2, i.e. three moves.
+    jobs = [make_job(3, 100, 0), make_job(2, 1000, 0), make_job(1, 1000, 0),
+            make_job(0, 1000, 50)]
+    policy = _Reverse()
+    res = simulate(jobs, parse_counts("v100=3"), toy_table, policy, round_s=360.0,
+                   reschedule_on_finish=True)
+    assert policy.seen[0] == (0.0, [1, 2, 3], [1, 1, 1])
+    assert policy.seen[1] == (100.0, [0], [1, 0, 0])
+    assert policy.seen[2] == (460.0, [0, 1, 2], [1, 1, 1])
+    assert [(r.start, r.moves) for r in res.records[:3]] == [(0.0, 0), (100.0, 0), (460.0, 3)]

@@ -362,8 +362,10 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
     ConfigKey(
         "scheduler", "reschedule_on_finish", "bool", "true",
         "Start the next epoch early, as soon as a job that was running at the last epoch has "
-        "ended, rather than leave its GPUs idle until the epoch is over. The sidecar checks "
-        "every finish_poll_s seconds with one light squeue (job ids and states only).",
+        "ended (or a job arrives while GPUs are free), rather than leave its GPUs idle until "
+        "the epoch is over. The sidecar checks every finish_poll_s seconds with one light "
+        "squeue (job ids and states only). Such an early epoch only gives out the free GPUs: "
+        "it moves and stops no running job (the next regular epoch re-plans all).",
         check=_bool,
     ),
     ConfigKey(
