@@ -29,9 +29,15 @@ uses.
 **Simulated**: the same jobs on the same nodes (``slurm_conf/nodes.conf``) and the same table,
 with rounds of ``epoch_s * compression`` real seconds that end when a job does
 (``reschedule_on_finish``), and the live world's costs (:mod:`hadar_slurm.costs`): a first start
-costs Slurm's start plus the payload's restart, a move Slurm's requeue plus the restart; the
-payload's restart (python and torch start) is measured here first.  Times are divided by the
-compression, so both are in wall seconds.
+costs Slurm's start plus the payload's restart, a move Slurm's requeue plus the restart.
+Times are divided by the compression, so both are in wall seconds.
+
+**The payload's restart** is measured here first (:func:`payload_restart`).  Python's and
+torch's start take longer when several payloads start at once on the host's two cores (as the
+jobs an epoch moves do), which no real cluster's nodes would see; so every run is given a
+restart (``--restart-s`` of the payload, as a real job spends loading its data and model)
+that covers the slowest of four started together, and then what a run loses to its start and
+end (``restart_s``, the sidecar's and the simulator's) is the same whatever else starts.
 
 Rows: ``policy``, ``mode`` (sim/live), ``makespan_s``, ``avg_jct_s``, ``moves`` and
 ``preemptions`` (counted alike from each epoch's changes: :func:`hadar_slurm.loop.movements`),
@@ -84,7 +90,8 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 PAYLOAD = """#!/bin/bash
 # bench.fidelity payload: the emulated job; logs its runs (start, exit with status and time).
-# $1 out dir, $2 job type, $3 GPUs, $4 steps, $5 compression, $6 table, $7 round seconds
+# $1 out dir, $2 job type, $3 GPUs, $4 steps, $5 compression, $6 table, $7 round seconds,
+# $8 restart seconds
 out="$1"
 id="$SLURM_JOB_ID"
 echo "start $(date +%s.%N) $(hostname) ${SLURM_RESTART_COUNT:-0} ${HADAR_COPY_INDEX:-}" \\
@@ -93,7 +100,8 @@ trap 'echo "signal $(date +%s.%N)" >> "$out/$id.log"' USR1
 export PYTHONPATH=@REPO@ OMP_NUM_THREADS=1
 echo "== run on $(hostname)" >> "$out/$id.out"
 @PYTHON@ -m hadar_slurm.runtime.emulate --job-type "$2" --gpus "$3" \\
-    --steps "$4" --compression "$5" --table "$6" --round-seconds "$7" >> "$out/$id.out" 2>&1
+    --steps "$4" --compression "$5" --table "$6" --round-seconds "$7" --restart-s "$8" \
+    >> "$out/$id.out" 2>&1
 rc=$?
 echo "exit $(date +%s.%N) $rc" >> "$out/$id.log"
 exit $rc
@@ -168,7 +176,8 @@ def hint_of(job: Job) -> str:
 class Settings:
     compression: float
     epoch_s: float  # wall seconds
-    restart_s: float  # the payload's restart, wall seconds
+    restart_s: float  # what a run of the payload loses to its start and end, wall seconds
+    pad_s: float = 0.0  # the payload's --restart-s (its start, padded to this), wall seconds
     grace_s: float = 10.0
     finish_poll_s: float = 1.0
     round_s: float = 2.0  # the payload's checkpoint round, wall seconds
@@ -238,20 +247,40 @@ def run_sim(jobs: Sequence[Job], policy_name: str, st: Settings) -> Run:
 # -- live --------------------------------------------------------------------------------------
 
 
-def measure_restart(repeats: int = 3) -> float:
-    """Seconds from the start of the emulated payload to its first step (python, torch, the
-    runtime), with one step to run: the median of ``repeats`` runs in a scratch directory."""
-    times = []
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as d:
-            t0 = time.perf_counter()
-            subprocess.run(
+def measure_restart(pad_s: float = 0.0, at_once: int = 1) -> list[float]:
+    """Seconds from the start of the emulated payload (``--restart-s pad_s``) to its exit, with
+    one step to run (python, torch, the runtime, the restart's pad, the checkpoint, the
+    exit), for each of ``at_once`` payloads started together in scratch directories."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        procs = []
+        for k in range(at_once):
+            (Path(d) / str(k)).mkdir()
+            procs.append(subprocess.Popen(
                 [sys.executable, "-m", "hadar_slurm.runtime.emulate", "--job-type", "A3C",
-                 "--steps", "1", "--gpu-type", "v100", "--table", str(TABLE)],
-                cwd=d, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True,
-                capture_output=True, timeout=120)
+                 "--steps", "1", "--gpu-type", "v100", "--table", str(TABLE),
+                 "--restart-s", f"{pad_s:g}"],
+                cwd=Path(d) / str(k), env=env, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True))
+        times = []
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the emulated payload failed: {err[-500:]}")
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def payload_restart(at_once: int = 4) -> tuple[float, float]:
+    """The payload's restart for a run: (``pad_s``, ``restart_s``).  Its own start (python,
+    torch) takes longer when several start at once on the host's few cores, as the payloads
+    that an epoch moves do; so every run's start is padded (``--restart-s``) to the slowest
+    of ``at_once`` started together (rounded up to 0.5 s), and a start then costs a run the
+    same everywhere: ``restart_s``, the median of ``at_once`` padded ones started together
+    (the pad, the runtime, the checkpoint and the exit)."""
+    pad = math.ceil(max(measure_restart(0.0, at_once)) * 2) / 2
+    return pad, statistics.median(measure_restart(pad, at_once))
 
 
 def cancel_all(cluster: Cluster) -> None:
@@ -323,7 +352,7 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
             comment=hint_of(job), output="/dev/null", chdir=str(work),
             script_args=[str(out), job.job_type, str(job.scale_factor),
                          str(int(job.total_steps)), f"{st.compression:g}", str(TABLE),
-                         f"{st.round_s:g}"])
+                         f"{st.round_s:g}", f"{st.pad_s:g}"])
         return parse_sbatch_parsable(cluster.runner.run(argv).stdout)
 
     slurm_id: dict[int, int] = {}
@@ -457,8 +486,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trace", type=Path, default=TRACE)
     p.add_argument("--compression", type=float, default=60.0)
     p.add_argument("--epoch-s", type=float, default=12.0, help="wall seconds per epoch")
+    p.add_argument("--pad-s", type=float,
+                   help="the payload's start is padded to this (default: measured here)")
     p.add_argument("--restart-s", type=float,
-                   help="the payload's restart (default: measured here)")
+                   help="what a run loses to its start and end (default: measured here)")
     p.add_argument("--sim-only", action="store_true", help="only the simulated runs")
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--from-dir", metavar="DIR", type=Path,
@@ -474,10 +505,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {TRACE}")
         return 0
     jobs = load_trace(args.trace)
-    restart = args.restart_s if args.restart_s is not None else measure_restart()
-    st = Settings(args.compression, args.epoch_s, restart)
+    pad, restart = payload_restart() if args.pad_s is None else (args.pad_s, math.nan)
+    if args.restart_s is not None:
+        restart = args.restart_s
+    elif math.isnan(restart):
+        restart = statistics.median(measure_restart(pad, 4))
+    st = Settings(args.compression, args.epoch_s, restart, pad_s=pad)
     print(f"trace {args.trace.name}: {len(jobs)} jobs; compression {st.compression:g}x, epoch "
-          f"{st.epoch_s:g} s; payload restart {restart:.2f} s: a start costs "
+          f"{st.epoch_s:g} s; payload start padded to {pad:g} s, restart {restart:.2f} s: a "
+          f"start costs "
           f"{st.costs.start_s:.2f} s, a move {st.costs.move_s:.2f} s (wall)", flush=True)
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     rows: list[dict[str, Any]] = []
@@ -514,7 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_rows(rows)
     if args.json:
         meta = {"settings": {"compression": st.compression, "epoch_s": st.epoch_s,
-                             "restart_s": round(restart, 3), "start_cost_s":
+                             "pad_s": pad, "restart_s": round(restart, 3), "start_cost_s":
                              round(st.costs.start_s, 3), "move_cost_s": round(st.costs.move_s, 3),
                              "trace": args.trace.name, "jobs": len(jobs)},
                 "per_job": per_job}

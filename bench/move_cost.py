@@ -1,7 +1,7 @@
 """What moving a running job really costs on Slurm: from the checkpoint signal to the job running
 again on its new node, measured on the real dev cluster.
 
-    python -m bench.move_cost [--repeats 5] [--grace 30] [--checkpoint-s 1]
+    python -m bench.move_cost [--repeats 8] [--grace 30] [--checkpoint-s 1]
                               [--json bench/results/move_cost.json]
 
 Needs root and Debian's Slurm (``make deps``); uses the dev cluster that answers at
@@ -12,7 +12,9 @@ signal, spends ``--checkpoint-s`` seconds "checkpointing" and exits 75 (as
 :mod:`hadar_slurm.runtime` does), lets the sidecar (in this process, ``slurm_conf/dev-sidecar
 .toml``, policy ``hadar``, grace ``--grace`` s) place it, waits until it runs, drains its node
 and runs one epoch: the policy moves the job, the sidecar signals it, waits for it to leave,
-and places it on its new node in the same epoch.  Times, from the signal (all wall clock):
+and places it on its new node in the same epoch.  The repeats begin that epoch at evenly
+spread points of a second (``phase``): how long a moved job waits to start depends on it.
+Times, from the signal (all wall clock):
 
 * ``exit_s``: the payload's exit after its checkpoint;
 * ``placed_s``: the sidecar's placement on the new node (the end of its work for the move);
@@ -24,7 +26,8 @@ and places it on its new node in the same epoch.  Times, from the signal (all wa
   line, i.e. what a start costs besides the payload's own start.
 
 A job slurmctld has just requeued gets a begin time some seconds ahead (about 10 s on the dev
-cluster); the sidecar places it with ``StartTime=now``, without which ``start_s`` was 11.9 s.
+cluster); the sidecar places it with ``StartTime=now+N``, two whole seconds after the second
+it left (:func:`hadar_slurm.sidecar.apply.start_time`), without which ``start_s`` was 11.9 s.
 
 The median ``running_s`` is what ``[scheduler] migration_s`` should be (the sidecar tells the
 policy, and ``simulate`` charges, that many seconds per move): see ``docs/architecture.md``.
@@ -78,8 +81,9 @@ def _log(path: Path) -> list[list[str]]:
 
 
 def one_move(cluster: Cluster, work: Path, run: int, grace: float,
-             checkpoint_s: float) -> dict[str, Any]:
-    """Place one job, drain its node, let one epoch move it; the times of the move."""
+             checkpoint_s: float, phase: float = 0.0) -> dict[str, Any]:
+    """Place one job, drain its node, let one epoch move it (begun at ``phase``, a fraction
+    of a second); the times of the move."""
     payload = work / "payload.sh"
     payload.write_text(PAYLOAD)
     out = cluster.runner.run(commands.sbatch(
@@ -117,6 +121,11 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
         _wait("the payload to start", 30, lambda: _log(log))
         cluster.runner.run(["scontrol", "update", f"NodeName={first}", "State=DRAIN",
                             "Reason=bench.move_cost"])
+        # the move's times depend on where in a second the job leaves (a moved job starts
+        # two whole seconds after that second at the earliest: see sidecar.apply.start_time):
+        # the runs spread their signals evenly over the second, as the epochs of a real
+        # sidecar fall where they fall
+        time.sleep((phase - time.time()) % 1.0)
         sidecar.loop.run_epoch()  # moves it: signal, grace, requeue, placement
         apply_s = sidecar.backend.stats.apply_s
         moved = _wait("the job to run again", 120, lambda: (
@@ -135,7 +144,8 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
     sig = marks["signal"]
     row = {
         "run": run, "job": job_id, "from": first, "to": moved.node_names[0],
-        "grace_s": grace, "checkpoint_s": checkpoint_s, "apply_s": round(apply_s, 3),
+        "grace_s": grace, "checkpoint_s": checkpoint_s, "phase": round(phase, 3),
+        "apply_s": round(apply_s, 3),
         "exit_s": round(events.get("exit", float("nan")) - sig, 3),
         "placed_s": round(marks.get("placed", float("nan")) - sig, 3),
         "start_s": round(float(moved.start_time or 0) - sig, 3),
@@ -152,7 +162,7 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.move_cost", description=__doc__.split(
         "\n\n")[0])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--grace", type=float, default=30.0, help="preempt_grace_s (s)")
     p.add_argument("--checkpoint-s", type=float, default=1.0,
                    help="seconds the payload takes to checkpoint on the signal")
@@ -163,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.repeats):
             work = Path(tmp) / f"run{run}"
             work.mkdir()
-            rows.append(one_move(cluster, work, run, args.grace, args.checkpoint_s))
+            rows.append(one_move(cluster, work, run, args.grace, args.checkpoint_s,
+                                 phase=(run + 0.5) / args.repeats))
     keys = ("exit_s", "placed_s", "start_s", "running_s", "apply_s", "first_start_s")
     summary = {"run": "median", **{k: round(statistics.median(r[k] for r in rows), 3)
                                    for k in keys}}

@@ -73,3 +73,32 @@ def test_simulator_charges_a_first_start_and_a_move_apart() -> None:
                    migration_cost_s=20.0)
     # round 0: 7 s start, 93 steps; then a move: 20 s lost, the other 907 steps
     assert res.finish[0] == pytest.approx(100.0 + 20.0 + 907.0)
+
+
+class _ForkTwo:
+    """Job 0 as two copies, one on each node, every epoch."""
+
+    name = "fork-two"
+
+    def allocate(self, snapshot: Snapshot) -> Decision:
+        n = 2 * len(snapshot.job_ids)  # (none once it is done)
+        return Decision(snapshot.epoch, Placement(
+            np.repeat(snapshot.job_ids, 2), np.arange(n, dtype=np.int64) % 2,
+            np.ones(n, dtype=np.int64), np.arange(n, dtype=np.int64) % 2),
+            np.full(len(snapshot.job_ids), Reason.PLACED, dtype=np.int8))
+
+
+def test_a_forked_job_ends_with_a_start_of_its_own() -> None:
+    # live, a job whose copies did its work runs once more itself (its batch script's end):
+    # one more start than an unforked job, after its copies freed their GPUs
+    cluster = ClusterSpec((Node("n0", "v100", 1), Node("n1", "v100", 1)))
+    table = ThroughputTable({("toy", 1): {"v100": 1.0}})
+    job = Job(0, "toy", scale_factor=1, total_steps=1000.0, arrival_s=0.0)
+
+    def finish(policy: object, start: float) -> float:
+        res = simulate([job], cluster, table, policy, round_s=10000.0,  # type: ignore[arg-type]
+                       start_cost_s=start)
+        return float(res.finish[0])
+
+    assert finish(_ForkTwo(), 7.0) - finish(_ForkTwo(), 0.0) == pytest.approx(14.0)
+    assert finish(_MoveOnce(), 7.0) - finish(_MoveOnce(), 0.0) == pytest.approx(7.0)

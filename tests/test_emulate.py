@@ -151,3 +151,28 @@ def test_a_signal_while_it_starts_stops_it_as_a_preemption(tmp_path: Path) -> No
     assert proc.returncode == 75, (out, err)
     progress = tmp_path / ".hadar-tracker" / "local" / "progress.json"
     assert not progress.exists() or json.loads(progress.read_text())["done"] < 1000
+
+
+def test_its_restart_lasts_restart_s_from_the_process_start_and_a_signal_ends_it(
+        tmp_path: Path) -> None:
+    # --restart-s 6: nothing before 6 s after the start (torch's start is part of it)
+    t0 = time.monotonic()
+    proc = _emulate(tmp_path, 1, "--compression", "50", "--restart-s", "6")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "done 1/1" in out and time.monotonic() - t0 >= 6.0
+    # a signal during the restart stops it there (exit 75, nothing done), not 6 s later
+    second = tmp_path / "second"
+    second.mkdir()
+    proc = _emulate(second, 1000, "--compression", "50", "--restart-s", "30")
+    end = time.monotonic() + 30
+    while not _loading_torch(proc.pid):
+        assert time.monotonic() < end and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(3.0)  # (torch has loaded by now: the restart's wait is on)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, (out, err)
+    assert time.monotonic() - sent < 5.0
+    assert not (second / ".hadar-tracker" / "local" / "progress.json").exists()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bench.epoch_overhead import Cluster
-from bench.fidelity import Settings, _runs, measure_restart, run_live
+from bench.fidelity import Settings, _runs, payload_restart, run_live
 from hadar_slurm.logs import read_events
 from hadar_slurm.model import Job
 from tests.slurm_cluster import DevCluster, nodes_conf
@@ -46,7 +46,8 @@ def test_short_fidelity_run_completes_every_job_once_where_it_was_placed(
     cluster = Cluster(dev_cluster.dir / "etc" / "slurm.conf", dev_cluster.runner, None)
     jobs = [Job(k, t, scale_factor=g, total_steps=float(s), arrival_s=float(a))
             for k, (t, g, s, a) in enumerate(JOBS)]
-    st = Settings(compression=60, epoch_s=6, restart_s=measure_restart(repeats=1))
+    pad, restart = payload_restart()
+    st = Settings(compression=60, epoch_s=6, restart_s=restart, pad_s=pad)
     run = run_live(cluster, jobs, "hadar", st, tmp_path, timeout_s=400, drain=(15.0, "node4"))
     assert run.problems == [], run.problems
     assert sorted(run.jct) == list(range(len(JOBS)))

@@ -13,7 +13,11 @@ each step waits until the time it would end on the real GPUs, divided by ``--com
 
 Its rate: ``table.rate(job type, GPUs, GPU type)`` steps/s, whole job (Gavel's convention),
 times ``--compression``; with several GPU types (a job over nodes of several types) the slowest
-type's, as a synchronous job runs.  The GPU type is ``--gpu-type``, else that of a forked
+type's, as a synchronous job runs.  With ``--restart-s`` its first step comes that long after
+the process started (python's and torch's start included), as a real job's restart (loading
+its data and model) would: the time a start or a move costs it is then the same every time,
+whatever else the host's cores are doing, as long as it is longer than python's and torch's
+start there.  The GPU type is ``--gpu-type``, else that of a forked
 copy (``HADAR_COPY_GPU_TYPE``), else read from Slurm: the ``gpu`` GRES of every node of
 ``SLURM_JOB_NODELIST`` (``scontrol show node``, with the job's ``SLURM_CONF``).  A forked job
 (more than one copy) also spends :class:`~hadar_slurm.consolidation.ConsolidationCost`'s
@@ -37,6 +41,8 @@ from hadar_slurm.runtime.config import EXIT_PREEMPTED, RuntimeConfig, signal_num
 from hadar_slurm.slurm import SlurmRunner, expand_hostlist, parse_gres, parse_scontrol_show
 
 _SOURCE = "hadar_slurm.runtime.emulate"
+#: When this process started (as near as Python lets us see it): ``--restart-s`` counts from it.
+_STARTED = time.monotonic()
 #: Sleep only when this far ahead of the pace (s): shorter sleeps cost more than they keep.
 _MIN_SLEEP_S = 0.005
 
@@ -111,9 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gpu-type", help="the GPU type (default: from the fork, or Slurm)")
     p.add_argument("--round-seconds", type=float, default=30.0,
                    help="wall seconds per round (checkpoint) of the runtime")
+    p.add_argument("--restart-s", type=float, default=0.0,
+                   help="wall seconds from the process's start to its first step: the "
+                        "emulated job's own restart (loading its data and model), of which "
+                        "python's and torch's start are part (default 0: only those)")
     args = p.parse_args(argv)
     if args.compression < 1 or args.gpus < 1 or args.steps < 1:
         p.error("--compression, --gpus and --steps must be >= 1")
+    if not 0 <= args.restart_s < 3600:
+        p.error("--restart-s must be >= 0 and < 3600")
     env = os.environ
     table = load_tables([str(t) for t in args.table])
     types = ([args.gpu_type] if args.gpu_type else
@@ -133,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from hadar_slurm.runtime import JobRuntime
 
+    # the rest of the restart (a signal ends it: the job stops before it started)
+    while not early and (left := _STARTED + args.restart_s - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
     if early:
         print(f"emulate: stopped by signal {early[0]} before it started", flush=True)
         return EXIT_PREEMPTED

@@ -35,7 +35,9 @@ rate there from the next snapshot on.
 HadarE: a job forked into copies (rows with different ``Placement.copy`` indices) progresses at
 the sum of its copies' rates, each copy computed as above; the job tracker adds up their
 iterations.  Every round a job runs forked it first spends ``consolidation.seconds(job type)``
-consolidating the copies' models, making no progress (the GPUs count as busy).  The snapshot
+consolidating the copies' models, making no progress (the GPUs count as busy).  A job whose
+copies finish its work ends ``start_cost_s`` later (live, the job itself then runs once, to
+the end of its batch script: a start).  The snapshot
 says ``multi_node_copies=False`` unless the simulator is built with ``multi_node_copies=True``:
 as in Slurm, where each copy is one hetjob component on one node, a copy may not span nodes, so
 the simulator scores the HadarE the sidecar can run.  (With ``True`` a copy over several nodes
@@ -293,7 +295,10 @@ class SimulatedCluster:
                 busy[self.node_type[n]] += c * held
             if st.remaining[i] <= EPS_STEPS * max(1.0, float(self.total[i])) or run >= ttf:
                 st.remaining[i] = 0.0
-                st.finish[i] = self._round_start + delay + ttf
+                # (a forked job ends with a run of its own, its batch script after the copies'
+                # training: a start, once its copies have freed their GPUs)
+                last = self.start_cost_s if len(copies) > 1 else 0.0
+                st.finish[i] = self._round_start + delay + ttf + last
         st.usage.append(EpochUsage(self._round_start, now, busy, len(self.current.by_job())))
         self._round_start = now
         self.current = self.current.select(
