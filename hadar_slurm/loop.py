@@ -7,7 +7,8 @@ clock, or simulated time that jumps).  There is no "simulate" flag anywhere in h
 An epoch that comes less than a round after the last full one (a job ended or arrived and the
 backend brought the epoch forward: ``reschedule_on_finish``) only fills the GPUs no job holds
 (:func:`fill_snapshot`): the jobs that run keep their GPUs, and the policy places the others on
-what is free.  Moving a running job costs it a restart, so the loop re-plans everything once a
+what is free.  Full epochs keep their cadence: the next is due a round after the last full one
+(the backend is asked for the next epoch within that).  Moving a running job costs it a restart, so the loop re-plans everything once a
 round, not at every finish and arrival, which would move the same jobs back and forth.
 """
 
@@ -294,7 +295,9 @@ class EpochLoop:
         if self.on_epoch is not None:
             self.on_epoch(record)
         self.epoch += 1
-        nxt = self.backend.next_epoch_start(now, self.round_s)
+        # the next full epoch is due a round after the last one, whatever filled in between
+        assert self._last_full is not None
+        nxt = self.backend.next_epoch_start(now, self._last_full + self.round_s - now)
         if nxt is None:
             return False
         self.clock.sleep_until(nxt)

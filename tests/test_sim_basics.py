@@ -106,7 +106,9 @@ def test_reschedule_on_finish_ends_the_round_at_the_first_finish(
     assert early.makespan_s == 720.0 and early.avg_jct_s == pytest.approx((100 + 720 + 460) / 3)
     # busy 100 + 720 + 360 = 1180 of 2 x 720 GPU-seconds
     assert early.utilization == pytest.approx(1180 / 1440)
-    assert [(u.start, u.end) for u in early.usage][:2] == [(0.0, 100.0), (100.0, 460.0)]
+    # (the next full epoch stays due at 360, a round after the last full one)
+    assert [(u.start, u.end) for u in early.usage][:3] == [(0.0, 100.0), (100.0, 360.0),
+                                                          (360.0, 460.0)]
 
 
 def test_idle_gap_jumps_to_the_next_arrival(toy_table: ThroughputTable) -> None:
@@ -219,14 +221,79 @@ def test_an_epoch_brought_forward_fills_free_gpus_and_moves_no_running_job(
     # Jobs 3 (100 s), 2 and 1 (1000 s) run on nodes 0, 1, 2 from t=0; job 0 arrives at 50 and
     # waits (no GPU free).  Job 3 ends at 100: the epoch it brings forward sees only job 0 and
     # node 0's GPU, and places it there; jobs 2 and 1 keep theirs (a full re-plan would move
-    # both).  The next full epoch, a round after the last (t=460 >= 0 + 360), re-plans all:
-    # jobs 2, 1, 0 to nodes 0, 1, 2, i.e. three moves.
+    # both).  The next full epoch, a round after the last (t=360), re-plans all: jobs 2, 1, 0
+    # to nodes 0, 1, 2, i.e. three moves.  Each epoch brought forward may start up to
+    # wake_delay_s late (the sidecar's poll): the fill comes at 100 + U(0, 20).
     jobs = [make_job(3, 100, 0), make_job(2, 1000, 0), make_job(1, 1000, 0),
             make_job(0, 1000, 50)]
     policy = _Reverse()
     res = simulate(jobs, parse_counts("v100=3"), toy_table, policy, round_s=360.0,
-                   reschedule_on_finish=True)
-    assert policy.seen[0] == (0.0, [1, 2, 3], [1, 1, 1])
-    assert policy.seen[1] == (100.0, [0], [1, 0, 0])
-    assert policy.seen[2] == (460.0, [0, 1, 2], [1, 1, 1])
-    assert [(r.start, r.moves) for r in res.records[:3]] == [(0.0, 0), (100.0, 0), (460.0, 3)]
+                   reschedule_on_finish=True, wake_delay_s=20.0, seed=1)
+    fill = policy.seen[1][0]
+    assert 100.0 <= fill < 120.0
+    assert policy.seen[:3] == [(0.0, [1, 2, 3], [1, 1, 1]), (fill, [0], [1, 0, 0]),
+                               (360.0, [0, 1, 2], [1, 1, 1])]
+    assert [(r.start, r.moves) for r in res.records[:3]] == [(0.0, 0), (fill, 0), (360.0, 3)]
+    last = [j.job_id for j in sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))].index(0)
+    assert res.finish[last] == pytest.approx(fill + 1000.0)  # (job 0 runs from the fill on)
+
+
+class _Fixed:
+    """Places each job on the rows given for it, every epoch."""
+
+    name = "fixed"
+
+    def __init__(self, rows: dict[int, list[tuple[int, int]]],
+                 later: dict[int, list[tuple[int, int]]] | None = None) -> None:
+        self.rows = rows
+        self.later = later or rows  # (from epoch 1 on)
+
+    def allocate(self, snapshot: Snapshot) -> Decision:
+        job, node, count = [], [], []
+        rows = self.rows if snapshot.epoch == 0 else self.later
+        for j in snapshot.job_ids.tolist():
+            for n, c in rows[j]:
+                job.append(j)
+                node.append(n)
+                count.append(c)
+        return Decision(snapshot.epoch, Placement(
+            np.array(job, dtype=np.int64), np.array(node, dtype=np.int64),
+            np.array(count, dtype=np.int64)),
+            np.full(snapshot.num_jobs, Reason.PLACED, dtype=np.int8))
+
+
+def test_even_gangs_runs_no_job_over_nodes_with_unequal_gpu_counts(
+    toy_table: ThroughputTable,
+) -> None:
+    # toy2 (2 GPUs, 2 steps/s) on node 0 (2 v100s) runs 200 steps in 100 s.  Placed on one GPU
+    # of each of nodes 1 and 2 (1 + 1: even) it runs as well.  On nodes 0 and 1 with 1 + 1 it
+    # is even too; a 3-GPU placement 2 + 1 is not: with even_gangs the job never starts (one
+    # Slurm job asks for one GPU count per node), without it it runs (3 workers: 3 steps/s).
+    from hadar_slurm.model import ClusterSpec, Node
+    cluster = ClusterSpec((Node("n0", "v100", 2), Node("n1", "v100", 1), Node("n2", "v100", 1)))
+    job = [make_job(0, 200, 0, job_type="toy2", scale=2)]
+    for rows, even, done in (([(0, 2)], True, 100.0), ([(1, 1), (2, 1)], True, 100.0),
+                             ([(0, 1), (1, 1)], True, 100.0),
+                             ([(0, 2), (1, 1)], False, 200 / 3),
+                             ([(0, 2), (1, 1)], True, None)):
+        res = simulate(job, cluster, toy_table, _Fixed({0: rows}), round_s=360.0,
+                       even_gangs=even)
+        assert (None if np.isnan(res.finish[0]) else float(res.finish[0])) == (
+            pytest.approx(done) if done else None), rows
+    # running on nodes 1 and 2, moved at 360 to 2 + 1: it stays (280 steps left at 2/s: 500 s);
+    # without even_gangs it moves (3/s: 360 + 280 / 3)
+    job = [make_job(0, 1000, 0, job_type="toy2", scale=2)]
+    for even, done in ((True, 500.0), (False, 360 + 280 / 3)):
+        res = simulate(job, cluster, toy_table, _Fixed({0: [(1, 1), (2, 1)]},
+                                                       {0: [(0, 2), (1, 1)]}),
+                       round_s=360.0, even_gangs=even)
+        assert float(res.finish[0]) == pytest.approx(done)
+    # and a job the decision moves onto the GPUs the first one kept waits for them: toy job 1
+    # (1000 steps at 1/s) runs on node 0, is moved at 360 to node 2 (which job 0 keeps): it
+    # stops, and runs again when job 0 has ended (at 500): 360 + 640 s later
+    two = [make_job(0, 1000, 0, job_type="toy2", scale=2), make_job(1, 1000, 0)]
+    res = simulate(two, cluster, toy_table, _Fixed({0: [(1, 1), (2, 1)], 1: [(0, 1)]},
+                                                   {0: [(0, 2), (1, 1)], 1: [(2, 1)]}),
+                   round_s=360.0, even_gangs=True)
+    assert [float(f) for f in res.finish] == [500.0, 500.0 + 640.0]
+    assert [r.preemptions for r in res.records[:2]] == [0, 1]

@@ -10,6 +10,8 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
   ``reschedule_on_finish`` (the sidecar's ``[scheduler] reschedule_on_finish``) a round ends
   as soon as its first job finishes instead, and the next epoch gives its GPUs out; it also
   ends when a job arrives while the round leaves GPUs free (the sidecar's ``jobs_arrived``).
+  Such an epoch starts ``wake_delay_s`` late at most (uniform, seeded: the sidecar sees a finish
+  or an arrival at its next ``finish_poll_s`` poll); 0 by default.
 * When nothing runs and nothing waits, time jumps to the next arrival.
 * No start, preemption or checkpoint cost unless ``migration_cost_s`` or ``start_cost_s`` is
   set: then a job that is placed on GPUs other than those it held (or resumes after a pause)
@@ -100,8 +102,22 @@ class SimulatedCluster:
         learn_rates: bool = False,
         reschedule_on_finish: bool = False,
         multi_node_copies: bool = False,
+        wake_delay_s: float = 0.0,
+        seed: int = 0,
+        even_gangs: bool = False,
     ) -> None:
+        if not wake_delay_s >= 0:
+            raise ValueError(f"wake_delay_s must be >= 0, got {wake_delay_s!r}")
         self.reschedule_on_finish = reschedule_on_finish
+        #: How late an epoch that a finish or an arrival brings forward starts: uniform in
+        #: [0, wake_delay_s) (the sidecar's ``finish_poll_s``: it sees a finish at its next
+        #: poll), drawn from a generator seeded with ``seed``.
+        self.wake_delay_s = wake_delay_s
+        #: Whether a job over several nodes must hold as many GPUs on each (one Slurm job
+        #: asks for a GPU count per node): as the sidecar's reconcile, a placement that is not
+        #: is not run (a pending job waits, a running one stays where it runs).
+        self.even_gangs = even_gangs
+        self._rng = np.random.default_rng(seed)
         self.multi_node_copies = multi_node_copies
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
         self.cluster = cluster
@@ -183,7 +199,45 @@ class SimulatedCluster:
         )
 
     def reconcile(self, snapshot: Snapshot, decision: Decision) -> list[Change]:
-        return diff(snapshot, decision)
+        changes = diff(snapshot, decision)
+        return self._even(snapshot, changes) if self.even_gangs else changes
+
+    def _even(self, snapshot: Snapshot, changes: list[Change]) -> list[Change]:
+        """``changes`` as the sidecar can make them (``even_gangs``): a placement over nodes
+        with unequal GPU counts is not made (a running job keeps its GPUs; a pending one waits),
+        and then, on a node that the jobs kept where they were overfill, the jobs the decision
+        put there wait (placed ones first, then moved ones, which stop): in Slurm they would
+        wait for its GPUs."""
+        before = snapshot.current.by_job_copies()
+        out: list[Change] = []
+        for c in changes:
+            uneven = any(len(cp) > 1 and len({k for _, k in cp}) > 1 for cp in c.copies)
+            if c.kind in (ChangeKind.PLACE, ChangeKind.MOVE) and uneven:
+                old = before.get(c.job_id)
+                if c.kind is ChangeKind.MOVE and old is not None:
+                    out.append(Change(c.epoch, ChangeKind.KEEP, c.job_id,
+                                      tuple(tuple(sorted(old[k])) for k in sorted(old)),
+                                      "unequal GPUs per node: it stays"))
+                continue
+            out.append(c)
+        used = np.zeros(self.node_gpus.shape[0], dtype=np.int64)
+        for c in out:
+            for cp in c.copies:
+                for n, k in cp:
+                    used[n] += k
+        for kind in (ChangeKind.PLACE, ChangeKind.FORK, ChangeKind.MOVE):
+            for k, c in enumerate(out):
+                if not (used > self.node_gpus).any():
+                    return out
+                over = {int(n) for n in np.nonzero(used > self.node_gpus)[0]}
+                if c.kind is kind and any(n in over for cp in c.copies for n, _ in cp):
+                    for cp in c.copies:
+                        for n, g in cp:
+                            used[n] -= g
+                    out[k] = Change(c.epoch, ChangeKind.STOP, c.job_id, (),
+                                    "its GPUs are still held") if kind is ChangeKind.MOVE else (
+                        Change(c.epoch, ChangeKind.WAIT, c.job_id, (), "its GPUs are still held"))
+        return out
 
     def apply(self, changes: list[Change], now: float) -> ApplyReport:
         """Run what ``changes`` leave running from ``now`` on (applying them twice is the same
@@ -215,15 +269,20 @@ class SimulatedCluster:
             self._idle_epochs = 0
             # the round ends early when every job ended, or (reschedule_on_finish) when the
             # first one did: its GPUs are free for the next epoch instead of idle
+            due = now + round_s
             end = now + min(round_s, min(ends) if self.reschedule_on_finish else max(ends))
             if self.reschedule_on_finish and arrival is not None and int(
                     self.current.count.sum()) < int(self.node_gpus.sum()):
                 end = min(end, arrival)  # (and as soon as a job arrives while GPUs are free)
+            if self.reschedule_on_finish and end < due:
+                end = min(end + self._wake(), due)
             return end
         waiting = bool(np.isnan(self.state.finish[: self._admitted]).any())
         if arrival is not None:
             if self.reschedule_on_finish:  # nothing runs: the arrival starts an epoch
-                return min(arrival, now + round_s) if waiting else max(arrival, now)
+                if waiting and arrival >= now + round_s:
+                    return now + round_s
+                return max(arrival, now) + self._wake()
             return max(arrival, now + round_s) if waiting else max(arrival, now)
         if waiting:
             # Jobs wait but the policy ran nothing; give up after a few such epochs rather than
@@ -233,6 +292,10 @@ class SimulatedCluster:
                 return None
             return now + round_s
         return None
+
+    def _wake(self) -> float:
+        """How late after a finish or an arrival the epoch it brings forward starts."""
+        return float(self._rng.uniform(0.0, self.wake_delay_s)) if self.wake_delay_s else 0.0
 
     # -- mechanics --------------------------------------------------------------------------
 

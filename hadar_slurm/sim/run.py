@@ -123,6 +123,9 @@ def simulate(
     learn_rates: bool = False,
     reschedule_on_finish: bool = False,
     multi_node_copies: bool = False,
+    wake_delay_s: float = 0.0,
+    seed: int = 0,
+    even_gangs: bool = False,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
 
@@ -138,13 +141,19 @@ def simulate(
     do by default, rather than after ``round_s`` or when all its jobs did (fixed rounds, as in
     Gavel's simulator, the default here).  ``multi_node_copies``: whether a forked job's copy
     may span several nodes (the snapshot tells the policy); False, as in Slurm, by default.
+    ``wake_delay_s``, ``seed``: with ``reschedule_on_finish``, an epoch a finish or an arrival
+    brings forward starts up to ``wake_delay_s`` late (uniform, seeded), as the sidecar sees
+    them at its next ``finish_poll_s`` poll.  ``even_gangs``: a job over several nodes must
+    hold as many GPUs on each, as one Slurm job does; other placements are not run (see
+    :class:`~hadar_slurm.sim.backend.SimulatedCluster`).
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
                                start_cost_s=start_cost_s,
                                consolidation=consolidation, policy_table=policy_table,
                                learn_rates=learn_rates,
                                reschedule_on_finish=reschedule_on_finish,
-                               multi_node_copies=multi_node_copies)
+                               multi_node_copies=multi_node_copies,
+                               wake_delay_s=wake_delay_s, seed=seed, even_gangs=even_gangs)
     start = float(backend.arrival.min()) if len(jobs) else 0.0
     hook = None if on_epoch is None else (lambda rec: on_epoch(rec, backend))
     loop = EpochLoop(backend, policy, SimClock(start), round_s=round_s, on_epoch=hook)
