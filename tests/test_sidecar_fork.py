@@ -254,6 +254,31 @@ def test_move_ends_the_copies_then_places_the_job_in_the_same_epoch(tmp_path: Pa
     assert rec.done > 0 and rec.until == 2200.0
 
 
+def test_the_grace_ends_when_the_copies_have_left_their_gpus(tmp_path: Path) -> None:
+    # the copies checkpoint on the signal and exit 75: slurmctld requeues the heterogeneous job
+    # held (RequeueExitHold), pending: they have left their GPUs, and the grace ends there (the
+    # requeued copies are cancelled), not at its deadline
+    api = FakeSlurm([hinted(tmp_path)], NODES)
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        if len(slept) == 3:
+            for c in components(api):
+                api.jobs[c.job_id] = replace(c, state="PENDING", state_reason="JobHeldUser",
+                                             nodes="", node_names=())
+
+    b = SlurmBackend(api, default_table(), preempt_grace_s=5.0, sleep=sleep)
+    step(b, {J: THREE}, 0)
+    old = components(api)[0].job_id
+    start(api, old)
+    api.log.clear()
+    step(b, {J: {0: [(1, 1)]}}, 1, now=2100.0)
+    assert slept == [0.25] * 3
+    assert api.log == [("update", J), ("signal_steps", old), ("update", J), ("release", J),
+                       ("cancel", old)]
+
+
 def test_preempted_copies_leave_the_job_held(tmp_path: Path) -> None:
     api = FakeSlurm([hinted(tmp_path)], NODES)
     b = backend(api)

@@ -407,8 +407,11 @@ class SlurmApplier:
             # (a job that read shows back in the queue left by itself: it is placed at once)
             placed |= self._finish_moves([v for v in g.views if v.job_id not in placed],
                                          g.moves, g.epoch, jobs, polls=0)
+            # (a copy that has left its GPUs is done with the grace: one that checkpointed and
+            # exited 75 is requeued held by slurmctld, pending, and cancelled below)
             busy = bool(pending) or any(
-                j.job_id in comps and j.state in hadare.LIVE_STATES for j in jobs)
+                j.job_id in comps and (j.state in RUNNING_STATES or j.state == "COMPLETING")
+                for j in jobs)
             if remaining <= 0 or not busy:
                 break
         live = {j.job_id for j in jobs if j.state in hadare.LIVE_STATES}
