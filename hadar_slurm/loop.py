@@ -8,8 +8,9 @@ An epoch that comes less than a round after the last full one (a job ended or ar
 backend brought the epoch forward: ``reschedule_on_finish``) only fills the GPUs no job holds
 (:func:`fill_snapshot`): the jobs that run keep their GPUs, and the policy places the others on
 what is free.  Full epochs keep their cadence: the next is due a round after the last full one
-(the backend is asked for the next epoch within that).  Moving a running job costs it a restart, so the loop re-plans everything once a
-round, not at every finish and arrival, which would move the same jobs back and forth.
+(the backend is asked for the next epoch within that).  Moving a running job costs it a
+restart, so the loop re-plans everything once a round, not at every finish and arrival, which
+would move the same jobs back and forth.
 """
 
 from __future__ import annotations
