@@ -271,7 +271,7 @@ def measure_once(cluster: Cluster, n: int, workdir: Path, run: int) -> dict[str,
         sidecar.max_epochs = epochs  # the loop does not wait for the next epoch after it
         slept[0] = 0.0
         t0 = time.perf_counter()
-        sidecar.loop.run_epoch()
+        sidecar.loop.run_epoch(full=True)  # (the steady one too: a re-plan of every job)
         wall = time.perf_counter() - t0
         out.update({prefix + k: v for k, v in epoch_figures(sidecar, wall, slept[0]).items()})
         if not prefix:

@@ -267,12 +267,15 @@ class EpochLoop:
         self.last_decision: Decision | None = None
         self._last_full: float | None = None  # when the last epoch that re-planned all began
 
-    def run_epoch(self) -> bool:
-        """One epoch; False when the backend says nothing is left."""
+    def run_epoch(self, full: bool | None = None) -> bool:
+        """One epoch; False when the backend says nothing is left.  ``full``: whether it
+        re-plans every job (True) or only fills the free GPUs (False); by default, it re-plans
+        when a round has passed since the last epoch that did (or when nothing runs)."""
         now = self.clock.now()
         snapshot = self.backend.snapshot(self.epoch, now, self.round_s, self.policy_state)
         t0 = time.perf_counter()
-        full = self._last_full is None or now >= self._last_full + self.round_s
+        if full is None:
+            full = self._last_full is None or now >= self._last_full + self.round_s
         if not full:
             sub, holds = fill_snapshot(snapshot)
             full = not holds.any()  # (nothing runs: the fill is the whole epoch)

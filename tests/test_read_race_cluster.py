@@ -63,7 +63,7 @@ def start(work: Workdir) -> tuple[Sidecar, StaleNodesApi]:
 
 
 def epoch(sidecar: Sidecar) -> list[dict[str, object]]:
-    sidecar.loop.run_epoch()
+    sidecar.loop.run_epoch(full=True)  # (a re-plan of every job, which could stop or hold)
     return list(sidecar.backend.stats.applied)
 
 
