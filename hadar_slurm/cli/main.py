@@ -397,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--reschedule-on-finish", action="store_true",
                      help="start the next round as soon as a job ends, as the sidecar does "
                      "([scheduler] reschedule_on_finish), instead of at the end of the round "
-                     "(fixed rounds, as Gavel's simulator)")
+                     "(fixed rounds, as Gavel's simulator); such a round only fills the free "
+                     "GPUs, and every job is re-planned a round after the last time")
     sim.add_argument("--restart-s", default=f"{DEFAULT_RESTART_S:g}", metavar="S",
                      help="a job's own restart (as the sidecar's [scheduler] restart_s): a "
                      f"start costs it plus {SLURM_START_S:g} s, a move plus {SLURM_MOVE_S:g} s "
