@@ -176,3 +176,17 @@ def test_its_restart_lasts_restart_s_from_the_process_start_and_a_signal_ends_it
     assert proc.returncode == 75, (out, err)
     assert time.monotonic() - sent < 5.0
     assert not (second / ".hadar-tracker" / "local" / "progress.json").exists()
+
+
+def test_a_signal_after_the_work_is_done_does_not_fail_the_job(tmp_path: Path) -> None:
+    # The sidecar may move a job that has just finished (it does not know yet): a preemption
+    # signal while Python and torch shut down must not kill it (exit 138, FAILED)
+    proc = _emulate(tmp_path, 1, "--compression", "50")
+    assert proc.stdout is not None
+    end = time.monotonic() + 60
+    while "done 1/1" not in proc.stdout.readline():
+        assert time.monotonic() < end and proc.poll() is None
+    while proc.poll() is None:  # (the shutdown's every moment)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.002)
+    assert proc.returncode == 0

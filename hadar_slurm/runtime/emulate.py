@@ -169,6 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pace.restart()
             pace.step()
         summary = rt.finish()
+    # The work is done and saved: a preemption signal from now on (the sidecar moving a job
+    # it does not know has finished) must not kill the process while Python and torch shut
+    # down, which restores the default action (terminate: exit 138, the job FAILED, then
+    # requeued and run once more).
+    for name in config.preempt_signals:
+        signal.signal(signal_number(name), signal.SIG_IGN)
     print(f"emulate: copy {config.index}: done {summary.done}/{summary.work}, ran "
           f"{summary.executed}", flush=True)
     return 0
