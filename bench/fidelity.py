@@ -4,6 +4,7 @@ starting state; per policy, how far apart the two are.
 
     python -m bench.fidelity [--policies hadar,hadare,fifo] [--trace bench/data/fidelity.tsv]
                              [--compression 60] [--epoch-s 12] [--sim-only]
+                             [--pad-s S --restart-s S] [--keep DIR | --from-dir DIR]
                              [--json bench/results/fidelity.json]
 
 Needs root and Debian's Slurm (``make deps``) for the live runs; uses the dev cluster that
@@ -29,8 +30,12 @@ uses.
 **Simulated**: the same jobs on the same nodes (``slurm_conf/nodes.conf``) and the same table,
 with rounds of ``epoch_s * compression`` real seconds that end when a job does
 (``reschedule_on_finish``), and the live world's costs (:mod:`hadar_slurm.costs`): a first start
-costs Slurm's start plus the payload's restart, a move Slurm's requeue plus the restart.
-Times are divided by the compression, so both are in wall seconds.
+costs Slurm's start plus the payload's restart, a move Slurm's requeue plus the restart.  As
+live, an epoch a finish or an arrival brings forward comes up to one ``finish_poll_s`` late
+(``wake_delay_s``) and no job runs over nodes with unequal GPU counts (``even_gangs``).  The
+schedule turns on small differences, so the simulated figures are the medians of
+:data:`SEEDS` runs (seeds of those delays), per job too, with their range.  Times are divided
+by the compression, so both are in wall seconds.
 
 **The payload's restart** is measured here first (:func:`payload_restart`).  Python's and
 torch's start take longer when several payloads start at once on the host's two cores (as the
