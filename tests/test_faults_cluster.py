@@ -41,8 +41,10 @@ stop=0
 trap 'stop=1' USR1
 secs=$2
 [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && secs=3
-end=$(( $(date +%s) + secs ))
-while [ "$(date +%s)" -lt "$end" ]; do
+# (seconds counted, not read with $(date): the signal reaches every process of the job, and a
+# command substitution it killed read as "time is up", so the job ended "done")
+i=0
+while [ "$i" -lt "$secs" ]; do
   if [ "$stop" = 1 ]; then
     echo "signal $(hostname)" >> "$log"
     sleep "$3"
@@ -50,7 +52,10 @@ while [ "$(date +%s)" -lt "$end" ]; do
     exit 75
   fi
   sleep 1 & wait $!
+  i=$((i + 1))
 done
+[ "$stop" = 1 ] && { echo "signal $(hostname)" >> "$log"; sleep "$3";
+                     echo "checkpoint $(hostname)" >> "$log"; exit 75; }
 echo "done $(hostname) ${SLURM_RESTART_COUNT:-0}" >> "$log"
 """
 
