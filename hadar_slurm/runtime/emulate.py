@@ -26,19 +26,35 @@ seconds per round, divided by ``--compression``, consolidating: as the simulator
 
 from __future__ import annotations
 
-import argparse
-import os
 import signal
-import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
-from hadar_slurm.consolidation import ConsolidationCost
-from hadar_slurm.errors import InputError
-from hadar_slurm.rates.table import ThroughputTable, load_tables
-from hadar_slurm.runtime.config import EXIT_PREEMPTED, RuntimeConfig, signal_number
-from hadar_slurm.slurm import SlurmRunner, expand_hostlist, parse_gres, parse_scontrol_show
+#: Preemption signals that came before the runtime took the signals over.
+_EARLY: list[int] = []
+if __name__ == "__main__":  # (as a program, before the imports below: a move right after the
+    # placement may signal it while Python starts; the default action would kill it, exit 138)
+    signal.signal(signal.SIGUSR1, lambda signum, _frame: _EARLY.append(signum))
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Mapping, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from hadar_slurm.consolidation import ConsolidationCost  # noqa: E402
+from hadar_slurm.errors import InputError  # noqa: E402
+from hadar_slurm.rates.table import ThroughputTable, load_tables  # noqa: E402
+from hadar_slurm.runtime.config import (  # noqa: E402
+    EXIT_PREEMPTED,
+    RuntimeConfig,
+    signal_number,
+)
+from hadar_slurm.slurm import (  # noqa: E402
+    SlurmRunner,
+    expand_hostlist,
+    parse_gres,
+    parse_scontrol_show,
+)
 
 _SOURCE = "hadar_slurm.runtime.emulate"
 #: When this process started (as near as Python lets us see it): ``--restart-s`` counts from it.
@@ -137,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The preemption signal may come while torch loads (a job moved right after it started):
     # until the runtime takes the signals over, it only stops the start (exit 75: requeued,
     # nothing was done, nothing is lost), rather than kill the process by default.
-    early: list[int] = []
+    early = _EARLY
     for name in config.preempt_signals:
         signal.signal(signal_number(name), lambda signum, _frame: early.append(signum))
 
