@@ -78,7 +78,12 @@ def test_short_fidelity_run_completes_every_job_once_where_it_was_placed(
             # the payload ran at the rate of the type of the node it was placed on, or was
             # stopped while it started (a move right after a placement): a preemption's 75
             assert found == [NODE_TYPE[run_["host"]]] or (not found and run_["rc"] == 75), seg
-        assert [r["rc"] for r in runs][-1] == 0 and all(r["rc"] == 75 for r in runs[:-1])
+        # every run but the last stopped on the signal (75), or was killed by it before the
+        # payload could take it, in Python's own start (138 = 128 + USR1: the sidecar requeues
+        # it, nothing was done)
+        assert [r["rc"] for r in runs][-1] == 0
+        for run_, seg in zip(runs[:-1], segments[:-1], strict=True):
+            assert run_["rc"] == 75 or (run_["rc"] == 138 and "emulate:" not in seg), seg
     # the moves happen within the epoch: in every epoch, the jobs it signalled and placed
     # again are as many as the moves it decided (a preempted job is signalled, not placed)
     decided = {int(e["epoch"]): int(e["moves"])  # type: ignore[call-overload]
