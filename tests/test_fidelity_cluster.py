@@ -77,7 +77,9 @@ def test_short_fidelity_run_completes_every_job_once_where_it_was_placed(
             found = re.findall(r"emulate: .+? on \d+ GPU\(s\) of (\S+): ", seg)
             # the payload ran at the rate of the type of the node it was placed on, or was
             # stopped while it started (a move right after a placement): a preemption's 75
-            assert found == [NODE_TYPE[run_["host"]]] or (not found and run_["rc"] == 75), seg
+            # (or killed by it in Python's own start: 138, below)
+            assert found == [NODE_TYPE[run_["host"]]] or (
+                not found and run_["rc"] in (75, 138)), seg
         # every run but the last stopped on the signal (75), or was killed by it before the
         # payload could take it, in Python's own start (138 = 128 + USR1: the sidecar requeues
         # it, nothing was done)
