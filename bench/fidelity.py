@@ -304,15 +304,29 @@ def measure_restart(pad_s: float = 0.0, at_once: int = 1) -> list[float]:
     return times
 
 
-def payload_restart(at_once: int = 4) -> tuple[float, float]:
-    """The payload's restart for a run: (``pad_s``, ``restart_s``).  Its own start (python,
-    torch) takes longer when several start at once on the host's few cores, as the payloads
-    that an epoch moves do; so every run's start is padded (``--restart-s``) to the slowest
-    of ``at_once`` started together (rounded up to 0.5 s), and a start then costs a run the
-    same everywhere: ``restart_s``, the median of ``at_once`` padded ones started together
-    (the pad, the runtime, the checkpoint and the exit)."""
-    pad = math.ceil(max(measure_restart(0.0, at_once)) * 2) / 2
-    return pad, statistics.median(measure_restart(pad, at_once))
+#: Payloads started together to measure the restart: as many as an epoch may move at once.
+AT_ONCE = 4
+
+
+def payload_pad(at_once: int = AT_ONCE) -> float:
+    """What every run's start is padded to (``--restart-s`` of the payload): its own start
+    (python, torch) takes longer when several start at once on the host's few cores, as the
+    payloads that an epoch moves do, so the slowest of ``at_once`` started together, rounded
+    up to 0.5 s."""
+    return math.ceil(max(measure_restart(0.0, at_once)) * 2) / 2
+
+
+def padded_restart(pad_s: float, at_once: int = AT_ONCE) -> float:
+    """What a run padded to ``pad_s`` loses to its start and end (the pad, the runtime, the
+    checkpoint and the exit), the same everywhere: the median of ``at_once`` started
+    together."""
+    return statistics.median(measure_restart(pad_s, at_once))
+
+
+def payload_restart(at_once: int = AT_ONCE) -> tuple[float, float]:
+    """The payload's restart for a run: (``pad_s``, ``restart_s``), both measured."""
+    pad = payload_pad(at_once)
+    return pad, padded_restart(pad, at_once)
 
 
 def cancel_all(cluster: Cluster) -> None:
@@ -539,11 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {TRACE}")
         return 0
     jobs = load_trace(args.trace)
-    pad, restart = payload_restart() if args.pad_s is None else (args.pad_s, math.nan)
-    if args.restart_s is not None:
-        restart = args.restart_s
-    elif math.isnan(restart):
-        restart = statistics.median(measure_restart(pad, 4))
+    pad = args.pad_s if args.pad_s is not None else payload_pad()
+    restart = args.restart_s if args.restart_s is not None else padded_restart(pad)
     st = Settings(args.compression, args.epoch_s, restart, pad_s=pad)
     print(f"trace {args.trace.name}: {len(jobs)} jobs; compression {st.compression:g}x, epoch "
           f"{st.epoch_s:g} s; payload start padded to {pad:g} s, restart {restart:.2f} s: a "

@@ -126,7 +126,9 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
         # the runs spread their signals evenly over the second, as the epochs of a real
         # sidecar fall where they fall
         time.sleep((phase - time.time()) % 1.0)
-        sidecar.loop.run_epoch()  # moves it: signal, grace, requeue, placement
+        # moves it: signal, grace, requeue, placement (a re-plan of every job: within a
+        # round of the first epoch, the loop would only fill free GPUs and move nothing)
+        sidecar.loop.run_epoch(full=True)
         apply_s = sidecar.backend.stats.apply_s
         moved = _wait("the job to run again", 120, lambda: (
             j if (j := _jobs(cluster).get(job_id)) and j.state == "RUNNING"
