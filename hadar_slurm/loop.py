@@ -133,6 +133,13 @@ def diff(snapshot: Snapshot, decision: Decision) -> list[Change]:
     return changes
 
 
+def even(rows: Rows) -> bool:
+    """Whether one Slurm job can run on ``rows``: the same GPU count on every node (a job asks
+    for a GPU count per node).  The sidecar's reconcile and the simulator's ``even_gangs``
+    judge placements by it."""
+    return len({c for _, c in rows}) == 1
+
+
 def placement_of(changes: list[Change]) -> Placement:
     """The placement a list of changes leaves running (every change but STOP and the Slurm-only
     kinds names the job's copies)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hadar_slurm.loop import Change, ChangeKind, Rows
+from hadar_slurm.loop import Change, ChangeKind, Rows, even
 from hadar_slurm.policy.base import Decision
 from hadar_slurm.sidecar.observe import JobView, Observed, rows_text
 
@@ -60,7 +60,7 @@ def reconcile(observed: Observed, decision: Decision) -> list[Change]:
             replaces = view.group.leader
         elif view.running:
             if (len(cps) == 1 and view.record.state != "preempting"
-                    and not _expressible(cps[0], observed.node_names)):
+                    and not even(cps[0])):
                 # the decision moves it where one Slurm job cannot run: it stays where it is
                 keep.append(Change(epoch, ChangeKind.KEEP, job_id, (view.rows,),
                                    why=_uneven(cps[0], observed.node_names) + "; it stays "
@@ -105,7 +105,7 @@ def _place(epoch: int, view: JobView, rows: Rows, node_names: Sequence[str], *,
            why: str = "", nofork: bool = False) -> Change:
     """PLACE ``view`` on ``rows``, KEEP when its record already places it there, or WAIT when
     one Slurm job cannot express ``rows`` (unequal GPU counts per node)."""
-    if not _expressible(rows, node_names):
+    if not even(rows):
         return Change(epoch, ChangeKind.WAIT, view.job_id, why=(
             _uneven(rows, node_names) + "; it waits for an even placement"))
     place = rows_text(node_names, rows)
@@ -113,11 +113,6 @@ def _place(epoch: int, view: JobView, rows: Rows, node_names: Sequence[str], *,
     if rec.state == "placed" and rec.place == place and not why:
         return Change(epoch, ChangeKind.KEEP, view.job_id, (rows,))
     return Change(epoch, ChangeKind.PLACE, view.job_id, (rows,), why=why, nofork=nofork)
-
-
-def _expressible(rows: Rows, node_names: Sequence[str]) -> bool:
-    """Whether one Slurm job can run on ``rows``: the same GPU count on every node."""
-    return len({c for _, c in rows_text(node_names, rows)}) == 1
 
 
 def _uneven(rows: Rows, node_names: Sequence[str]) -> str:

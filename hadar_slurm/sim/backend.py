@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hadar_slurm.consolidation import ConsolidationCost
-from hadar_slurm.loop import ApplyReport, Change, ChangeKind, diff, placement_of
+from hadar_slurm.loop import ApplyReport, Change, ChangeKind, diff, even, placement_of
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy.base import Decision, FloatArray, Placement, Snapshot
 from hadar_slurm.rates.table import ThroughputTable
@@ -211,7 +211,7 @@ class SimulatedCluster:
         before = snapshot.current.by_job_copies()
         out: list[Change] = []
         for c in changes:
-            uneven = any(len(cp) > 1 and len({k for _, k in cp}) > 1 for cp in c.copies)
+            uneven = any(len(cp) > 1 and not even(cp) for cp in c.copies)
             if c.kind in (ChangeKind.PLACE, ChangeKind.MOVE) and uneven:
                 old = before.get(c.job_id)
                 if c.kind is ChangeKind.MOVE and old is not None:
