@@ -249,6 +249,7 @@ class EpochRecord:
     changes: int  # changes other than KEEP
     moves: int = 0  # see movements()
     preemptions: int = 0
+    full: bool = True  # re-planned every job (False: only filled the free GPUs)
 
 
 class EpochLoop:
@@ -301,6 +302,7 @@ class EpochLoop:
             self.epoch, now, snapshot.num_jobs,
             int(np.unique(decision.placement.job).shape[0]), decision_s,
             sum(1 for c in changes if c.kind is not ChangeKind.KEEP), *movements(changes),
+            full=full,
         )
         self.records.append(record)
         if self.on_epoch is not None:

@@ -306,3 +306,27 @@ def test_no_fork_when_consolidation_would_eat_the_round(toy_table: ThroughputTab
     assert d.placement.num_copies() == {1: 1}
     snap360 = sim.snapshot(0, 0.0, 360.0, None)
     assert policy.allocate(snap360).placement.num_copies()[1] == 4
+
+
+def test_a_running_job_gets_no_copy_whose_restart_the_round_cannot_repay(
+        toy_table: ThroughputTable) -> None:
+    # Job 1 is short next to job 2 (which may not be forked), so step 1 offers it no copies; it
+    # runs on node 0, job 2 on node 1 (four v100 nodes), and the fill step would give job 1
+    # copies on the two idle ones. Live, adding a copy restarts the job, all of it: when the
+    # restart eats most of the round (migration_s 300 of 360 s) the copies cannot repay it and
+    # it keeps running as it is; a move that costs nothing, or a job that starts now anyway,
+    # gets them.
+    sim = SimulatedCluster([make_job(1, 2000, 0), make_job(2, 200000, 0)],
+                           parse_counts("v100=4"), toy_table)
+    snap = Snapshot(**{**sim.snapshot(0, 0.0, 360.0, None).__dict__,
+                       "max_copies": np.array([4, 1], dtype=I64)})
+    running = placement([(1, 0, 1, 0), (2, 1, 1, 0)])
+    policy = HadarEPolicy(consolidation=ConsolidationCost(base_s=3.6, s_per_gb=0.0))
+    cheap = Snapshot(**{**snap.__dict__, "current": running, "migration_s": 0.0})
+    assert policy.allocate(cheap).placement.num_copies()[1] > 1
+    dear = Snapshot(**{**snap.__dict__, "current": running, "migration_s": 300.0})
+    d = policy.allocate(dear)
+    assert d.placement.num_copies() == {1: 1, 2: 1}
+    assert d.placement.by_job_sorted() == {1: [(0, 1)], 2: [(1, 1)]}
+    pending = Snapshot(**{**snap.__dict__, "migration_s": 300.0})
+    assert policy.allocate(pending).placement.num_copies()[1] > 1

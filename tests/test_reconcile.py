@@ -88,6 +88,11 @@ def test_running_jobs_are_kept_moved_or_stopped() -> None:
     # a move begun by an earlier epoch (record preempting) goes on even where it stands
     assert kinds(out) == [("keep", 1), ("move", 2), ("stop", 3), ("move", 4)]
     assert out[1].copies == (((1, 1),),) and out[2].copies == ()
+    # a stop says why the policy did not place the job, when told
+    assert out[2].why == "the decision stops it"
+    told = reconcile(obs, decision(1, {1: {0: [(0, 1)]}, 2: {0: [(1, 1)]}, 4: {0: [(1, 1)]}}),
+                     {3: "PRICED_OUT"})
+    assert told[2].why == "the decision stops it (PRICED_OUT)"
     # a running job the decision forks is moved too (stopped now, forked later)
     out = reconcile(obs, decision(1, {1: {0: [(0, 1)], 1: [(1, 1)]}}))
     assert ("move", 1) in kinds(out)

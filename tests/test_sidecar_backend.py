@@ -285,6 +285,9 @@ def test_move_of_a_running_job_signals_then_requeues_held() -> None:
     assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1), ("update", 1),
                        ("hold", 1), ("update", 1), ("release", 1)]
     assert slept == [0.25] * 20  # (the job never left: the whole grace, read every 0.25 s)
+    # the log (and the report) of the move's record says why it is stopped
+    begun = [a for a in b.report.applied if a.get("state") == "preempting"]
+    assert [a.get("why") for a in begun] == ["the decision moves it"]
     rec2 = decode(api.jobs[1].admin_comment)
     k80 = default_table().rate("ResNet-50 (batch size 64)", 1, "k80")
     assert rec2.state == "placed" and rec2.place == (("node1", 1),) and rec2.epoch == 3

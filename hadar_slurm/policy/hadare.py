@@ -276,6 +276,12 @@ class HadarEPolicy:
                 nodes |= {nd for nd, _ in rs}
             state[i] = (len(cps), rate, nodes)
         next_key = {i: k for i, (k, _rate, _nodes) in state.items()}  # copies are 0..k-1
+        # A job that runs now as the decision has it would restart, all its copies, if it got
+        # one more: that pays only if the faster rest of the round makes up for the restart.
+        now_runs = snapshot.current.by_job_copies()
+        round_s = float(snapshot.round_s)
+        restart = {index_of[j] for j, cps in copies.items()
+                   if _copy_sets(now_runs.get(j, {})) == _copy_sets(cps)}
         while True:
             best: tuple[float, int, list[tuple[int, int]], float] | None = None
             for i, (k, rate, nodes) in state.items():
@@ -289,12 +295,16 @@ class HadarEPolicy:
                     continue
                 gangs, add = spot
                 eff_now = 1.0 - overhead[i] if k > 1 else 1.0
-                if (rate + add) * (1.0 - overhead[i]) <= rate * eff_now:
+                kept = 1.0
+                if i in restart:
+                    kept = max(0.0, 1.0 - float(snapshot.migration_s) / max(round_s, 1e-9))
+                if (rate + add) * (1.0 - overhead[i]) * kept <= rate * eff_now:
                     continue
                 best = (finish, i, gangs, add)
             if best is None:
                 break
             _, i, gangs, add = best
+            restart.discard(i)  # (it restarts now: a further copy costs no more)
             k, rate, nodes = state[i]
             for nd, c in gangs:
                 free[nd] -= c
@@ -333,6 +343,11 @@ class HadarEPolicy:
                 if left == 0:
                     return gangs, float(snapshot.rate[i, h])
         return None
+
+
+def _copy_sets(copies: dict[int, list[tuple[int, int]]]) -> frozenset[frozenset[tuple[int, int]]]:
+    """A job's copies as a set of row sets: the same for the same copies, however numbered."""
+    return frozenset(frozenset(rows) for rows in copies.values())
 
 
 __all__ = ["HadarEPolicy", "HadarEState", "fork_drain"]

@@ -168,7 +168,9 @@ class SlurmApplier:
                 if not stopped and (stops or ends):
                     stopped = True
                     moves = {m.job_id: m for m in todo if m.kind is ChangeKind.MOVE}
-                    grace = self._preempt(stops, ends, epoch, now, moves)
+                    whys = {m.job_id: m.why for m in todo
+                            if m.kind in (ChangeKind.STOP, ChangeKind.MOVE)}
+                    grace = self._preempt(stops, ends, epoch, now, moves, whys)
             elif c.kind is ChangeKind.REQUEUE and job_id in left:
                 self._guard("requeue", job_id, self._requeue_left, left[job_id], c.epoch)
             elif c.kind is ChangeKind.UNSTEER and job_id in unsteered:
@@ -313,14 +315,16 @@ class SlurmApplier:
         self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()})
 
     def _preempt(self, views: list[JobView], ends: list[GroupEnd], epoch: int,
-                 now: float, moves: Mapping[int, Change] | None = None) -> _Grace:
+                 now: float, moves: Mapping[int, Change] | None = None,
+                 whys: Mapping[int, str] | None = None) -> _Grace:
         """Stop running jobs (to move them, or because the decision stops them), end forks
-        (checkpoint signal to the copies' steps, the grace period, cancel), and place the
-        moved jobs on their new GPUs, in the same epoch (:meth:`_finish_moves`; ``moves``:
-        the MOVE changes, by job).  This begins it (the records, the signals, the requeues
-        that need no grace); :meth:`_grace` finishes it, and the pending jobs of the epoch are
-        placed in between (on GPUs still being freed they wait in Slurm: they start the moment
-        the GPUs are free, not when the last job of the grace has left).
+        (checkpoint signal to the copies' steps, the grace period, cancel), and place the moved
+        jobs on their new GPUs, in the same epoch (:meth:`_finish_moves`; ``moves``: the MOVE
+        changes, by job; ``whys``: why each job is stopped, for the log). This begins it (the
+        records, the signals, the requeues that need no grace); :meth:`_grace` finishes it, and
+        the pending jobs of the epoch are placed in between (on GPUs still being freed they wait
+        in Slurm: they start the moment the GPUs are free, not when the last job of the grace
+        has left).
 
         A move is a small state machine kept in Slurm, so that it finishes whatever happens to
         the sidecar or to slurmctld on the way (a restarted sidecar, or the next epoch, carries
@@ -350,7 +354,7 @@ class SlurmApplier:
         requeue_now: list[JobView] = []
         for view in views:
             self._guard("preempt", view.job_id, self._begin_move, view, epoch, now, deadline,
-                        signaled, requeue_now)
+                        signaled, requeue_now, (whys or {}).get(view.job_id, ""))
         copies_signaled = False
         for end in ends:
             g = end.group
@@ -490,8 +494,10 @@ class SlurmApplier:
         return placed
 
     def _begin_move(self, view: JobView, epoch: int, now: float, deadline: float,
-                    signaled: list[JobView], requeue_now: list[JobView]) -> None:
-        """Steps 1 and 2 of a move (:meth:`_preempt`) for one running job."""
+                    signaled: list[JobView], requeue_now: list[JobView],
+                    why: str = "") -> None:
+        """Steps 1 and 2 of a move (:meth:`_preempt`) for one running job (``why``: for the
+        log)."""
         job_id = view.job_id
         mode = view.hints.preempt_mode
         rec = view.record
@@ -506,7 +512,8 @@ class SlurmApplier:
                         done=view.done, attained=view.attained, until=now,
                         deadline=deadline if checkpoint else now, why="")
         if not self._write("record", job_id, self.api.update_job,
-                           {"AdminComment": rec.encode()}, state="preempting", mode=mode):
+                           {"AdminComment": rec.encode()}, state="preempting", mode=mode,
+                           **({"why": why} if why else {})):
             return  # nothing stopped; the next epoch decides again
         view.record = rec
         if checkpoint:

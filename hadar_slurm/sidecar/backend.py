@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from hadar_slurm.hints import ModelCatalog
 from hadar_slurm.loop import ApplyReport, Change
-from hadar_slurm.policy.base import Decision, Snapshot
+from hadar_slurm.policy.base import Decision, Reason, Snapshot
 from hadar_slurm.rates.learn import Knowledge
 from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sidecar.apply import SlurmApplier
@@ -75,7 +75,10 @@ class SlurmBackend(SlurmObserver):
         #: (:meth:`since_epoch`).
         self.free_gpus = max(0, int(snapshot.node_gpus.sum())
                              - int(decision.placement.count.sum()))
-        return reconcile(self.observed(), decision)
+        reasons = {int(j): Reason(int(r)).name
+                   for j, r in zip(snapshot.job_ids, decision.reason, strict=True)
+                   if r != Reason.PLACED}
+        return reconcile(self.observed(), decision, reasons)
 
     def apply(self, changes: Sequence[Change], now: float) -> ApplyReport:
         return self.applier.apply(changes, now)

@@ -449,7 +449,7 @@ class Sidecar:
         log_event(
             self.logger, "epoch", logging.INFO, epoch=record.epoch, jobs=record.num_jobs,
             placed=record.num_placed, changes=len(st.applied), moves=record.moves,
-            preemptions=record.preemptions, unsteered=len(
+            preemptions=record.preemptions, full=record.full, unsteered=len(
                 self.backend.unsteered), read_s=round(st.read_s, 4),
             decide_s=round(record.decision_s, 4), apply_s=round(st.apply_s, 4),
             slurm_commands=st.commands_read + st.commands_apply, dry_run=self.config.dry_run,

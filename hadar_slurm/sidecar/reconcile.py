@@ -24,15 +24,17 @@ a job that cannot be forked is placed unforked on copy 0's GPUs (``nofork``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hadar_slurm.loop import Change, ChangeKind, Rows, even
 from hadar_slurm.policy.base import Decision
 from hadar_slurm.sidecar.observe import JobView, Observed, rows_text
 
 
-def reconcile(observed: Observed, decision: Decision) -> list[Change]:
-    """The changes that make Slurm run ``decision`` (see the module's docstring)."""
+def reconcile(observed: Observed, decision: Decision,
+              reasons: Mapping[int, str] | None = None) -> list[Change]:
+    """The changes that make Slurm run ``decision`` (see the module's docstring).
+    ``reasons``: by job id, why the policy did not place it (what a ``STOP`` says)."""
     epoch = decision.epoch
     wanted = decision.placement.by_job_copies()
     first: list[Change] = [Change(epoch, ChangeKind.REQUEUE, j.job_id,
@@ -76,8 +78,10 @@ def reconcile(observed: Observed, decision: Decision) -> list[Change]:
                     stop.append(Change(epoch, ChangeKind.MOVE, job_id, cps,
                                        why="the decision moves it"))
                 else:
+                    why = (reasons or {}).get(job_id, "")
                     stop.append(Change(epoch, ChangeKind.STOP, job_id,
-                                       why="the decision stops it"))
+                                       why="the decision stops it" + (
+                                           f" ({why})" if why else "")))
             else:
                 keep.append(Change(epoch, ChangeKind.KEEP, job_id, cps))
             continue
