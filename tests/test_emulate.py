@@ -153,6 +153,18 @@ def test_a_signal_while_it_starts_stops_it_as_a_preemption(tmp_path: Path) -> No
     assert not progress.exists() or json.loads(progress.read_text())["done"] < 1000
 
 
+def test_a_signal_before_the_runtime_has_the_signals_ends_the_process_at_once() -> None:
+    # (what the handler of a signal while Python and torch load does: exit EXIT_PREEMPTED
+    # there, not once the imports are done, seconds later on a loaded node)
+    from hadar_slurm.runtime.config import EXIT_PREEMPTED
+    proc = subprocess.run(
+        [sys.executable, "-c", "import hadar_slurm.runtime.emulate as e; e._stop_early(10, None);"
+         " print('went on')"], capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == EXIT_PREEMPTED
+    assert proc.stdout == "emulate: stopped by signal 10 before it started\n"
+
+
 def test_its_restart_lasts_restart_s_from_the_process_start_and_a_signal_ends_it(
         tmp_path: Path) -> None:
     # --restart-s 6: nothing before 6 s after the start (torch's start is part of it)

@@ -805,3 +805,34 @@ def test_a_parked_job_with_bad_hints_is_started_unsteered() -> None:
     assert api.log == [("update", 1), ("update", 1)]  # the record, then StartTime=now
     assert api.jobs[1].eligible_time is None
     assert decode(api.jobs[1].admin_comment).state == "unsteered"
+
+
+def test_a_running_jobs_progress_goes_on_from_its_trackers_last_round(tmp_path: Path) -> None:
+    """The tracker's ``progress.json`` counts iterations up to its last round; the job has run
+    since (a round may be long).  The snapshot's progress is the tracker's plus what the job
+    did after it, at the estimated rate, never before the run's restart nor past the work."""
+    k80 = default_table().rate("ResNet-50 (batch size 64)", 1, "k80")
+    rec = JobRecord(epoch=0, state="placed", place=(("node3", 1),), gpus=1)
+
+    def done_at(*, updated_at: float, done: float = 1000.0, complete: bool = False,
+                  restart: float = 0.0) -> float:
+        work = tmp_path / f"w{updated_at}-{done}-{complete}-{restart}"
+        tracker = work / ".hadar-tracker" / "1"
+        tracker.mkdir(parents=True)
+        (tracker / "progress.json").write_text(json.dumps({
+            "format": 1, "done": done, "work": 40000, "rounds": 3, "copies": 1,
+            "copy_rates": [], "complete": complete, "updated_at": updated_at}))
+        api = FakeSlurm([replace(job(1, state="RUNNING", reason="None", admin=rec.encode(),
+                                     nodes=("node3",), start=1900,
+                                     comment=HINT + " fork=2"), workdir=str(work))], NODES)
+        b = SlurmBackend(api, default_table(), restart_s=restart)
+        b.snapshot(1, 2000.0, 60.0, None)
+        return b.views[1].done
+
+    # written 30 s ago: 30 s more at the k80's rate
+    assert done_at(updated_at=1970.0) == pytest.approx(1000 + 30 * k80)
+    # written before the run's restart was over: only from then on
+    assert done_at(updated_at=1910.0, restart=50.0) == pytest.approx(1000 + 50 * k80)
+    # a finished tracker, or one close to the work, is not extrapolated past it
+    assert done_at(updated_at=1970.0, done=40000, complete=True) == 40000
+    assert done_at(updated_at=1000.0, done=39990) == 40000

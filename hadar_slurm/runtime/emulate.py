@@ -26,16 +26,25 @@ seconds per round, divided by ``--compression``, consolidating: as the simulator
 
 from __future__ import annotations
 
+import os
 import signal
+import types
 
-#: Preemption signals that came before the runtime took the signals over.
-_EARLY: list[int] = []
+
+def _stop_early(signum: int, _frame: types.FrameType | None) -> None:
+    """A preemption signal before the runtime has taken the signals over: nothing was done, so
+    nothing is saved or lost; the process ends at once with 75 (``EXIT_PREEMPTED``: requeued
+    held), not when Python and torch have finished loading, seconds later, while the GPUs it
+    was placed on wait for it to leave."""
+    print(f"emulate: stopped by signal {signum} before it started", flush=True)
+    os._exit(75)
+
+
 if __name__ == "__main__":  # (as a program, before the imports below: a move right after the
     # placement may signal it while Python starts; the default action would kill it, exit 138)
-    signal.signal(signal.SIGUSR1, lambda signum, _frame: _EARLY.append(signum))
+    signal.signal(signal.SIGUSR1, _stop_early)
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Mapping, Sequence  # noqa: E402
@@ -45,7 +54,6 @@ from hadar_slurm.consolidation import ConsolidationCost  # noqa: E402
 from hadar_slurm.errors import InputError  # noqa: E402
 from hadar_slurm.rates.table import ThroughputTable, load_tables  # noqa: E402
 from hadar_slurm.runtime.config import (  # noqa: E402
-    EXIT_PREEMPTED,
     RuntimeConfig,
     signal_number,
 )
@@ -151,30 +159,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     consolidate_s = ConsolidationCost().seconds(args.job_type) / args.compression
     config = RuntimeConfig.from_env(args.steps, round_seconds=args.round_seconds)
     # The preemption signal may come while torch loads (a job moved right after it started):
-    # until the runtime takes the signals over, it only stops the start (exit 75: requeued,
-    # nothing was done, nothing is lost), rather than kill the process by default.
-    early = _EARLY
+    # until the runtime takes the signals over, it only stops the start (exit 75 at once:
+    # requeued, nothing was done, nothing is lost), rather than kill the process by default.
     for name in config.preempt_signals:
-        signal.signal(signal_number(name), lambda signum, _frame: early.append(signum))
+        signal.signal(signal_number(name), _stop_early)
 
     import torch  # (the runtime's dependency; imported after the cheap checks)
 
     from hadar_slurm.runtime import JobRuntime
 
     # the rest of the restart (a signal ends it: the job stops before it started)
-    while not early and (left := _STARTED + args.restart_s - time.monotonic()) > 0:
+    while (left := _STARTED + args.restart_s - time.monotonic()) > 0:
         time.sleep(min(left, 0.05))
-    if early:
-        print(f"emulate: stopped by signal {early[0]} before it started", flush=True)
-        return EXIT_PREEMPTED
     torch.set_num_threads(1)
     model = torch.nn.Linear(1, 1, bias=False)
     print(f"emulate: {args.job_type} on {args.gpus} GPU(s) of {'/'.join(types)}: "
           f"{rate:.3f} steps/s ({args.compression:g}x), copy {config.index} of "
           f"{config.copies}", flush=True)
     with JobRuntime(model, None, config) as rt:
-        if early:  # (came after torch loaded: the runtime, which has the signals now, stops)
-            os.kill(os.getpid(), early[0])
         pace = Pace(rate)
         current = -1
         for _ in rt.steps():

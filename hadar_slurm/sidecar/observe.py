@@ -549,6 +549,7 @@ class SlurmObserver:
         attained = dict(record.attained)
         rows: list[tuple[int, int]] = []
         row_copy: list[int] = []
+        run_rate, run_start = 0.0, now  # what runs now, for the progress since the tracker's
         if group is not None:
             for index, name, count in group.copies():
                 if name in node_index:
@@ -558,9 +559,10 @@ class SlurmObserver:
             if start is not None:
                 run_s = max(0.0, now - max(start, record.until))
                 used = [self.node_type_names[k] for k, _ in rows]
+                run_rate = sum(rates[self.gpu_types.index(t)] for t in used)
+                run_start = start
                 if run_s > 0:
-                    done += sum(rates[self.gpu_types.index(t)] for t in used) * self._working(
-                        start, record.until, now)
+                    done += run_rate * self._working(start, record.until, now)
                     for t in used:
                         attained[t] = attained.get(t, 0.0) + run_s
         elif running:
@@ -570,9 +572,11 @@ class SlurmObserver:
             since = max(start, record.until)
             run_s = max(0.0, now - since)
             used = sorted({self.node_type_names[k] for k, _ in rows})
+            if used:
+                run_rate = min(rates[self.gpu_types.index(t)] for t in used)
+                run_start = start
             if used and run_s > 0:
-                r = min(rates[self.gpu_types.index(t)] for t in used)
-                done += r * self._working(start, record.until, now)
+                done += run_rate * self._working(start, record.until, now)
                 for t in used:
                     attained[t] = attained.get(t, 0.0) + run_s
         elif record.state == "placed" and job.state_reason in STUCK_REASONS:
@@ -583,7 +587,14 @@ class SlurmObserver:
         elif record.state == "placed":
             rows = [(node_index[n], c) for n, c in record.place if n in node_index]
         if progress is not None:
-            done = progress.done  # the tracker counts every iteration, forked or not
+            # The tracker counts every iteration, forked or not, up to its last round: what
+            # runs has gone on since (a round may be long), at the rate estimated above.
+            done = progress.done
+            if run_rate > 0 and progress.updated_at is not None and not progress.complete:
+                done += run_rate * self._working(run_start, max(record.until,
+                                                                progress.updated_at), now)
+                if progress.work:
+                    done = min(done, progress.work)
         if self.knowledge.store is not None and self.knowledge.learn and (
                 running or group is not None):
             self._learn(job, hints.job_type, gpus, now, group, tracker, progress)
