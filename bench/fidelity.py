@@ -192,7 +192,14 @@ class Settings:
     pad_s: float = 0.0  # the payload's --restart-s (its start, padded to this), wall seconds
     grace_s: float = 10.0
     finish_poll_s: float = 1.0
-    round_s: float = 2.0  # the payload's checkpoint round, wall seconds
+
+    @property
+    def round_s(self) -> float:
+        """The payload's round (its runtime's ``round_seconds``), wall seconds: the epoch, as
+        the simulator charges a forked job one consolidation per round.  (A run that is
+        stopped mid-round keeps the round's work so far, and the sidecar counts what a job
+        runs after its tracker's last round, so a long round loses nothing.)"""
+        return self.epoch_s
 
     @property
     def costs(self) -> LiveCosts:

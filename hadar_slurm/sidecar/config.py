@@ -437,8 +437,9 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         "<root>/.hadar-tracker/J, a directory the nodes share; the copies' progress, J's saved "
         'batch script and hints go there. "" (the default) uses each job\'s working directory, '
         "which is also where the job itself looks when it runs unforked after its copies; with "
-        "another root the job continues from its copies' work only if its script is told that "
-        "root.",
+        "another root the job's script must export HADAR_TRACKER_DIR=<root>/.hadar-tracker/"
+        "$SLURM_JOB_ID, or its own runs start from their own progress and redo what its "
+        "copies did.",
         check=_optional_dir,
     ),
     ConfigKey(
