@@ -49,9 +49,11 @@ GAVEL = {
     "static_48_multigpu_seed1": {"min_total_duration_perf": (80764, 79182),
                                  "max_min_fairness_perf": (84009, 38901)},
     "poisson_200_lam900_seed0": {"min_total_duration_perf": (179278, 45584),
-                                 "max_min_fairness_perf": (179523, 16687)},
+                                 "max_min_fairness_perf": (179523, 16687),
+                                 "fifo_perf": (214657, 30736)},
 }
-OURS_TO_GAVEL = {"gavel-las": "max_min_fairness_perf", "gavel-makespan": "min_total_duration_perf"}
+OURS_TO_GAVEL = {"gavel-las": "max_min_fairness_perf", "gavel-makespan": "min_total_duration_perf",
+                 "fifo-perf": "fifo_perf"}
 MAKESPAN_GOAL = 1.03
 FORK_MAKESPAN_GOAL = 1.10
 LONG_TAIL = str(Path(__file__).resolve().parent / "traces" / "long_tail_seed0.trace")

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_job
 
 from hadar_slurm.model import Job
-from hadar_slurm.policy import make_policy
+from hadar_slurm.policy import gavel, make_policy
 from hadar_slurm.policy.base import Decision, Reason, Snapshot
 from hadar_slurm.policy.gavel import (
     GavelPolicy,
@@ -222,6 +222,22 @@ def test_allocate_is_pure(objective: str) -> None:
 def test_registered() -> None:
     assert make_policy("gavel-las").name == "gavel-las"
     assert make_policy("gavel-makespan").name == "gavel-makespan"
+    assert make_policy("fifo-perf").name == "fifo-perf"
+
+
+def test_fifo_perf_takes_the_fastest_free_type_in_arrival_order_and_blocks() -> None:
+    # Types (v100, k80), 2 GPUs each, jobs in id order.  Job 0 (1 GPU) takes a v100, its
+    # fastest (free: 1, 2); job 1 (2 GPUs) fits only on the k80s, though faster on v100
+    # (1, 0); job 2 can run nowhere and is skipped; job 3 (1 GPU) is faster on k80, but only a
+    # v100 is free (0, 0); job 4 fits nowhere and stops the queue, so job 5 waits too.
+    rate = np.array([[4.0, 1.0], [8.0, 2.0], [0.0, 0.0], [3.0, 3.5], [2.0, 1.0], [1.0, 1.0]])
+    scale = np.array([1, 2, 1, 1, 1, 1])
+    x = gavel.fifo_perf_allocation(rate, scale, np.array([2, 2]))
+    assert x.tolist() == [[1, 0], [0, 1], [0, 0], [1, 0], [0, 0], [0, 0]]
+    # strict FIFO: a 4-GPU job that fits nowhere keeps a 1-GPU job behind it off the free k80s
+    x = gavel.fifo_perf_allocation(np.array([[1.0, 0.5], [1.0, 0.5], [1.0, 0.5]]),
+                                   np.array([2, 4, 1]), np.array([2, 2]))
+    assert x.tolist() == [[1, 0], [0, 0], [0, 0]]
 
 
 # -- Gavel's published figures ---------------------------------------------------------------------
@@ -236,6 +252,9 @@ GAVEL = {
     ("gavel-makespan", "static_32_seed0"): (28485, 27904),
     ("gavel-makespan", "static_48_multigpu_seed1"): (80764, 79182),
     ("gavel-makespan", "poisson_200_lam900_seed0"): (179278, 45584),
+    # fifo_perf = fifo-perf (poisson_200: Gavel's figure as issue #15 quotes it)
+    ("fifo-perf", "static_32_seed0"): (40711, 21404),
+    ("fifo-perf", "poisson_200_lam900_seed0"): (214657, 30736),
 }
 
 

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy.base import Decision, Policy, Reason, Snapshot
 from hadar_slurm.policy.fifo import FifoPolicy
-from hadar_slurm.policy.gavel import GavelLasPolicy, GavelMakespanPolicy
+from hadar_slurm.policy.gavel import FifoPerfPolicy, GavelLasPolicy, GavelMakespanPolicy
 from hadar_slurm.policy.hadar import HadarPolicy
 from hadar_slurm.policy.hadare import HadarEPolicy
 
 REGISTRY: dict[str, Callable[..., Policy]] = {
     "fifo": FifoPolicy,
+    "fifo-perf": FifoPerfPolicy,
     "gavel-las": GavelLasPolicy,
     "gavel-makespan": GavelMakespanPolicy,
     "hadar": HadarPolicy,
