@@ -1,0 +1,30 @@
+"""bench.fidelity's figures, on plain data: the per-job spread between the simulated runs
+(the floor under the live run's per-job figure) and the live/simulated comparison."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.fidelity import Run, compare, seed_spread
+
+
+def test_seed_spread_is_the_median_over_seeds_of_each_ones_p90_from_the_others() -> None:
+    assert seed_spread([{1: 10.0, 2: 5.0}] * 3) == 0.0
+    # one job, JCTs 10, 10, 20: seeds 0 and 1 are 1/3 from the others' median (15), seed 2 is
+    # 100% from theirs (10); the median of (1/3, 1/3, 1) is 1/3
+    assert seed_spread([{1: 10.0}, {1: 10.0}, {1: 20.0}]) == pytest.approx(0.3333, abs=1e-4)
+    assert math.isnan(seed_spread([{1: 10.0}]))
+
+
+def test_compare_gives_relative_differences_and_the_seed_floor() -> None:
+    sim = Run("hadar", "sim", {1: 10.0, 2: 20.0}, {1: 10.0, 2: 20.0}, 0, 0,
+              detail={"seed_p90_jct_diff": 0.25})
+    live = Run("hadar", "live", {1: 11.0, 2: 20.0}, {1: 11.0, 2: 22.0}, 0, 0)
+    out = compare(sim, live, 2)
+    assert out["makespan_diff"] == pytest.approx(0.1)
+    assert out["avg_jct_diff"] == pytest.approx(31 / 2 / 15 - 1, abs=1e-4)
+    assert out["p90_jct_diff"] == pytest.approx(0.09, abs=1e-4)  # p90 of (0.1, 0)
+    assert out["seed_p90_jct_diff"] == 0.25
+    assert out["within_targets"] is False  # (the makespan is 10% over, the target 5%)
