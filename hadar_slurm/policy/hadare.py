@@ -279,9 +279,10 @@ class HadarEPolicy:
         # A job that runs now as the decision has it would restart, all its copies, if it got
         # one more: that pays only if the faster rest of the round makes up for the restart.
         now_runs = snapshot.current.by_job_copies()
-        round_s = float(snapshot.round_s)
         restart = {index_of[j] for j, cps in copies.items()
                    if _copy_sets(now_runs.get(j, {})) == _copy_sets(cps)}
+        kept_after_restart = max(
+            0.0, 1.0 - float(snapshot.migration_s) / max(float(snapshot.round_s), 1e-9))
         while True:
             best: tuple[float, int, list[tuple[int, int]], float] | None = None
             for i, (k, rate, nodes) in state.items():
@@ -295,9 +296,7 @@ class HadarEPolicy:
                     continue
                 gangs, add = spot
                 eff_now = 1.0 - overhead[i] if k > 1 else 1.0
-                kept = 1.0
-                if i in restart:
-                    kept = max(0.0, 1.0 - float(snapshot.migration_s) / max(round_s, 1e-9))
+                kept = kept_after_restart if i in restart else 1.0
                 if (rate + add) * (1.0 - overhead[i]) * kept <= rate * eff_now:
                     continue
                 best = (finish, i, gangs, add)

@@ -146,8 +146,9 @@ class SlurmApplier:
                     ends.append(GroupEnd(view.group, view, c.why))
                 elif c.group in orphans:
                     ends.append(orphans[c.group])
-        stops = [views[c.job_id] for c in todo
-                 if c.kind in (ChangeKind.STOP, ChangeKind.MOVE) and c.job_id in views]
+        stop_changes = {c.job_id: c for c in todo
+                        if c.kind in (ChangeKind.STOP, ChangeKind.MOVE)}
+        stops = [views[j] for j in stop_changes if j in views]
         stopping = {v.job_id for v in stops} | {
             comp.job_id for e in ends for comp in e.group.components}
         gpu_nodes = {n.name for n in seen.nodes if n.gpus > 0}
@@ -167,10 +168,7 @@ class SlurmApplier:
             if c.kind in (ChangeKind.STOP, ChangeKind.MOVE, ChangeKind.END_FORK):
                 if not stopped and (stops or ends):
                     stopped = True
-                    moves = {m.job_id: m for m in todo if m.kind is ChangeKind.MOVE}
-                    whys = {m.job_id: m.why for m in todo
-                            if m.kind in (ChangeKind.STOP, ChangeKind.MOVE)}
-                    grace = self._preempt(stops, ends, epoch, now, moves, whys)
+                    grace = self._preempt(stops, ends, epoch, now, stop_changes)
             elif c.kind is ChangeKind.REQUEUE and job_id in left:
                 self._guard("requeue", job_id, self._requeue_left, left[job_id], c.epoch)
             elif c.kind is ChangeKind.UNSTEER and job_id in unsteered:
@@ -315,12 +313,11 @@ class SlurmApplier:
         self._write("record", job_id, self.api.update_job, {"AdminComment": rec.encode()})
 
     def _preempt(self, views: list[JobView], ends: list[GroupEnd], epoch: int,
-                 now: float, moves: Mapping[int, Change] | None = None,
-                 whys: Mapping[int, str] | None = None) -> _Grace:
+                 now: float, changes: Mapping[int, Change] | None = None) -> _Grace:
         """Stop running jobs (to move them, or because the decision stops them), end forks
         (checkpoint signal to the copies' steps, the grace period, cancel), and place the moved
-        jobs on their new GPUs, in the same epoch (:meth:`_finish_moves`; ``moves``: the MOVE
-        changes, by job; ``whys``: why each job is stopped, for the log). This begins it (the
+        jobs on their new GPUs, in the same epoch (:meth:`_finish_moves`; ``changes``: the STOP
+        and MOVE changes, by job, whose ``why`` goes to the log). This begins it (the
         records, the signals, the requeues that need no grace); :meth:`_grace` finishes it, and
         the pending jobs of the epoch are placed in between (on GPUs still being freed they wait
         in Slurm: they start the moment the GPUs are free, not when the last job of the grace
@@ -354,7 +351,8 @@ class SlurmApplier:
         requeue_now: list[JobView] = []
         for view in views:
             self._guard("preempt", view.job_id, self._begin_move, view, epoch, now, deadline,
-                        signaled, requeue_now, (whys or {}).get(view.job_id, ""))
+                        signaled, requeue_now,
+                        c.why if (c := (changes or {}).get(view.job_id)) else "")
         copies_signaled = False
         for end in ends:
             g = end.group
@@ -378,7 +376,8 @@ class SlurmApplier:
         wait = max([v.record.deadline for v in signaled]
                    + ([deadline] if copies_signaled else [])) - now if (
                        signaled or copies_signaled) else 0.0
-        return _Grace(views, ends, signaled, dict(moves or {}), epoch, wait)
+        moves = {j: c for j, c in (changes or {}).items() if c.kind is ChangeKind.MOVE}
+        return _Grace(views, ends, signaled, moves, epoch, wait)
 
     def _grace(self, g: _Grace) -> None:
         """The grace period of :meth:`_preempt`, cut short once every signalled job and copy
