@@ -375,17 +375,23 @@ def test_unknown_policy_lists_known_ones() -> None:
 
 def test_one_throughput_loader_for_simulate_and_the_sidecar(tmp_path: Path) -> None:
     from hadar_slurm.cli.main import load_throughputs
+    from hadar_slurm.rates.synthetic import synthetic_table
     from hadar_slurm.rates.table import default_table, load_tables
     from hadar_slurm.sidecar.config import default_config, load_table_for
 
     bundled = default_table().rates
     assert load_tables([]).rates == bundled
-    assert load_throughputs(None).rates == bundled
+    # the sidecar never reads the illustrative a100/h100 rates; the simulator has them beside
+    # Gavel's measured ones
     assert load_table_for(default_config()).rates == bundled
+    assert "h100" not in default_table().gpu_types()
+    assert load_throughputs(None).rates == default_table().merged(synthetic_table()).rates
+    assert set(load_throughputs(None).gpu_types()) == {"v100", "p100", "k80", "a100", "h100"}
     first, second = tmp_path / "a.csv", tmp_path / "b.csv"
     header = "job_type,scale_factor,gpu_type,steps_per_second\n"
     first.write_text(header + "X,1,v100,1.0\nY,1,v100,2.0\n")
     second.write_text(header + "X,1,v100,3.0\n")
     merged = load_tables([first, second]).rates
     assert merged[("X", 1)]["v100"] == 3.0 and merged[("Y", 1)]["v100"] == 2.0
-    assert load_throughputs(str(first)).rates == load_tables([first]).rates
+    assert load_throughputs(str(first)).rates == default_table().merged(
+        synthetic_table()).merged(load_tables([first])).rates

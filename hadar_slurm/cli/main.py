@@ -37,6 +37,7 @@ from hadar_slurm.cli import hints as cli_hints
 from hadar_slurm.cli import nvml as cli_nvml
 from hadar_slurm.cli import report as cli_report
 from hadar_slurm.cli import store as cli_store
+from hadar_slurm.cli import trace as cli_trace
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.core.info import core_line
 from hadar_slurm.costs import DEFAULT_RESTART_S, SLURM_MOVE_S, SLURM_START_S, LiveCosts
@@ -45,7 +46,7 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import REGISTRY, Policy, make_policy
-from hadar_slurm.rates.table import ThroughputTable, load_tables
+from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sidecar.config import SidecarConfig, default_config, load_config
 from hadar_slurm.sidecar.controller import Sidecar, read_state, slurm_api
 from hadar_slurm.sidecar.status import explain, format_status, status_rows
@@ -75,8 +76,10 @@ def default_policy() -> str:
 
 
 def load_throughputs(path: str | None) -> ThroughputTable:
-    """The bundled Gavel table, with the entries of ``path`` (if given) merged over it."""
-    return load_tables(() if path is None else (path,))
+    """The simulator's table: the bundled Gavel table and illustrative a100/h100 rates
+    (:mod:`hadar_slurm.rates.synthetic`), with the entries of ``path`` (if given) merged over
+    them."""
+    return cli_trace.sim_throughputs(path)
 
 
 def load_jobs(trace: str, table: ThroughputTable, cluster: ClusterSpec) -> tuple[list[Job], str]:
@@ -379,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(e.g. v100=4:a100=8), or a TOML cluster file")
     sim.add_argument("--throughputs", metavar="FILE",
                      help="throughput table (Gavel .json or CSV) merged over the bundled "
-                     "Gavel table")
+                     "ones (Gavel's, and illustrative a100/h100 rates)")
     sim.add_argument("--policy", default=default_policy(), metavar="NAME[,NAME...]",
                      help="policies to compare, from: " + ", ".join(sorted(REGISTRY))
                      + " (default: %(default)s)")
@@ -453,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_store.register(sub)
     cli_nvml.register(sub)
     cli_report.register(sub)
+    cli_trace.register(sub)
     return parser
 
 

@@ -1,6 +1,9 @@
-"""Cluster specs: ``V100:P100:K80`` counts (``4:4:4``) or a TOML cluster file.
+"""Cluster specs: ``V100:P100:K80`` counts (``4:4:4``), named counts, or a TOML cluster file.
 
 ``4:4:4`` is Gavel's simulated cluster: 4 V100, 4 P100 and 4 K80 GPUs, one GPU per server.
+Named counts give any types: ``v100=4:a100=8`` is 4 V100 and 8 A100 GPUs, one per node;
+``NxG`` is N nodes of G GPUs each, so ``h100=2x8:a100=4x8:v100=8x4`` has two 8-GPU H100 nodes,
+four 8-GPU A100 nodes and eight 4-GPU V100 nodes.
 A cluster file names any GPU types, as groups of identical nodes::
 
     # cluster.toml
@@ -28,10 +31,26 @@ DEFAULT_TYPES = ("v100", "p100", "k80")
 NODE_KEYS = {"gpu_type", "gpus", "count", "name"}
 
 
+def _count(num: str, gpu: str, spec: str, source: str) -> tuple[int, int]:
+    """``"8"`` -> (8 nodes, 1 GPU each); ``"2x8"`` -> (2 nodes, 8 GPUs each)."""
+    nodes_text, sep, per_text = num.strip().partition("x")
+    try:
+        nodes, per = int(nodes_text), (int(per_text) if sep else 1)
+    except ValueError:
+        nodes = per = -1
+    if nodes < 0 or per < 1:
+        raise InputError(
+            f"{gpu.upper()} count {num!r} in {spec!r} is not a whole number >= 0 (GPUs, one "
+            "per node) or NxG (N nodes of G GPUs)", source=source, field="cluster",
+            fix="e.g. 4:4:4 for 4 V100, 4 P100, 4 K80, or h100=2x8:v100=4")
+    return nodes, per
+
+
 def parse_counts(spec: str, source: str = "--cluster") -> ClusterSpec:
-    """``4:4:4`` (V100:P100:K80, one GPU per node), or ``v100=4:a100=8`` with names."""
+    """``4:4:4`` (V100:P100:K80, one GPU per node), ``v100=4:a100=8`` with names, or
+    ``h100=2x8:v100=8`` (``NxG``: N nodes of G GPUs)."""
     parts = spec.split(":")
-    counts: list[tuple[str, int]] = []
+    counts: list[tuple[str, int, int]] = []
     for i, part in enumerate(parts):
         part = part.strip()
         if "=" in part:
@@ -46,23 +65,15 @@ def parse_counts(spec: str, source: str = "--cluster") -> ClusterSpec:
             gpu, num = DEFAULT_TYPES[i], part
         if not gpu:
             raise InputError(f"empty GPU type in {spec!r}", source=source, field="cluster")
-        try:
-            count = int(num)
-        except ValueError:
-            count = -1
-        if count < 0:
-            raise InputError(
-                f"{gpu.upper()} count {num!r} in {spec!r} is not a whole number >= 0",
-                source=source, field="cluster", fix="e.g. 4:4:4 for 4 V100, 4 P100, 4 K80",
-            )
-        counts.append((gpu, count))
-    names = [g for g, _ in counts]
+        counts.append((gpu, *_count(num, gpu, spec, source)))
+    names = [g for g, _, _ in counts]
     if len(set(names)) != len(names):
         raise InputError(f"a GPU type appears twice in {spec!r}", source=source, field="cluster")
-    kept = [(g, c) for g, c in counts if c > 0]
+    kept = [(g, n, per) for g, n, per in counts if n > 0]
     if not kept:
         raise InputError(f"{spec!r} has no GPUs", source=source, field="cluster")
-    return ClusterSpec.uniform(kept)
+    nodes = tuple(Node(f"{g}-{k:03d}", g, per) for g, n, per in kept for k in range(n))
+    return ClusterSpec(nodes, tuple(g for g, _, _ in kept))
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:

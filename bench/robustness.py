@@ -1,0 +1,299 @@
+"""Robustness: every policy on a suite of generated workloads, regime by regime.
+
+    python -m bench.robustness [--seed-base 0] [--only NAME ...] [--policies P,P]
+                               [--jobs-scale 1.0] [--workers 2] [--free-moves]
+                               [--json bench/results/robustness.json]
+                               [--plot bench/results/robustness.png]
+
+The suite (:data:`SUITE`) is 36 traces made by ``hadar-slurm trace generate``
+(:mod:`hadar_slurm.sim.generate`), bundled as the generator's arguments, not as files: four
+clusters (Gavel's 1-GPU nodes of three types, DGX-like 8-GPU nodes of h100/a100 beside 4-GPU
+v100 nodes, four types on 4-GPU nodes, five types on 4- and 8-GPU nodes) times nine regimes
+(static queues with and without gangs; Poisson arrivals at offered loads 0.2, 0.5, 0.8, 1.0 and
+1.5; bursts at 0.8 and 1.5), with 0 to 60% multi-GPU jobs and the three heavy-tailed length
+models in turn.  Trace ``k`` is drawn with seed ``seed_base + k``: ``--seed-base`` gives a new
+suite of the same regimes, traces no policy was tuned on.
+
+Each trace runs with ``hadar``, ``hadare``, ``gavel-las``, ``gavel-makespan``, ``fifo-perf`` and
+``fifo`` as ``hadar-slurm simulate`` runs them by default (360 s rounds; a start and a move cost
+what the sidecar measures, :mod:`hadar_slurm.costs`; ``--free-moves``: nothing, as Gavel's
+simulator).  Per trace and policy: makespan over the gang bound (the fluid LP where a job uses
+at most its scale factor of GPUs) and over the fork bound (any number), average JCT over the
+best of ``gavel-las``, ``fifo-perf`` and ``fifo`` on that trace, p95 JCT and utilization.
+
+Goals (issue #15): ``hadar`` makespan within 3% of the gang bound and average JCT no worse than
+the best baseline's, on every trace; ``hadare`` makespan within 10% of the fork bound and
+average JCT no worse than ``hadar``'s.  The summary prints the worst and median ratios per
+policy and regime, and the traces that miss a goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.report import write_rows
+from hadar_slurm.cli.trace import sim_throughputs
+from hadar_slurm.costs import LiveCosts
+from hadar_slurm.policy import make_policy
+from hadar_slurm.sim.bounds import fluid_makespan_bound, fork_makespan_bound
+from hadar_slurm.sim.cluster import parse_counts
+from hadar_slurm.sim.generate import WorkloadSpec, generate, offered_load
+from hadar_slurm.sim.run import simulate
+
+POLICIES = ("hadar", "hadare", "gavel-las", "gavel-makespan", "fifo-perf", "fifo")
+BASELINES = ("gavel-las", "fifo-perf", "fifo")
+MAKESPAN_GOAL = 1.03
+FORK_GOAL = 1.10
+
+#: name -> cluster spec (``hadar-slurm simulate --cluster``)
+CLUSTERS = {
+    "gavel": "v100=8:p100=8:k80=8",
+    "dgx": "h100=2x8:a100=2x8:v100=4x4",
+    "four": "a100=3x4:v100=3x4:p100=3x4:k80=3x4",
+    "five": "h100=1x8:a100=1x8:v100=2x4:p100=2x4:k80=2x4",
+}
+
+#: (regime, arrivals, offered load, multi-GPU share, jobs)
+REGIMES = (
+    ("static-1gpu", "static", 1.0, 0.0, 48),
+    ("static-gangs", "static", 1.0, 0.6, 48),
+    ("poisson-0.2", "poisson", 0.2, 0.2, 100),
+    ("poisson-0.5", "poisson", 0.5, 0.4, 100),
+    ("poisson-0.8", "poisson", 0.8, 0.2, 120),
+    ("poisson-1.0", "poisson", 1.0, 0.6, 120),
+    ("poisson-1.5", "poisson", 1.5, 0.4, 120),
+    ("bursty-0.8", "bursty", 0.8, 0.2, 120),
+    ("bursty-1.5", "bursty", 1.5, 0.6, 120),
+)
+LENGTHS = ("gavel", "pareto", "lognormal")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One trace of the suite: a regime on a cluster, drawn with a seed."""
+
+    name: str
+    regime: str
+    cluster_name: str
+    cluster: str
+    spec: WorkloadSpec
+
+    def command(self) -> str:
+        return " ".join(["hadar-slurm trace generate --cluster", self.cluster, *self.spec.args()])
+
+
+def suite(seed_base: int = 0, jobs_scale: float = 1.0) -> list[Case]:
+    """The 36 traces: every regime on every cluster, lengths models in turn."""
+    cases = []
+    for c, (cname, cspec) in enumerate(CLUSTERS.items()):
+        for r, (regime, arrivals, load, multi, jobs) in enumerate(REGIMES):
+            k = c * len(REGIMES) + r
+            spec = WorkloadSpec(seed=seed_base + k, jobs=max(4, round(jobs * jobs_scale)),
+                                arrivals=arrivals, load=load, multi_gpu=multi,
+                                lengths=LENGTHS[k % len(LENGTHS)])
+            cases.append(Case(f"{cname}/{regime}", regime, cname, cspec, spec))
+    return cases
+
+
+def run_one(case: Case, policy: str, free_moves: bool) -> dict[str, Any]:
+    table = sim_throughputs(None)
+    cluster = parse_counts(case.cluster)
+    jobs = generate(case.spec, cluster, table)
+    capacity = np.array([cluster.capacity(g) for g in cluster.gpu_types], dtype=np.int64)
+    rate = np.array([[table.rate(j.job_type, j.scale_factor, g) for g in cluster.gpu_types]
+                     for j in jobs])
+    args = (np.array([j.arrival_s for j in jobs]), np.array([j.total_steps for j in jobs]),
+            np.array([j.scale_factor for j in jobs], dtype=np.int64), rate, capacity)
+    bound, fork = fluid_makespan_bound(*args), fork_makespan_bound(*args)
+    live = LiveCosts()
+    move_s, start_s = (0.0, 0.0) if free_moves else (live.move_s, live.start_s)
+    t0 = time.perf_counter()
+    res = simulate(jobs, cluster, table, make_policy(policy), migration_cost_s=move_s,
+                   start_cost_s=start_s)
+    load = offered_load(jobs, cluster, table)
+    return {
+        "trace": case.name, "regime": case.regime, "cluster": case.cluster_name,
+        "cluster_spec": case.cluster, "generate": case.command(), "policy": policy,
+        "jobs": len(jobs), "offered_load": None if math.isinf(load) else round(load, 3),
+        "multi_gpu_jobs": sum(j.scale_factor > 1 for j in jobs),
+        "makespan_s": round(res.makespan_s, 1), "avg_jct_s": round(res.avg_jct_s, 1),
+        "p95_jct_s": round(res.p95_jct_s, 1), "utilization": round(res.utilization, 4),
+        "gang_bound_s": round(bound, 1), "fork_bound_s": round(fork, 1),
+        "makespan_over_gang_bound": round(res.makespan_s / bound, 4),
+        "makespan_over_fork_bound": round(res.makespan_s / fork, 4),
+        "completed": res.num_completed, "wall_s": round(time.perf_counter() - t0, 2),
+        "decision_ms_median": round(res.decision_ms_median, 3),
+    }
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Per row: average JCT over the best baseline's on its trace, and over hadar's."""
+    by_trace: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_trace.setdefault(r["trace"], {})[r["policy"]] = r
+    for per in by_trace.values():
+        base = [per[b]["avg_jct_s"] for b in BASELINES if b in per]
+        best = min(base) if base else None
+        hadar = per.get("hadar", {}).get("avg_jct_s")
+        for r in per.values():
+            r["best_baseline_jct_s"] = best
+            r["jct_over_best_baseline"] = round(r["avg_jct_s"] / best, 4) if best else None
+            r["jct_over_hadar"] = round(r["avg_jct_s"] / hadar, 4) if hadar else None
+
+
+def misses(rows: list[dict[str, Any]]) -> list[str]:
+    """The goals missed, one line each."""
+    out = []
+    for r in rows:
+        if r["completed"] < r["jobs"]:
+            out.append(f"{r['trace']}: {r['policy']} left {r['jobs'] - r['completed']} jobs")
+        if r["policy"] == "hadar":
+            if r["makespan_over_gang_bound"] > MAKESPAN_GOAL:
+                out.append(f"{r['trace']}: hadar makespan {r['makespan_over_gang_bound']:.3f}x "
+                           "the gang bound")
+            if r["jct_over_best_baseline"] and r["jct_over_best_baseline"] > 1.0:
+                out.append(f"{r['trace']}: hadar avg JCT {r['jct_over_best_baseline']:.3f}x the "
+                           "best baseline's")
+        if r["policy"] == "hadare":
+            if r["makespan_over_fork_bound"] > FORK_GOAL:
+                out.append(f"{r['trace']}: hadare makespan {r['makespan_over_fork_bound']:.3f}x "
+                           "the fork bound")
+            if r["jct_over_hadar"] and r["jct_over_hadar"] > 1.0:
+                out.append(f"{r['trace']}: hadare avg JCT {r['jct_over_hadar']:.3f}x hadar's")
+    return out
+
+
+def _stats(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    return f"{max(values):.3f} / {float(np.median(values)):.3f}"
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Worst / median ratio per policy, over all traces and per regime and per cluster."""
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    groups: list[tuple[str, str]] = [("all", "")]
+    groups += [("regime", g) for g in dict.fromkeys(r["regime"] for r in rows)]
+    groups += [("cluster", g) for g in dict.fromkeys(r["cluster"] for r in rows)]
+    lines = ["worst / median over the traces: makespan over the gang bound (hadare: fork "
+             "bound); average JCT over the best baseline's (gavel-las, fifo-perf, fifo)", ""]
+    head = f"{'group':22s} " + " ".join(f"{p:>27s}" for p in policies)
+    lines += [head, "-" * len(head)]
+    for kind, value in groups:
+        sel = [r for r in rows if kind == "all" or r[kind] == value]
+        cells = []
+        for p in policies:
+            mine = [r for r in sel if r["policy"] == p]
+            key = "makespan_over_fork_bound" if p == "hadare" else "makespan_over_gang_bound"
+            mk = _stats([r[key] for r in mine])
+            jct = _stats([r["jct_over_best_baseline"] for r in mine
+                          if r["jct_over_best_baseline"]])
+            cells.append(f"{mk:>13s} {jct:>13s}")
+        lines.append(f"{value or kind:22s} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """Two panels, one point per trace and policy: makespan over its bound, average JCT over
+    the best baseline's; the goals as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    x = np.arange(len(traces))
+    fig, axes = plt.subplots(2, 1, figsize=(max(10.0, 0.33 * len(traces)), 8), sharex=True)
+    for k, p in enumerate(policies):
+        mine = {r["trace"]: r for r in rows if r["policy"] == p}
+        key = "makespan_over_fork_bound" if p == "hadare" else "makespan_over_gang_bound"
+        mk = [mine[t][key] if t in mine else np.nan for t in traces]
+        jct = [mine[t]["jct_over_best_baseline"] or np.nan if t in mine else np.nan
+               for t in traces]
+        style = {"marker": "os^vDx"[k % 6], "linestyle": "none", "label": p, "markersize": 5}
+        axes[0].plot(x, mk, **style)
+        axes[1].plot(x, jct, **style)
+    axes[0].axhline(MAKESPAN_GOAL, color="grey", linewidth=0.8, linestyle="--")
+    axes[0].axhline(FORK_GOAL, color="grey", linewidth=0.8, linestyle=":")
+    axes[1].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes[0].set_ylabel("makespan / bound\n(hadare: fork bound)")
+    axes[1].set_ylabel("avg JCT / best baseline")
+    for ax in axes:
+        ax.set_yscale("log")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[1].set_xticks(x, traces, rotation=90, fontsize=7)
+    axes[0].legend(ncol=len(policies), fontsize=8, loc="upper left")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"plot written to {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--seed-base", type=int, default=0,
+                    help="trace k is drawn with seed SEED_BASE + k (default: %(default)s)")
+    ap.add_argument("--jobs-scale", type=float, default=1.0,
+                    help="scale every trace's job count (for a quick look; default 1)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="run only these traces (cluster/regime, e.g. gavel/poisson-0.2), or "
+                    "all of a cluster or regime (gavel, poisson-0.2)")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--free-moves", action="store_true",
+                    help="charge nothing for starts and moves, as Gavel's simulator")
+    ap.add_argument("--workers", type=int, default=2, help="processes (default: 2)")
+    ap.add_argument("--json", default="bench/results/robustness.json")
+    ap.add_argument("--plot", default="bench/results/robustness.png")
+    args = ap.parse_args(argv)
+    cases = suite(args.seed_base, args.jobs_scale)
+    if args.only:
+        want = set(args.only)
+        cases = [c for c in cases if want & {c.name, c.regime, c.cluster_name}]
+        if not cases:
+            ap.error(f"no trace matches {args.only}")
+    policies = [p for p in args.policies.split(",") if p]
+    tasks = [(c, p) for c in cases for p in policies]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        futures = [pool.submit(run_one, c, p, args.free_moves) for c, p in tasks]
+        rows = []
+        for k, f in enumerate(futures):
+            rows.append(f.result())
+            print(f"\r{k + 1}/{len(tasks)} runs ({time.perf_counter() - t0:.0f} s)",
+                  end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    add_ratios(rows)
+    for c in cases:
+        mine = [r for r in rows if r["trace"] == c.name]
+        load = mine[0]["offered_load"]
+        print(f"{c.name:26s} load {'static' if load is None else f'{load:.2f}':>6s} "
+              f"gangs {mine[0]['multi_gpu_jobs']:3d}/{mine[0]['jobs']:<3d} " + "  ".join(
+                  f"{r['policy']} {r['makespan_over_gang_bound']:.3f}/"
+                  f"{r['jct_over_best_baseline'] or float('nan'):.3f}" for r in mine))
+    print()
+    print(summary(rows))
+    missed = misses(rows)
+    print(f"\n{len(missed)} goal(s) missed" + (":" if missed else ""))
+    for line in missed:
+        print("  " + line)
+    write_rows(rows, args.json)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
