@@ -421,6 +421,39 @@ def test_unforked_signal_then_kill_then_resume(tmp_path: Path, procs: list[Proc]
     assert out.exists()
 
 
+def test_a_kill_between_commit_and_history_line_is_repaired_on_resume(
+        tmp_path: Path, procs: list[Proc]) -> None:
+    """SIGKILL after state.json is written but before the history line: the history is a round
+    short (or ends in half a line).  The next run writes the committed round's line from the
+    state, so the history still adds up to the work done."""
+    work, per_round = 600, 100
+    tracker = tmp_path / ".hadar-tracker" / "501"
+    args = ["--steps", str(work), "--round-iters", str(per_round), "--sleep-ms", "1",
+            "--count", str(tmp_path / "count")]
+    first = launch(DRIVER, args, {"SLURM_JOB_ID": "501"}, tmp_path, "run0")
+    procs.append(first)
+    wait_until("three commits", lambda: (s := committed(tracker)) is not None and s.round >= 3,
+               [first])
+    first.popen.send_signal(signal.SIGUSR1)
+    assert first.wait() == EXIT_PREEMPTED, first.stderr
+    state = committed(tracker)
+    assert state is not None
+    lines = (tracker / "history.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["round"] == state.round
+    # as if killed right after the commit, in the middle of the history line
+    (tracker / "history.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:9])
+    second = launch(DRIVER, args, {"SLURM_JOB_ID": "501", "SLURM_RESTART_COUNT": "1"},
+                    tmp_path, "run1")
+    procs.append(second)
+    assert second.wait() == 0, second.stderr
+    rows = history(tracker)
+    recovered = [r for r in rows if r.get("recovered")]
+    assert [(r["round"], r["done"], r["iters"]) for r in recovered] == [
+        (state.round, state.done, [json.loads(lines[-1])["iters"][0]])]
+    assert sum(sum(r["iters"]) for r in rows) == work
+    assert [r["round"] for r in rows] == sorted(r["round"] for r in rows)
+
+
 def test_lost_copy_times_out_then_requeue_completes(
     tmp_path: Path, procs: list[Proc],
 ) -> None:

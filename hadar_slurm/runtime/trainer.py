@@ -37,6 +37,7 @@ from hadar_slurm.runtime.tracker import (
     FORMAT,
     CommittedState,
     TrackerPaths,
+    atomic_write_bytes,
     atomic_write_json,
     now,
     plan_round,
@@ -419,12 +420,44 @@ class JobRuntime:
         else:
             state = self._load_checkpoint(state)
             where = "resuming" if state.done > 0 else "starting"
+            if cfg.coordinator:
+                self._repair_history(state)
         restart = f", restart {cfg.restart_count}" if cfg.restart_count else ""
         gpu = f" on {cfg.gpu_type}" if cfg.gpu_type else ""
         self._say(f"{where} at round {state.round}, {state.done}/{cfg.work} iterations done "
                   f"(device {self.device}{gpu}, run {cfg.run_id or '-'}{restart}, tracker "
                   f"{cfg.tracker_dir})")
         return state
+
+    def _repair_history(self, state: CommittedState) -> None:
+        """A run killed between its commit (``state.json``) and its history line leaves the
+        history a round short, or ends it with half a line: drop a broken line and write the
+        committed round's line from the state (``recovered``: its per-copy seconds are not
+        known)."""
+        try:
+            text = self.paths.history.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            text = ""
+        kept: list[str] = []
+        last_round, last_done = 0, 0
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+                last_round, last_done = int(rec["round"]), int(rec["done"])
+            except (ValueError, KeyError, TypeError):
+                continue  # half a line: the run was killed while writing it
+            kept.append(line)
+        missing = state.round > last_round and state.done >= last_done
+        if not missing and len(kept) == len(text.splitlines()) and (
+                not text or text.endswith("\n")):
+            return
+        if missing:
+            kept.append(json.dumps({
+                "round": state.round, "done": state.done, "iters": [state.done - last_done],
+                "seconds": [None], "stop": state.stop, "run": state.run,
+                "time": state.updated_at, "recovered": True}))
+        atomic_write_bytes(self.paths.history,
+                           "".join(line + "\n" for line in kept).encode(), durable=True)
 
     def _load_checkpoint(self, state: CommittedState) -> CommittedState:
         """Load the checkpoint ``state`` names into the model and optimizer; the state that was
