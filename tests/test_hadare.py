@@ -21,7 +21,7 @@ from hadar_slurm.policy.base import Decision, Placement, Snapshot
 from hadar_slurm.policy.hadare import HadarEPolicy, fork_drain
 from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.sim.backend import SimulatedCluster
-from hadar_slurm.sim.bounds import fork_makespan_bound
+from hadar_slurm.sim.bounds import fluid_makespan_bound, fork_makespan_bound
 from hadar_slurm.sim.cluster import load_cluster, parse_counts
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import load_trace
@@ -250,6 +250,26 @@ def test_fork_drain_is_a_lower_bound_of_the_fork_lp() -> None:
         capacity = np.array([4, 4, 4], dtype=I64)
         lp = fork_makespan_bound(np.zeros(n), remaining, scale, rate, capacity)
         assert 0 < fork_drain(remaining, scale, rate, capacity) <= lp * (1 + 1e-6)
+
+
+def test_fork_bound_with_a_copy_limit_lies_between_the_two_others() -> None:
+    # one job of 100 steps at 1 step/s on one GPU, ten GPUs: alone it takes 100 s; forked over
+    # every GPU 10 s; in at most 4 copies 25 s.  A second job of 60 steps arrives at 30 s, when
+    # the first is done either way: 6 s on ten GPUs, 15 s on four.
+    rate, scale = np.array([[1.0]]), np.array([1], dtype=I64)
+    cap, zero, work = np.array([10], dtype=I64), np.zeros(1), np.array([100.0])
+    assert fluid_makespan_bound(zero, work, scale, rate, cap) == pytest.approx(100.0)
+    assert fork_makespan_bound(zero, work, scale, rate, cap) == pytest.approx(10.0)
+    assert fork_makespan_bound(zero, work, scale, rate, cap, copies=4) == pytest.approx(25.0)
+    assert fork_makespan_bound(zero, work, scale, rate, cap, copies=1) == pytest.approx(
+        fluid_makespan_bound(zero, work, scale, rate, cap))
+    two = (np.array([0.0, 30.0]), np.array([100.0, 60.0]), np.array([1, 1], dtype=I64),
+           np.array([[1.0], [1.0]]), np.array([10], dtype=I64))
+    # the second job's 60 steps on 4 GPUs from 30 s: done at 45 s
+    assert fork_makespan_bound(*two, copies=4) == pytest.approx(45.0)
+    assert fork_makespan_bound(*two) == pytest.approx(36.0)
+    with pytest.raises(ValueError, match="copies"):
+        fork_makespan_bound(zero, work, scale, rate, cap, copies=0)
 
 
 def test_long_jobs_spread_when_they_dominate() -> None:

@@ -9,7 +9,9 @@ at a time); and no type is over-committed, ``sum_i scale[i] * x[i,h,k] <= c[h] *
 
 :func:`fluid_makespan_bound` is the bound of issue #2 ("every job on at most its scale
 factor of GPUs"); :func:`fork_makespan_bound` drops the per-job cap (a job may be forked over
-any number of GPUs, HadarE's bound).
+any number of GPUs, HadarE's bound), or with ``copies`` raises it to that many times the scale
+factor (HadarE forks a job into at most ``max_copies`` copies: ``sum_h x[i,h,k] <= copies *
+len_k``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from hadar_slurm.policy.base import FloatArray, IntArray
 
 def _bound(
     arrival: FloatArray, remaining: FloatArray, scale: IntArray, rate: FloatArray,
-    capacity: IntArray, per_job_cap: bool,
+    capacity: IntArray, per_job_cap: float | None,
 ) -> float:
     n, h = rate.shape
     t0 = float(arrival.min())
@@ -63,8 +65,8 @@ def _bound(
     t_rows: list[int] = []
     t_vals: list[float] = []
     rhs_extra: list[float] = []
-    if per_job_cap:
-        # sum_g x[i, g, k] <= len_k  (last interval: - T <= -t_last)
+    if per_job_cap is not None:
+        # sum_g x[i, g, k] <= cap * len_k  (last interval: - cap * T <= -cap * t_last)
         key = vi * k_count + vk
         uniq, inv = np.unique(key, return_inverse=True)
         rows_a.append(r + inv)
@@ -74,10 +76,10 @@ def _bound(
             k = u % k_count
             if k == last:
                 t_rows.append(r)
-                t_vals.append(-1.0)
-                rhs_extra.append(-float(cuts[last]) + t0)
+                t_vals.append(-per_job_cap)
+                rhs_extra.append(per_job_cap * (-float(cuts[last]) + t0))
             else:
-                rhs_extra.append(float(lengths[k]))
+                rhs_extra.append(per_job_cap * float(lengths[k]))
             r += 1
     # Capacity: sum_i scale * x[i, g, k] <= c_g * len_k.
     key = vg * k_count + vk
@@ -113,12 +115,16 @@ def fluid_makespan_bound(
     capacity: IntArray,
 ) -> float:
     """Makespan lower bound (seconds from the first arrival), each job on <= scale GPUs."""
-    return _bound(arrival, remaining, scale, rate, capacity, per_job_cap=True)
+    return _bound(arrival, remaining, scale, rate, capacity, per_job_cap=1.0)
 
 
 def fork_makespan_bound(
     arrival: FloatArray, remaining: FloatArray, scale: IntArray, rate: FloatArray,
-    capacity: IntArray,
+    capacity: IntArray, copies: int | None = None,
 ) -> float:
-    """Makespan lower bound when a job may use any number of GPUs (forked copies)."""
-    return _bound(arrival, remaining, scale, rate, capacity, per_job_cap=False)
+    """Makespan lower bound when a job may use any number of GPUs (forked copies), or at most
+    ``copies`` times its scale factor."""
+    if copies is not None and copies < 1:
+        raise ValueError(f"copies must be >= 1, got {copies}")
+    return _bound(arrival, remaining, scale, rate, capacity,
+                  per_job_cap=None if copies is None else float(copies))
