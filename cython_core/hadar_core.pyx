@@ -646,9 +646,20 @@ cdef class _MoveIndex:
         return ERR_NONE
 
 
+cdef inline double _max_per_gpu(const double[::1] load, const i64[::1] capacity) noexcept nogil:
+    """Twin of ``reference._max_per_gpu``."""
+    cdef double top = 0.0
+    cdef Py_ssize_t h
+    for h in range(load.shape[0]):
+        if capacity[h] > 0 and load[h] / <double>capacity[h] > top:
+            top = load[h] / <double>capacity[h]
+    return top
+
+
 cdef inline i64 _level(
     double[:, ::1] phi, const double[:, ::1] gpu_s, const i64[::1] capacity,
     double[::1] load, double[::1] slack, i64 max_moves, _MoveIndex index, int* err,
+    double level_to,
 ) noexcept nogil:
     """Twin of ``reference._level``; returns the moves made (``err`` on ZeroDivisionError)."""
     cdef Py_ssize_t num_types = gpu_s.shape[1]
@@ -671,6 +682,8 @@ cdef inline i64 _level(
             break
         per_src = load[src] / <double>capacity[src]
         per_dst = load[dst] / <double>capacity[dst]
+        if per_src <= level_to * (1.0 + 1e-9):
+            break
         gap = per_src - per_dst
         scale_gap = per_src if per_src > 1.0 else 1.0
         if gap <= 1e-9 * scale_gap:
@@ -686,6 +699,8 @@ cdef inline i64 _level(
         g_dst = gpu_s[i, dst]
         grow = g_dst - g_src
         d = gap / (g_src / <double>capacity[src] + g_dst / <double>capacity[dst])
+        if level_to > 0.0 and d > (per_src - level_to) * <double>capacity[src] / g_src:
+            d = (per_src - level_to) * <double>capacity[src] / g_src  # just down to level_to
         if d > phi[i, src]:
             d = phi[i, src]
         if grow > 0.0 and d > slack[i] / grow:
@@ -760,7 +775,7 @@ cdef inline bint _exchange(
     return changed
 
 
-def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
+def balance_split(gpu_s, capacity, pi, scale, window, max_moves, level_to=0.0):
     """Split each job's remaining work over GPU types (see ``reference.balance_split``).
 
     Returns ``phi[J, H]`` (float64), the fraction of each job's work on each type.
@@ -773,6 +788,7 @@ def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
     cdef Py_ssize_t num_types = gs.shape[1]
     cdef double c_window = window
     cdef i64 c_max_moves = max_moves
+    cdef double c_level_to = level_to
     if cap_v.shape[0] != num_types or pi_v.shape[0] != num_types:
         raise ValueError("capacity and pi must have one entry per GPU type")
     if scale_v.shape[0] != n:
@@ -829,8 +845,11 @@ def balance_split(gpu_s, capacity, pi, scale, window, max_moves):
     cdef _MoveIndex index = _MoveIndex(phi, gs, slack)
     with nogil:
         for rnd in range(8):
-            moves += _level(phi, gs, cap_v, load, slack, c_max_moves - moves, index, &err)
+            moves += _level(phi, gs, cap_v, load, slack, c_max_moves - moves, index, &err,
+                            c_level_to)
             if err != ERR_NONE:
+                break
+            if _max_per_gpu(load, cap_v) <= c_level_to * (1.0 + 1e-9):
                 break
             if not _exchange(phi, gs, cap_v, load, slack, index, &err):
                 break

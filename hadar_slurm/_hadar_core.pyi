@@ -17,6 +17,7 @@ def plan(
 ) -> tuple[I64, F64, I64]: ...
 def balance_split(
     gpu_s: F64, capacity: I64, pi: F64, scale: I64, window: float, max_moves: int,
+    level_to: float = 0.0,
 ) -> F64: ...
 def drain_prices(
     remaining: F64, scale: I64, rate: F64, capacity: I64, iterations: int,

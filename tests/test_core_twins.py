@@ -123,7 +123,9 @@ def split_instance(rng: np.random.Generator) -> tuple[Any, ...]:
     scale = rng.integers(1, 9, J).astype(np.int64)
     window = float(rng.choice([rng.uniform(1.0, 300.0), rng.uniform(50.0, 2000.0), INF]))
     max_moves = int(rng.choice([0, 1, 3, 50, 20000]))
-    return gpu_s, capacity, pi, scale, window, max_moves
+    # level only down to a load per GPU (the policy's fastest split), or fully (0)
+    level_to = 0.0 if rng.random() < 0.5 else float(rng.uniform(10.0, 3000.0))
+    return gpu_s, capacity, pi, scale, window, max_moves, level_to
 
 
 def policy_instance(rng: np.random.Generator, J: int,
@@ -325,7 +327,7 @@ def test_twins_reject_bad_horizons_and_rounds_with_the_same_message() -> None:
 
 
 def _level_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, load: np.ndarray,
-                slack: np.ndarray, max_moves: int, index: object) -> int:
+                slack: np.ndarray, max_moves: int, index: object, level_to: float = 0.0) -> int:
     """``_level`` as first written: a scan over all jobs for every move."""
     n, num_types = gpu_s.shape
     moves = 0
@@ -344,6 +346,8 @@ def _level_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, load: 
             break
         per_src = load[src] / float(capacity[src])
         per_dst = load[dst] / float(capacity[dst])
+        if per_src <= level_to * (1.0 + 1e-9):
+            break
         gap = per_src - per_dst
         scale_gap = per_src if per_src > 1.0 else 1.0
         if gap <= 1e-9 * scale_gap:
@@ -367,6 +371,8 @@ def _level_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, load: 
         g_dst = float(gpu_s[i, dst])
         grow = g_dst - g_src
         d = gap / (g_src / float(capacity[src]) + g_dst / float(capacity[dst]))
+        if level_to > 0.0 and d > (per_src - level_to) * float(capacity[src]) / g_src:
+            d = (per_src - level_to) * float(capacity[src]) / g_src
         if d > phi[i, src]:
             d = float(phi[i, src])
         if grow > 0.0 and d > slack[i] / grow:
@@ -524,6 +530,27 @@ def test_balance_split_levels_two_identical_types(impl: Any) -> None:
                              1e9, 100)
     assert phi.tolist() == [[0.0, 1.0], [1.0, 0.0]]
     assert phi.sum(axis=1).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_balance_split_levels_only_down_to_level_to(impl: Any) -> None:
+    # Two jobs on type 0 (100 and 300 GPU-s), one GPU of each of two types; type 1 is twice as
+    # slow for both.  Levelled fully: type 0 and 1 end equal (266.7 s each).  Levelled down to
+    # 350 s: only what takes type 0 from 400 s to 350 s moves, from the job that loses least
+    # (both lose 2x: the first on ties, job 0): half of job 0, 100 s on type 1.  Down to 250 s
+    # is below level: it stops level, as fully levelled.
+    gpu_s = np.array([[100.0, 200.0], [300.0, 600.0]])
+    args = (gpu_s, np.array([1, 1]), np.array([1.0, 1.0]), np.array([1, 1]), INF, 20000)
+    full = impl.balance_split(*args)
+    load = (full * gpu_s).sum(axis=0)
+    assert load[0] == pytest.approx(load[1])
+    part = impl.balance_split(*args, 350.0)
+    assert (part * gpu_s).sum(axis=0) == pytest.approx([350.0, 100.0])
+    assert part[0] == pytest.approx([0.5, 0.5]) and part[1] == pytest.approx([1.0, 0.0])
+    below = impl.balance_split(*args, 250.0)
+    assert (below * gpu_s).sum(axis=0) == pytest.approx([800.0 / 3, 800.0 / 3])
+    # a type already below level_to keeps everything: every job on its cheapest type
+    assert (impl.balance_split(*args, 500.0) == np.array([[1.0, 0.0], [1.0, 0.0]])).all()
 
 
 @pytest.mark.parametrize("impl", IMPLS)

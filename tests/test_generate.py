@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -228,3 +229,26 @@ def test_ratios_and_missed_goals_on_plain_rows() -> None:
                       "t: hadare avg JCT 1.056x hadar's"]
     text = robustness.summary(rows)
     assert "1.040 / 1.040" in text and "1.125 / 1.125" in text
+
+
+def test_robustness_bench_runs_a_small_suite_end_to_end(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert robustness.main(["--only", "gavel/static-1gpu", "dgx/poisson-0.5", "--jobs-scale",
+                            "0.1", "--workers", "1", "--policies", "hadar,hadare,fifo",
+                            "--json", str(out), "--plot", str(png)]) == 0
+    rows = json.loads(out.read_text())
+    assert {(r["trace"], r["policy"]) for r in rows} == {
+        (t, p) for t in ("gavel/static-1gpu", "dgx/poisson-0.5")
+        for p in ("hadar", "hadare", "fifo")}
+    for r in rows:
+        assert r["completed"] == r["jobs"] == (5 if "static" in r["trace"] else 10)
+        # the bounds are lower bounds of every schedule that forks no job
+        assert r["gang_bound_s"] >= r["fork_bound_s"] >= r["fork_any_bound_s"] > 0
+        if r["policy"] != "hadare":
+            assert r["makespan_over_gang_bound"] >= 1.0 - 1e-6
+        assert r["jct_over_best_baseline"] == pytest.approx(
+            r["avg_jct_s"] / r["best_baseline_jct_s"], abs=1e-4)
+        assert r["generate"].startswith("hadar-slurm trace generate --cluster ")
+    assert png.stat().st_size > 0
+    assert "worst / median" in capsys.readouterr().out

@@ -40,6 +40,23 @@ def first_snapshot(jobs: list[Job], cluster: ClusterSpec, table: ThroughputTable
     return SimulatedCluster(jobs, cluster, table).snapshot(0, 0.0, 360.0, None)
 
 
+def test_on_a_mostly_idle_cluster_every_job_runs_on_its_fastest_type() -> None:
+    # Four GPUs of each type; two "fair" jobs (1.0 step/s on a, 0.9 on b) of 3600 and 1800
+    # steps.  The drain target is 3600 s (the long job alone); on a, the two leave each a-GPU
+    # 1350 s of work, well within it: capacity does not bind, so both run on a and end at
+    # 3600 s and 1800 s.  (Levelling the two types, as a drained makespan would, puts the
+    # short job on b, where it ends at 2000 s.)
+    cluster = parse_counts("a=4:b=4")
+    jobs = [job(0, "fair", 3600), job(1, "fair", 1800)]
+    snap = first_snapshot(jobs, cluster, TWO_TYPES)
+    decision = HadarPolicy().allocate(snap)
+    placed = {int(j): snap.gpu_types[snap.node_type[n]]
+              for j, n in zip(decision.placement.job, decision.placement.node, strict=True)}
+    assert placed == {0: "a", 1: "a"}
+    result = simulate(jobs, cluster, TWO_TYPES, HadarPolicy())
+    assert list(result.finish) == pytest.approx([3600.0, 1800.0])
+
+
 def test_comparative_advantage_decides_the_type() -> None:
     # One GPU of each type.  Both jobs are fastest on a, but picky loses 10x on b and fair only
     # 10%: picky gets a, fair gets b.  Picky finishes at 3600 s; fair has done 0.9 * 3600 = 3240

@@ -460,6 +460,7 @@ def _fastest_option(i: int, scale: I64, rate: F64, sync: I64, free: I64) -> tupl
 # The algorithm: docs/algorithm.md, "Drain prices and the type split".
 def balance_split(
     gpu_s: F64, capacity: I64, pi: F64, scale: I64, window: float, max_moves: int,
+    level_to: float = 0.0,
 ) -> F64:
     """Split each job's remaining work over GPU types so that no type is overloaded.
 
@@ -522,7 +523,9 @@ def balance_split(
     index = _MoveIndex(phi, gpu_s, slack)
     moves = 0
     for _ in range(8):
-        moves += _level(phi, gpu_s, capacity, load, slack, max_moves - moves, index)
+        moves += _level(phi, gpu_s, capacity, load, slack, max_moves - moves, index, level_to)
+        if _max_per_gpu(load, capacity) <= level_to * (1.0 + 1e-9):
+            break  # every type drains by level_to: nothing to gain from exchanges
         if not _exchange(phi, gpu_s, capacity, load, slack, index):
             break
     # Rounding leaves entries of about -1e-16 where work moved away: clip them to 0.
@@ -640,9 +643,19 @@ class _MoveIndex:
         return int(self.job[p, 1]), float(self.key[p, 1])
 
 
+def _max_per_gpu(load: F64, capacity: I64) -> float:
+    """The greatest load per GPU over the types with GPUs."""
+    top = 0.0
+    for h in range(load.shape[0]):
+        if capacity[h] > 0 and load[h] / float(capacity[h]) > top:
+            top = load[h] / float(capacity[h])
+    return top
+
+
 def _level(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64, max_moves: int,
-           index: _MoveIndex) -> int:
-    """Move work from the most to the least loaded type until level; returns the moves made."""
+           index: _MoveIndex, level_to: float = 0.0) -> int:
+    """Move work from the most to the least loaded type until level, or until the most loaded
+    one drains by ``level_to`` (seconds per GPU); returns the moves made."""
     num_types = gpu_s.shape[1]
     moves = 0
     while moves < max_moves:
@@ -660,6 +673,8 @@ def _level(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64, max_moves
             break
         per_src = load[src] / float(capacity[src])
         per_dst = load[dst] / float(capacity[dst])
+        if per_src <= level_to * (1.0 + 1e-9):
+            break
         gap = per_src - per_dst
         scale_gap = per_src if per_src > 1.0 else 1.0
         if gap <= 1e-9 * scale_gap:
@@ -673,6 +688,8 @@ def _level(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64, max_moves
         g_dst = float(gpu_s[i, dst])
         grow = g_dst - g_src
         d = gap / (g_src / float(capacity[src]) + g_dst / float(capacity[dst]))
+        if level_to > 0.0 and d > (per_src - level_to) * float(capacity[src]) / g_src:
+            d = (per_src - level_to) * float(capacity[src]) / g_src  # just down to level_to
         if d > phi[i, src]:
             d = float(phi[i, src])
         if grow > 0.0 and d > slack[i] / grow:

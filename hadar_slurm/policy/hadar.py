@@ -11,10 +11,12 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    finish all remaining work and the type prices ``pi`` that certify it (a Lagrangian dual of the
    fluid makespan LP, fitted in a few dozen multiplicative steps).  ``pi`` says what a GPU-second
    of each type is worth to the workload as a whole.
-2. **Type split.**  :func:`hadar_slurm.core.balance_split` turns the prices into the primal
-   split: which fraction of each job's work should run on which type (its comparative advantage,
-   levelled so that no type is overloaded).  In the dual pass a job may use only the main types
-   of its split; idle GPUs are back-filled on any type.
+2. **Type split.**  :meth:`HadarPolicy.type_split` (with :func:`hadar_slurm.core.balance_split`):
+   which fraction of each job's work should run on which type.  Each job on its fastest type,
+   moved off only as far as a type must to drain by the target less a margin; if that cannot
+   drain, capacity binds and the prices decide (each job's comparative advantage, levelled so
+   that no type is overloaded).  In the dual pass a job may use only the main types of its
+   split; idle GPUs are back-filled on any type.
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
    :class:`HadarState`, pushed back only when the remaining work cannot make it).
 4. **Critical jobs first** (longest first): per type, McNaughton's conditions for preemptive
@@ -197,16 +199,7 @@ class HadarPolicy:
         need = np.where(runs, scale[:, None] * snapshot.remaining[:, None]
                         / np.where(runs, rate, 1.0), np.inf)
         need0 = np.where(runs, need, 0.0)
-        limit = drain
-        for _ in range(3):
-            phi = balance_split(need, capacity, pi, scale, float(limit), self.max_moves)
-            load = (phi * need0).sum(axis=0)
-            achieved = float((load / np.maximum(capacity, 1)).max())
-            # A split that cannot drain by the limit anyway relaxes the job-length limit to
-            # what it achieves, so that no job is kept off an idle type for nothing.
-            if achieved <= limit * 1.0001:
-                break
-            limit = achieved
+        phi = self.type_split(need, capacity, pi, scale, drain, float(snapshot.round_s))
         own = np.argmax(phi, axis=1)
         rem_own = (phi * need0).sum(axis=1) / scale
         prev = snapshot.policy_state
@@ -240,6 +233,38 @@ class HadarPolicy:
         reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
                                  packed, placed)
         return Decision(snapshot.epoch, placement, reason, HadarState(target))
+
+    def type_split(self, need: FloatArray, capacity: IntArray, pi: FloatArray,
+                   scale: IntArray, drain: float, round_s: float) -> FloatArray:
+        """The share of each job's work on each GPU type (step 2 of the module docstring).
+
+        First the *fastest* split: every job on its fastest type, work moved off a type only
+        as far as it must for the type to drain by ``drain`` less a margin of
+        ``margin_rounds`` rounds (what a schedule in rounds needs).  If that drains every type
+        by then, capacity does not bind: the drain prices carry no information (an LP's dual
+        prices are zero on slack constraints), and each job keeps its fastest type.  Otherwise
+        the workload is capacity-bound: the *price* split, every job on its cheapest type at
+        the drain prices (its comparative advantage), levelled fully.
+        """
+        need0 = np.where(np.isfinite(need), need, 0.0)
+        level_to = drain - self.margin_rounds * round_s
+        if level_to > 0.0:
+            phi = balance_split(need, capacity, np.ones_like(pi), scale, float(drain),
+                                self.max_moves, float(level_to))
+            load = (phi * need0).sum(axis=0)
+            if float((load / np.maximum(capacity, 1)).max()) <= level_to * (1.0 + 1e-9):
+                return phi
+        limit = drain
+        for _ in range(3):
+            phi = balance_split(need, capacity, pi, scale, float(limit), self.max_moves)
+            load = (phi * need0).sum(axis=0)
+            achieved = float((load / np.maximum(capacity, 1)).max())
+            # A split that cannot drain by the limit anyway relaxes the job-length limit to
+            # what it achieves, so that no job is kept off an idle type for nothing.
+            if achieved <= limit * 1.0001:
+                break
+            limit = achieved
+        return phi
 
     @staticmethod
     def reasons(status: IntArray, payoff: FloatArray, remaining: FloatArray,
