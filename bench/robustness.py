@@ -2,6 +2,7 @@
 
     python -m bench.robustness [--seed-base 0] [--only NAME ...] [--policies P,P]
                                [--jobs-scale 1.0] [--workers 2] [--free-moves]
+                               [--reschedule-on-finish]
                                [--json bench/results/robustness.json]
                                [--plot bench/results/robustness.png]
 
@@ -17,11 +18,12 @@ suite of the same regimes, traces no policy was tuned on.
 Each trace runs with ``hadar``, ``hadare``, ``gavel-las``, ``gavel-makespan``, ``fifo-perf`` and
 ``fifo`` as ``hadar-slurm simulate`` runs them by default (360 s rounds; a start and a move cost
 what the sidecar measures, :mod:`hadar_slurm.costs`; ``--free-moves``: nothing, as Gavel's
-simulator).  Per trace and policy: makespan over the gang bound (the fluid LP where a job uses
-at most its scale factor of GPUs) and over the fork bound (a job forked into at most HadarE's
-``max_copies`` copies, each on its scale factor of GPUs; ``fork_any_bound_s`` also drops that
-limit), average JCT over the best of ``gavel-las``, ``fifo-perf`` and ``fifo`` on that trace,
-p95 JCT and utilization.
+simulator; ``--reschedule-on-finish``: a round also ends when a job ends, as the sidecar's
+epochs do by default).  Per trace and policy: makespan over the gang bound (the fluid LP
+where a job uses at most its scale factor of GPUs) and over the fork bound (a job forked into
+at most HadarE's ``max_copies`` copies, each on its scale factor of GPUs; ``fork_any_bound_s``
+also drops that limit), average JCT over the best of ``gavel-las``, ``fifo-perf`` and ``fifo``
+on that trace, p95 JCT and utilization.
 
 Goals (issue #15): ``hadar`` makespan within 3% of the gang bound and average JCT no worse than
 the best baseline's, on every trace; ``hadare`` makespan within 10% of the fork bound and
@@ -108,7 +110,8 @@ def suite(seed_base: int = 0, jobs_scale: float = 1.0) -> list[Case]:
     return cases
 
 
-def run_one(case: Case, policy: str, free_moves: bool) -> dict[str, Any]:
+def run_one(case: Case, policy: str, free_moves: bool,
+            reschedule_on_finish: bool = False) -> dict[str, Any]:
     table = sim_throughputs(None)
     cluster = parse_counts(case.cluster)
     jobs = generate(case.spec, cluster, table)
@@ -124,11 +127,13 @@ def run_one(case: Case, policy: str, free_moves: bool) -> dict[str, Any]:
     move_s, start_s = (0.0, 0.0) if free_moves else (live.move_s, live.start_s)
     t0 = time.perf_counter()
     res = simulate(jobs, cluster, table, make_policy(policy), migration_cost_s=move_s,
-                   start_cost_s=start_s)
+                   start_cost_s=start_s, reschedule_on_finish=reschedule_on_finish)
     load = offered_load(jobs, cluster, table)
     return {
         "trace": case.name, "regime": case.regime, "cluster": case.cluster_name,
         "cluster_spec": case.cluster, "generate": case.command(), "policy": policy,
+        "rounds": "end on finish" if reschedule_on_finish else "fixed",
+        "moves": "free" if free_moves else "charged",
         "jobs": len(jobs), "offered_load": None if math.isinf(load) else round(load, 3),
         "multi_gpu_jobs": sum(j.scale_factor > 1 for j in jobs),
         "makespan_s": round(res.makespan_s, 1), "avg_jct_s": round(res.avg_jct_s, 1),
@@ -263,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--free-moves", action="store_true",
                     help="charge nothing for starts and moves, as Gavel's simulator")
+    ap.add_argument("--reschedule-on-finish", action="store_true",
+                    help="a round also ends when a job ends (the sidecar's default)")
     ap.add_argument("--workers", type=int, default=2, help="processes (default: 2)")
     ap.add_argument("--json", default="bench/results/robustness.json")
     ap.add_argument("--plot", default="bench/results/robustness.png")
@@ -277,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(c, p) for c in cases for p in policies]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futures = [pool.submit(run_one, c, p, args.free_moves) for c, p in tasks]
+        futures = [pool.submit(run_one, c, p, args.free_moves, args.reschedule_on_finish)
+                   for c, p in tasks]
         rows = []
         for k, f in enumerate(futures):
             rows.append(f.result())
