@@ -30,12 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.report import write_rows
 from hadar_slurm.policy import make_policy
 from hadar_slurm.rates.table import default_table
-from hadar_slurm.sim.bounds import fluid_makespan_bound, fork_makespan_bound
+from hadar_slurm.sim.bounds import bound_inputs, fluid_makespan_bound, fork_makespan_bound
 from hadar_slurm.sim.cluster import load_cluster
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace
@@ -64,15 +62,11 @@ def run(traces: list[str], cluster_spec: str, policies: list[str],
         reschedule_on_finish: bool = False) -> list[dict[str, Any]]:
     table = default_table()
     cluster = load_cluster(cluster_spec)
-    capacity = np.array([cluster.capacity(g) for g in cluster.gpu_types], dtype=np.int64)
     rows: list[dict[str, Any]] = []
     for trace in traces:
         jobs = load_trace(trace, table)
         name = Path(trace).stem if Path(trace).exists() else trace
-        rate = np.array([[table.rate(j.job_type, j.scale_factor, g) for g in cluster.gpu_types]
-                         for j in jobs])
-        args = (np.array([j.arrival_s for j in jobs]), np.array([j.total_steps for j in jobs]),
-                np.array([j.scale_factor for j in jobs], dtype=np.int64), rate, capacity)
+        args = bound_inputs(jobs, cluster, table)
         bound = fluid_makespan_bound(*args)
         fork_bound = fork_makespan_bound(*args)
         for policy in policies:

@@ -34,6 +34,7 @@ policy and regime, and the traces that miss a goal.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -48,9 +49,11 @@ import numpy as np
 from bench.report import write_rows
 from hadar_slurm.cli.trace import sim_throughputs
 from hadar_slurm.costs import LiveCosts
+from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.hadare import HadarEPolicy
-from hadar_slurm.sim.bounds import fluid_makespan_bound, fork_makespan_bound
+from hadar_slurm.rates.table import ThroughputTable
+from hadar_slurm.sim.bounds import bound_inputs, fluid_makespan_bound, fork_makespan_bound
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.generate import WorkloadSpec, generate, offered_load
 from hadar_slurm.sim.run import simulate
@@ -110,25 +113,42 @@ def suite(seed_base: int = 0, jobs_scale: float = 1.0) -> list[Case]:
     return cases
 
 
-def run_one(case: Case, policy: str, free_moves: bool,
-            reschedule_on_finish: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Instance:
+    """A case's trace on its cluster, with its bounds and offered load."""
+
+    jobs: tuple[Job, ...]
+    cluster: ClusterSpec
+    table: ThroughputTable
+    bound: float
+    fork: float
+    fork_any: float
+    load: float
+
+
+@functools.lru_cache(maxsize=8)
+def instance(case: Case) -> Instance:
+    """Drawn and bounded once per process: every policy of a case runs on the same one (the
+    tasks of a case follow each other, so a worker meets them together)."""
     table = sim_throughputs(None)
     cluster = parse_counts(case.cluster)
-    jobs = generate(case.spec, cluster, table)
-    capacity = np.array([cluster.capacity(g) for g in cluster.gpu_types], dtype=np.int64)
-    rate = np.array([[table.rate(j.job_type, j.scale_factor, g) for g in cluster.gpu_types]
-                     for j in jobs])
-    args = (np.array([j.arrival_s for j in jobs]), np.array([j.total_steps for j in jobs]),
-            np.array([j.scale_factor for j in jobs], dtype=np.int64), rate, capacity)
-    bound = fluid_makespan_bound(*args)
-    fork = fork_makespan_bound(*args, copies=HadarEPolicy().max_copies)
-    fork_any = fork_makespan_bound(*args)
+    jobs = tuple(generate(case.spec, cluster, table))
+    args = bound_inputs(jobs, cluster, table)
+    return Instance(jobs, cluster, table, fluid_makespan_bound(*args),
+                    fork_makespan_bound(*args, copies=HadarEPolicy().max_copies),
+                    fork_makespan_bound(*args), offered_load(jobs, cluster, table))
+
+
+def run_one(case: Case, policy: str, free_moves: bool,
+            reschedule_on_finish: bool = False) -> dict[str, Any]:
+    inst = instance(case)
+    jobs, cluster, table = inst.jobs, inst.cluster, inst.table
+    bound, fork, fork_any, load = inst.bound, inst.fork, inst.fork_any, inst.load
     live = LiveCosts()
     move_s, start_s = (0.0, 0.0) if free_moves else (live.move_s, live.start_s)
     t0 = time.perf_counter()
     res = simulate(jobs, cluster, table, make_policy(policy), migration_cost_s=move_s,
                    start_cost_s=start_s, reschedule_on_finish=reschedule_on_finish)
-    load = offered_load(jobs, cluster, table)
     return {
         "trace": case.name, "regime": case.regime, "cluster": case.cluster_name,
         "cluster_spec": case.cluster, "generate": case.command(), "policy": policy,

@@ -40,6 +40,15 @@ def first_snapshot(jobs: list[Job], cluster: ClusterSpec, table: ThroughputTable
     return SimulatedCluster(jobs, cluster, table).snapshot(0, 0.0, 360.0, None)
 
 
+def first_placement_types(jobs: list[Job], cluster: ClusterSpec,
+                          table: ThroughputTable) -> dict[int, str]:
+    """Hadar's first epoch on a fresh cluster: the GPU type each placed job got."""
+    snap = first_snapshot(jobs, cluster, table)
+    decision = HadarPolicy().allocate(snap)
+    return {int(j): snap.gpu_types[snap.node_type[n]]
+            for j, n in zip(decision.placement.job, decision.placement.node, strict=True)}
+
+
 def test_on_a_mostly_idle_cluster_every_job_runs_on_its_fastest_type() -> None:
     # Four GPUs of each type; two "fair" jobs (1.0 step/s on a, 0.9 on b) of 3600 and 1800
     # steps.  The drain target is 3600 s (the long job alone); on a, the two leave each a-GPU
@@ -48,10 +57,7 @@ def test_on_a_mostly_idle_cluster_every_job_runs_on_its_fastest_type() -> None:
     # short job on b, where it ends at 2000 s.)
     cluster = parse_counts("a=4:b=4")
     jobs = [job(0, "fair", 3600), job(1, "fair", 1800)]
-    snap = first_snapshot(jobs, cluster, TWO_TYPES)
-    decision = HadarPolicy().allocate(snap)
-    placed = {int(j): snap.gpu_types[snap.node_type[n]]
-              for j, n in zip(decision.placement.job, decision.placement.node, strict=True)}
+    placed = first_placement_types(jobs, cluster, TWO_TYPES)
     assert placed == {0: "a", 1: "a"}
     result = simulate(jobs, cluster, TWO_TYPES, HadarPolicy())
     assert list(result.finish) == pytest.approx([3600.0, 1800.0])
@@ -63,10 +69,7 @@ def test_comparative_advantage_decides_the_type() -> None:
     # of its 3600 steps by then and needs 360 s more on a (or 400 s on b): it ends by 4000 s.
     cluster = parse_counts("a=1:b=1")
     jobs = [job(0, "fair", 3600), job(1, "picky", 3600)]
-    snap = first_snapshot(jobs, cluster, TWO_TYPES)
-    decision = HadarPolicy().allocate(snap)
-    placed = {int(j): snap.gpu_types[snap.node_type[n]]
-              for j, n in zip(decision.placement.job, decision.placement.node, strict=True)}
+    placed = first_placement_types(jobs, cluster, TWO_TYPES)
     assert placed == {0: "b", 1: "a"}
     result = simulate(jobs, cluster, TWO_TYPES, HadarPolicy())
     assert result.finish[1] == pytest.approx(3600.0)

@@ -16,11 +16,15 @@ len_k``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import scipy.optimize as opt
 import scipy.sparse as sp
 
+from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy.base import FloatArray, IntArray
+from hadar_slurm.rates.table import ThroughputTable
 
 
 def _bound(
@@ -108,6 +112,19 @@ def _bound(
     if res.status != 0:
         raise RuntimeError(f"makespan bound LP failed: {res.message}")
     return float(res.x[0])
+
+
+def bound_inputs(
+    jobs: Sequence[Job], cluster: ClusterSpec, table: ThroughputTable,
+) -> tuple[FloatArray, FloatArray, IntArray, FloatArray, IntArray]:
+    """The arguments of the bounds for a trace on a cluster: arrivals, work, scale factors,
+    whole-job rates per GPU type of the cluster, and its GPUs per type."""
+    capacity = np.array([cluster.capacity(g) for g in cluster.gpu_types], dtype=np.int64)
+    rate = np.array([[table.rate(j.job_type, j.scale_factor, g) for g in cluster.gpu_types]
+                     for j in jobs], dtype=np.float64)
+    return (np.array([j.arrival_s for j in jobs], dtype=np.float64),
+            np.array([j.total_steps for j in jobs], dtype=np.float64),
+            np.array([j.scale_factor for j in jobs], dtype=np.int64), rate, capacity)
 
 
 def fluid_makespan_bound(
