@@ -11,7 +11,7 @@ import pytest
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Reason
-from hadar_slurm.policy.hadar import HadarPolicy, HadarState, drain_estimate
+from hadar_slurm.policy.hadar import HadarPolicy, HadarState, drain_estimate, upgrade_idle
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.bounds import fluid_makespan_bound
@@ -61,6 +61,57 @@ def test_on_a_mostly_idle_cluster_every_job_runs_on_its_fastest_type() -> None:
     assert placed == {0: "a", 1: "a"}
     result = simulate(jobs, cluster, TWO_TYPES, HadarPolicy())
     assert list(result.finish) == pytest.approx([3600.0, 1800.0])
+
+
+def test_a_job_kept_off_a_fast_type_takes_its_idle_gpus() -> None:
+    # Four GPUs of each type; two 3-GPU gangs of 36000 steps (3 steps/s on a, 0.3 on b) and a
+    # 1-GPU "fair" job of 3600 steps (1.0 step/s on a, 0.9 on b).  The gangs' work overloads a,
+    # so the split gives it to them and puts fair on b; but only one 3-GPU gang fits on a's four
+    # GPUs at a time, and the fourth would idle.  Fair takes it: 1.0 step/s instead of 0.9, it
+    # ends at 3600 s instead of 4000 s.  The gangs get what they got without it.
+    table = parse_csv("""job_type,scale_factor,gpu_type,steps_per_second
+fair,1,a,1.0
+fair,1,b,0.9
+wide,3,a,3.0
+wide,3,b,0.3
+""", "gangs.csv")
+    cluster = parse_counts("a=4:b=4")
+    jobs = [Job(0, "wide", 3, 36000, 0.0), Job(1, "wide", 3, 36000, 0.0), job(2, "fair", 3600)]
+    placed = first_placement_types(jobs, cluster, table)
+    assert placed[0] == "a" and placed[2] == "a"
+    result = simulate(jobs, cluster, table, HadarPolicy())
+    assert result.finish[2] == pytest.approx(3600.0)
+
+
+def test_upgrade_idle_moves_whole_jobs_to_faster_idle_gpus_in_queue_order() -> None:
+    # Types (fast, slow) with 2 and 4 GPUs; rates per worker 2.0 and 1.0.  Job 0 (1 GPU) runs on
+    # slow; job 1, a 2-GPU gang over one GPU of each, is paced by slow; one fast GPU is idle.
+    # Job 1 comes first: its own fast GPU and the idle one hold it whole, so it moves (pace 2.0);
+    # job 0 then finds no fast GPU free and stays.
+    rate = np.array([[2.0, 1.0], [2.0, 1.0]])
+    alloc = np.array([[0, 1], [1, 1]])
+    capacity = np.array([2, 4])
+    sync = np.array([True, True])
+    out = upgrade_idle(alloc, alloc, rate, sync, np.array([1, 0]), capacity, 360.0, 0.0)
+    assert out.tolist() == [[0, 1], [2, 0]]
+    # Both fast GPUs idle and job 0 first: it takes one, and the gang, which needs two, stays.
+    alloc = np.array([[0, 1], [0, 2]])
+    order = np.array([0, 1])
+    out = upgrade_idle(alloc, alloc, rate, sync, order, capacity, 360.0, 0.0)
+    assert out.tolist() == [[1, 0], [0, 2]]
+    # A move that costs more than it gains this round is not made: 2.0 * (360 - 200) = 320 steps
+    # against 1.0 * 360 where it is.  (But a job that has to move anyway, because it held no
+    # GPUs, compares both after the move.)
+    out = upgrade_idle(alloc, alloc, rate, sync, order, capacity, 360.0, 200.0)
+    assert out.tolist() == alloc.tolist()
+    out = upgrade_idle(alloc, np.zeros_like(alloc), rate, sync, order, capacity, 360.0, 200.0)
+    assert out.tolist() == [[1, 0], [0, 2]]
+    # An asynchronous job's workers each go at their own type's rate: 2 + 1 = 3 steps/s over
+    # the two types, less than 2 x 2 on fast, so it moves.
+    alloc = np.array([[0, 0], [1, 1]])
+    out = upgrade_idle(alloc, alloc, rate, np.array([True, False]), order, np.array([3, 4]),
+                       360.0, 0.0)
+    assert out.tolist() == [[0, 0], [2, 0]]
 
 
 def test_comparative_advantage_decides_the_type() -> None:

@@ -27,6 +27,10 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
 5. **Then shortest remaining time first** (weighted), which minimises the average JCT.
 6. **Gang repacking** (:func:`repack_gangs`): a waiting multi-GPU job takes its main type from
    smaller jobs later in the order, which would otherwise fragment it.
+7. **Idle faster GPUs** (:func:`upgrade_idle`): a placed job moves whole onto idle GPUs of a
+   faster type when it progresses more there this round, the move's cost included (the split
+   counts capacity as a fluid; gangs leave GPUs over in whole blocks, and the jobs a type was
+   kept for may not be there yet).
 
 Prices in the dual pass rise from a floor per type (proportional to ``pi``, at most half the
 least utility density, so an idle cluster admits every job) by the factor ``U / L`` when full;
@@ -147,6 +151,52 @@ def repack_gangs(alloc: IntArray, scale: IntArray, main: BoolArray, rate: FloatA
     return out
 
 
+def upgrade_idle(alloc: IntArray, current: IntArray, worker_rate: FloatArray, sync: BoolArray,
+                 order: IntArray, capacity: IntArray, round_s: float,
+                 migration_s: float) -> IntArray:
+    """Move a placed job whole onto idle GPUs of a faster type when it progresses more there.
+
+    The type split keeps a job off a fast type so that other jobs can have it; in a round where
+    they do not use all of it (a gang leaves GPUs over, a job it was kept for has not arrived)
+    those GPUs would idle while the job crawls on a slower type.  In queue order, each placed
+    job moves onto the type with room for all its GPUs where it makes the most progress this
+    round: ``count`` workers at that type's rate, times the share of the round left after a
+    move (``migration_s``) unless it holds exactly those GPUs already; against where it is
+    (a synchronous job at its slowest worker's pace, an asynchronous one at the sum).  A job
+    already placed on its best option stays; the next epoch plans afresh.
+    """
+    out = alloc.copy()
+    free = capacity - out.sum(axis=0)
+    if not (free > 0).any():
+        return out
+    moved_share = max(round_s - migration_s, 0.0) / round_s
+    for i in order.tolist():
+        row = out[i]
+        count = int(row.sum())
+        if count == 0:
+            continue
+        on = row > 0
+        if sync[i]:
+            speed = float(worker_rate[i][on].min()) * count
+        else:
+            speed = float((worker_rate[i] * row).sum())
+        best = -1
+        best_prog = speed * (1.0 if (current[i] == row).all() else moved_share)
+        for h in range(capacity.shape[0]):
+            if int(free[h]) + int(row[h]) < count or worker_rate[i, h] * count <= speed:
+                continue
+            stays = current[i, h] == count and int(current[i].sum()) == count
+            prog = float(worker_rate[i, h]) * count * (1.0 if stays else moved_share)
+            if prog > best_prog * (1.0 + 1e-9):
+                best, best_prog = h, prog
+        if best >= 0:
+            free += row
+            out[i] = 0
+            out[i, best] = count
+            free[best] -= count
+    return out
+
+
 @dataclass(frozen=True)
 class HadarState:
     """Carried from epoch to epoch: the absolute time by which all work should drain."""
@@ -229,6 +279,8 @@ class HadarPolicy:
         alloc = repack_gangs(alloc, scale, main & (worker_rate > 0), worker_rate, order,
                              capacity)
         packed = alloc.sum(axis=1) > 0
+        alloc = upgrade_idle(alloc, current, worker_rate, snapshot.sync.astype(np.bool_), order,
+                             capacity, float(snapshot.round_s), float(snapshot.migration_s))
         placement, placed = match_nodes(snapshot, alloc, order)
         reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
                                  packed, placed)
@@ -328,4 +380,5 @@ class HadarPolicy:
         return critical
 
 
-__all__ = ["HadarPolicy", "HadarState", "drain_estimate", "utility_bounds"]
+__all__ = ["HadarPolicy", "HadarState", "drain_estimate", "repack_gangs", "upgrade_idle",
+           "utility_bounds"]

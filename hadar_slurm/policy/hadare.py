@@ -267,6 +267,9 @@ class HadarEPolicy:
         state: dict[int, tuple[int, float, set[int]]] = {}  # i -> (copies, rate, nodes)
         for j, cps in copies.items():
             i = index_of[j]
+            if not snapshot.multi_node_copies and any(
+                    len({nd for nd, _ in rs}) > 1 for rs in cps.values()):
+                continue  # a gang over nodes: as a copy it may not span them, so no more copies
             rate = 0.0
             nodes: set[int] = set()
             for rs in cps.values():
