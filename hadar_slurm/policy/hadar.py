@@ -170,11 +170,15 @@ def upgrade_idle(alloc: IntArray, current: IntArray, worker_rate: FloatArray, sy
     if not (free > 0).any():
         return out
     moved_share = max(round_s - migration_s, 0.0) / round_s
-    for i in order.tolist():
+    counts = out.sum(axis=1)
+    for i in order[counts[order] > 0].tolist():
+        top = int(free.max())
+        if top <= 0:
+            break  # no GPU idle: nothing can move (a move idles only what it leaves)
         row = out[i]
-        count = int(row.sum())
-        if count == 0:
-            continue
+        count = int(counts[i])
+        if count > top + int(row.max()):
+            continue  # fits whole on no type, its own GPUs there and the idle ones counted
         on = row > 0
         if sync[i]:
             speed = float(worker_rate[i][on].min()) * count
