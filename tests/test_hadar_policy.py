@@ -5,6 +5,8 @@ Throughputs are written as CSV so that every number is easy to check.  Rounds ar
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,30 @@ wide,3,b,0.3
     assert placed[0] == "a" and placed[2] == "a"
     result = simulate(jobs, cluster, table, HadarPolicy())
     assert result.finish[2] == pytest.approx(3600.0)
+
+
+def test_a_binding_gang_chain_runs_its_shortest_gang_now() -> None:
+    # One type of four GPUs; a 4-GPU gang of 360 s and three 1-GPU jobs of 3200 s.  The gang
+    # needs the whole type, so it never runs beside them: in either order the last job ends at
+    # 3200 + 360 = 3560 s.  With a drain target 4000 s away, the window after this round less
+    # the margin is 4000 - 1.5 * 360 = 3460 s; the chain (360 s) leaves the others 3100 s, less
+    # than their 3200 s, so they are critical only because of the chain (3200 < 3460 without
+    # it).  The chain binds, and its gang's 4 x 360 = 1440 GPU-seconds are less than the 3100 s
+    # it would wait: it runs now and ends at 360 s, the others at 3560 s (average JCT 2760 s
+    # against 3290 s the other way round, same makespan).  With no target carried over, the
+    # target is the drain estimate, 3200 s away: the three are critical even without the chain
+    # (3200 > 3200 - 540) and go first.
+    table = parse_csv("""job_type,scale_factor,gpu_type,steps_per_second
+fair,1,a,1.0
+wide,4,a,1.0
+""", "chain.csv")
+    cluster = parse_counts("a=4")
+    jobs = [Job(0, "wide", 4, 360, 0.0)] + [job(i, "fair", 3200) for i in (1, 2, 3)]
+    snap = first_snapshot(jobs, cluster, table)
+    later = HadarPolicy().allocate(dataclasses.replace(snap, policy_state=HadarState(4000.0)))
+    assert sorted(set(later.placement.job.tolist())) == [0]
+    now = HadarPolicy().allocate(snap)
+    assert sorted(set(now.placement.job.tolist())) == [1, 2, 3]
 
 
 def test_upgrade_idle_moves_whole_jobs_to_faster_idle_gpus_in_queue_order() -> None:

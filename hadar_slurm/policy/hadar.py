@@ -23,7 +23,11 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    parallel machines: the ``k`` longest jobs of the type must fit in their GPUs until the
    target after this round, in the time the type's chain of gangs (multi-GPU jobs wider than
    half the type, which can never overlap) leaves them; and that chain must fit too.  Jobs that
-   cannot wait are critical.
+   cannot wait are critical.  Where the chain is what makes jobs critical, it must run in the
+   window too, and its shortest gang goes first now (right after the jobs that are critical
+   without it) if its GPU-seconds are fewer than the time it would otherwise wait: the same
+   makespan, a shorter average JCT (Smith's rule), and no gang left waiting to the end behind
+   long jobs under overload.
 5. **Then shortest remaining time first** (weighted), which minimises the average JCT.
 6. **Gang repacking** (:func:`repack_gangs`): a waiting multi-GPU job takes its main type from
    smaller jobs later in the order, which would otherwise fragment it.
@@ -262,10 +266,12 @@ class HadarPolicy:
             target = max(prev.target, target)
 
         # 4-5: queue order.
-        critical = self.critical_jobs(snapshot, rem_own, own, target - snapshot.now, capacity)
+        critical, chain_now = self.critical_jobs(snapshot, rem_own, own, target - snapshot.now,
+                                                 capacity)
         srpt = rem_best / snapshot.weight
         key_crit = np.where(critical, -rem_own, np.inf)
-        order = np.lexsort((snapshot.job_ids, srpt, key_crit, ~critical)).astype(np.int64)
+        order = np.lexsort((snapshot.job_ids, srpt, ~chain_now, key_crit,
+                            ~critical)).astype(np.int64)
 
         floor = pi / max(float(pi.max()), 1e-300) * (0.5 * lo)
         floor = np.maximum(floor, 0.5 * lo * self.min_floor)
@@ -348,7 +354,7 @@ class HadarPolicy:
         return reason
 
     def critical_jobs(self, snapshot: Snapshot, rem_own: FloatArray, own: IntArray,
-                      window: float, capacity: IntArray) -> BoolArray:
+                      window: float, capacity: IntArray) -> tuple[BoolArray, BoolArray]:
         """Jobs that cannot wait this round without the target becoming unreachable.
 
         Per type, its jobs split into *gangs* (multi-GPU jobs wider than half the type, which
@@ -359,10 +365,20 @@ class HadarPolicy:
         (while they fit on the type together) must fit in their GPUs over that reduced window;
         the longest prefix that does not is critical.  When the chain no longer fits in
         ``chain_factor`` of the window, its longest gang is critical.
+
+        Where the chain *binds* (more jobs fail the test over the reduced window than over the
+        whole one), the reserved chain time is only real if the chain runs: its shortest gang
+        runs now when its GPU-seconds (``scale * rem``) are fewer than the reduced window it
+        would otherwise wait (Smith's rule: a gang that runs now delays at most its ``scale``
+        jobs by its time, one that waits is delayed by the window); then only the jobs critical
+        over the whole window stay critical.  Running a chain gang now leaves the others' reduced
+        window as it was (the window and the chain shrink together), so the makespan test still
+        holds.  Returns ``(critical, chain_now)``.
         """
         after = window - float(snapshot.round_s) * self.margin_rounds
         scale = snapshot.scale.astype(np.float64)
         critical = np.zeros(snapshot.num_jobs, dtype=np.bool_)
+        chain_now = np.zeros(snapshot.num_jobs, dtype=np.bool_)
         for h in range(capacity.shape[0]):
             members = np.nonzero(own == h)[0]
             if members.shape[0] == 0:
@@ -376,12 +392,19 @@ class HadarPolicy:
                 gpus = np.cumsum(scale[others])
                 work = np.cumsum(scale[others] * rem_own[others])
                 over = (work > gpus * (after - chain)) & (gpus < capacity[h])
-                hit = np.nonzero(over)[0]
-                if hit.shape[0]:
-                    critical[others[: int(hit[-1]) + 1]] = True
+                alone = (work > gpus * after) & (gpus < capacity[h])
+                n_over = int(np.nonzero(over)[0][-1]) + 1 if over.any() else 0
+                n_alone = int(np.nonzero(alone)[0][-1]) + 1 if alone.any() else 0
+                short = int(gangs[-1]) if gangs.shape[0] else -1
+                if (short >= 0 and n_over > n_alone
+                        and scale[short] * rem_own[short] < after - chain):
+                    chain_now[short] = True
+                    critical[others[:n_alone]] = True
+                else:
+                    critical[others[:n_over]] = True
             if gangs.shape[0] and chain > after * self.chain_factor:
                 critical[gangs[0]] = True
-        return critical
+        return critical, chain_now
 
 
 __all__ = ["HadarPolicy", "HadarState", "drain_estimate", "repack_gangs", "upgrade_idle",
