@@ -171,9 +171,12 @@ def upgrade_idle(alloc: IntArray, current: IntArray, worker_rate: FloatArray, sy
     """
     out = alloc.copy()
     free = capacity - out.sum(axis=0)
-    if not (free > 0).any():
-        return out
     moved_share = max(round_s - migration_s, 0.0) / round_s
+
+    def share(i: int, row: IntArray) -> float:
+        """The share of the round job ``i`` works on ``row``: all of it where it holds it."""
+        return 1.0 if (current[i] == row).all() else moved_share
+
     counts = out.sum(axis=1)
     for i in order[counts[order] > 0].tolist():
         top = int(free.max())
@@ -188,20 +191,19 @@ def upgrade_idle(alloc: IntArray, current: IntArray, worker_rate: FloatArray, sy
             speed = float(worker_rate[i][on].min()) * count
         else:
             speed = float((worker_rate[i] * row).sum())
-        best = -1
-        best_prog = speed * (1.0 if (current[i] == row).all() else moved_share)
+        best = None
+        best_prog = speed * share(i, row)
         for h in range(capacity.shape[0]):
             if int(free[h]) + int(row[h]) < count or worker_rate[i, h] * count <= speed:
                 continue
-            stays = current[i, h] == count and int(current[i].sum()) == count
-            prog = float(worker_rate[i, h]) * count * (1.0 if stays else moved_share)
+            whole = np.zeros_like(row)
+            whole[h] = count
+            prog = float(worker_rate[i, h]) * count * share(i, whole)
             if prog > best_prog * (1.0 + 1e-9):
-                best, best_prog = h, prog
-        if best >= 0:
-            free += row
-            out[i] = 0
-            out[i, best] = count
-            free[best] -= count
+                best, best_prog = whole, prog
+        if best is not None:
+            free += row - best
+            out[i] = best
     return out
 
 
