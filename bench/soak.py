@@ -521,7 +521,9 @@ class Soak:
         self.ctld_ok.set()
         self.lock = threading.Lock()
         self.sentinel = workdir / "INJECTED"
-        self.prefix = f"soak{os.getpid()}-"
+        # (the private directory's random suffix: a soak run again on the same cluster, whose
+        # finished jobs squeue still lists, must not adopt the last run's jobs by name)
+        self.prefix = f"soak{os.getpid()}{workdir.name.rsplit('-', 1)[-1]}-"
         self.records: list[Record] = []
         self.by_id: dict[int, Record] = {}
         self.faults_done: list[dict[str, Any]] = []
@@ -949,7 +951,7 @@ class Soak:
                         "nodes": last.nodes, "admin_comment": last.admin_comment,
                         "dependency": last.dependency},
                     "timeline": rec.timeline, "job_log": log[-12:],
-                    "sidecar_events": [compact(e) for e in by_job.get(rec.job_id or -1, [])][-15:],
+                    "sidecar_events": [compact(e) for e in by_job.get(rec.job_id or -1, [])][-25:],
                 })
         # preemptions: a signalled job placed back on the nodes it was stopped on gained
         # nothing from the move (its grace and restart were lost)
@@ -1168,6 +1170,13 @@ def summary(result: dict[str, Any]) -> str:
         lines.append(f"  FAIL job {fail['job']} ({fail['user']}, {fail['kind']}, "
                      f"{fail['mode']}): {fail['why']} | admin_comment="
                      f"{final.get('admin_comment', '')!r}")
+    for fail in result["failures"][:5]:  # the story of the first few, for a CI log
+        steps = "  ".join(f"{t:g}s {state}({reason})" for t, state, reason in fail["timeline"])
+        lines.append(f"    job {fail['job']} in squeue: {steps}")
+        lines.append(f"    its run log: {' | '.join(fail['job_log'])}")
+        for e in fail["sidecar_events"]:
+            said = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("job", "logger"))
+            lines.append(f"    sidecar: {said[:300]}")
     for c in result["sidecar_crashes"][:5]:
         tail = c["stderr_tail"].strip().splitlines()[-1:] or [""]
         lines.append(f"  SIDECAR CRASH t={c['t']}s rc={c['returncode']}: {tail[0][:200]}")

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from hadar_slurm.sidecar.observe import held_by_hadar
 from hadar_slurm.slurm import (
     SlurmCommandError,
     commands,
     parse_scontrol_show,
     parse_sinfo_json,
 )
+from hadar_slurm.slurm.api import CliApi
 from tests.slurm_cluster import DevCluster, dev_script, jobs, nodes_conf, submit, wait_job
 
 
@@ -89,3 +91,28 @@ def test_up_is_idempotent_and_status(dev_cluster: DevCluster) -> None:
     assert status.returncode == 0, status.stdout + status.stderr
     assert "slurmctld" in status.stdout and "node4" in status.stdout
 
+
+
+@pytest.mark.parametrize("traps_term", [False, True])
+def test_requeue_hold_leaves_an_operator_hold(dev_cluster: DevCluster, tmp_path: Path,
+                                              traps_term: bool) -> None:
+    """``CliApi.requeue_hold`` (how the sidecar stops a job it moves) puts a running job back in
+    the queue held by the operator (``JobHeldAdmin``, which the sidecar knows for its own), not
+    with the user's hold of ``scontrol requeuehold``; the job does not start by itself, also
+    when it ignores SIGTERM and ends only by Slurm's SIGKILL; released, it runs again."""
+    wrap = "trap '' TERM; sleep 300 & wait; sleep 300" if traps_term else "sleep 300"
+    job_id = submit(dev_cluster, wrap=wrap, gres="gpu:k80:1", chdir=str(tmp_path),
+                    output="/dev/null", requeue=True)
+    wait_job(dev_cluster, job_id, {"RUNNING"}, timeout=30)
+    try:
+        CliApi(dev_cluster.runner).requeue_hold(job_id)
+        job = wait_job(dev_cluster, job_id, {"PENDING"}, timeout=60)
+        assert job.held and job.state_reason == "JobHeldAdmin" and held_by_hadar(job), job
+        time.sleep(3)
+        job = jobs(dev_cluster)[job_id]
+        assert job.state == "PENDING" and job.state_reason == "JobHeldAdmin", job
+        dev_cluster.runner.run(commands.scontrol_release(job_id))
+        dev_cluster.runner.run(commands.scontrol_update_job(job_id, {"StartTime": "now"}))
+        assert wait_job(dev_cluster, job_id, {"RUNNING"}, timeout=60).node_names == ("node3",)
+    finally:
+        dev_cluster.runner.run(commands.scancel(job_id), check=False)

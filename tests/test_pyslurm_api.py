@@ -372,13 +372,14 @@ def test_job_actions_call_the_right_methods(api: PyslurmApi, fake: FakePyslurm) 
     assert fake.calls == [
         (3, "hold", (), {}),  # admin hold, as `scontrol hold` by the operator
         (3, "release", (), {}),
-        (7, "requeue", (), {"hold": True}),
+        (7, "requeue", (), {"hold": False}),  # a plain requeue, then the operator's hold
+        (7, "hold", (), {}),
         (7, "send_signal", ("SIGUSR1",), {"steps": "all"}),  # all steps and the batch script
         (7, "send_signal", ("SIGTERM",), {"steps": "all"}),
         (7, "send_signal", ("10",), {"steps": "all"}),
         (7, "cancel", (), {}),
     ]
-    assert api.commands == 7
+    assert api.commands == 8  # (the requeue-hold is two calls)
 
 
 def test_unknown_signal_is_refused_before_the_call(api: PyslurmApi) -> None:

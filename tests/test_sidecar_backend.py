@@ -113,9 +113,9 @@ class FakeSlurm:
 
     def requeue_hold(self, job_id: int) -> None:
         self._do("requeuehold", job_id)
-        # (Slurm shows a requeue-hold as JobHeldUser, whoever asked for it)
+        # (a requeue, then the operator's hold: JobHeldAdmin)
         self.jobs[job_id] = replace(self.jobs[job_id], state="PENDING",
-                                    state_reason="JobHeldUser", nodes="", node_names=())
+                                    state_reason="JobHeldAdmin", nodes="", node_names=())
 
     def signal(self, job_id: int, signal: str) -> None:
         self._do("signal", job_id)
@@ -280,10 +280,10 @@ def test_move_of_a_running_job_signals_then_requeues_held() -> None:
     b.apply(actions, 2000.0)
     # the record of the move first (state=preempting), then the signal, the grace, the
     # requeue, and the record preempted; once Slurm shows it back in the queue (one read), it
-    # is placed on its new GPUs in the same epoch: its hold made the sidecar's, the placement,
-    # the release
+    # is placed on its new GPUs in the same epoch: the placement, the release (the
+    # requeue-hold's hold is the operator's already: nothing to take over)
     assert api.log == [("update", 1), ("signal", 1), ("requeuehold", 1), ("update", 1),
-                       ("hold", 1), ("update", 1), ("release", 1)]
+                       ("update", 1), ("release", 1)]
     assert slept == [0.25] * 20  # (the job never left: the whole grace, read every 0.25 s)
     # the log (and the report) of the move's record says why it is stopped
     begun = [a for a in b.report.applied if a.get("state") == "preempting"]
@@ -378,8 +378,8 @@ def test_each_moved_job_is_placed_as_it_leaves_and_pending_ones_before_the_grace
     # job 1 is placed at the read after it left (the 5th), long before the grace ends
     assert api.log[log_at[4]:log_at[5]] == [("update", 1), ("hold", 1), ("update", 1),
                                             ("release", 1)]
-    assert api.log[log_at[20]:] == [("requeuehold", 2), ("update", 2), ("hold", 2),
-                                    ("update", 2), ("release", 2)]
+    assert api.log[log_at[20]:] == [("requeuehold", 2), ("update", 2), ("update", 2),
+                                    ("release", 2)]
     for j, place in ((1, "node1"), (2, "node2"), (3, "node3")):
         r = decode(api.jobs[j].admin_comment)
         assert (r.state, r.place) == ("placed", ((place, 1),)), j

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+from collections import defaultdict
 from pathlib import Path
 
 from bench.soak import (
@@ -17,6 +18,7 @@ from bench.soak import (
     plan_jobs,
     quick_options,
     read_log,
+    summary,
 )
 from hadar_slurm.slurm import SlurmJob, commands
 
@@ -95,3 +97,25 @@ def test_read_log_counts_lines_that_are_not_json(tmp_path: Path) -> None:
     log.write_text('{"event": "epoch"}\nTraceback (most recent call last):\n[1]\n\n')
     events, bad = read_log(log)
     assert events == [{"event": "epoch"}] and bad == 2
+
+
+def test_summary_tells_each_failed_jobs_story() -> None:
+    """A failed soak's summary (what CI prints) carries the failing job's squeue timeline, its
+    run log and the sidecar's events on it, not only the verdict."""
+    failure = {
+        "job": 151, "user": "hadarsoak", "kind": "hadar", "mode": "ignore",
+        "why": "still held at the end (JobHeldUser)",
+        "final": {"admin_comment": "hadar epoch=80 state=placed"},
+        "timeline": [(3.0, "PENDING", "BeginTime"), (40.5, "RUNNING", "None"),
+                     (88.2, "PENDING", "JobHeldUser")],
+        "job_log": ["start node1 0 0", "start node1 1 4"],
+        "sidecar_events": [{"ts": "T", "event": "action", "job": 151, "action": "requeue",
+                            "epoch": 79}],
+    }
+    result = {"clean": False, "figures": defaultdict(int), "failures": [failure],
+              "sidecar_crashes": [], "tracebacks_stderr": [], "harness_errors": []}
+    text = summary(result)
+    assert "FAIL job 151 (hadarsoak, hadar, ignore): still held at the end" in text
+    assert "88.2s PENDING(JobHeldUser)" in text and "40.5s RUNNING(None)" in text
+    assert "start node1 0 0 | start node1 1 4" in text
+    assert "sidecar: ts=T event=action action=requeue epoch=79" in text

@@ -11,7 +11,8 @@ on one job is logged (``job_error``) and the others go on.  Everything done come
 
 A placement is one ``scontrol update`` (NodeList, Features and the job's :mod:`record
 <hadar_slurm.sidecar.record>` in its AdminComment) and a release; a running job that must stop
-gets its checkpoint signal, a grace period, then ``scontrol requeuehold``; it is placed again in
+gets its checkpoint signal, a grace period, then a requeue and a hold (:meth:`SlurmApi.requeue_hold
+<hadar_slurm.slurm.api.SlurmApi.requeue_hold>`); it is placed again in
 a later epoch.  HadarE (:mod:`hadar_slurm.sidecar.fork`): a fork writes the job's batch script,
 hints and the copies' plan into its tracker directory as the job's owner and submits the
 heterogeneous job as the owner, while the job itself stays held with ``Dependency=afterany:K``;
@@ -286,9 +287,9 @@ class SlurmApplier:
 
     def _take_hold(self, view: JobView) -> bool:
         """Before the sidecar writes its record on a job held with a user hold (the plugin's at
-        submit, a requeue-hold, slurmctld's ``SPECIAL_EXIT``), the hold is made its own
-        (``scontrol hold`` by an operator: ``JobHeldAdmin``): a sidecar that dies between the
-        record and the release must not leave a job that looks held by its user
+        submit, an earlier version's requeuehold, slurmctld's ``SPECIAL_EXIT``), the hold is
+        made its own (``scontrol hold`` by an operator: ``JobHeldAdmin``): a sidecar that dies
+        between the record and the release must not leave a job that looks held by its user
         (:func:`held_by_user`), which no later sidecar would release.  False when Slurm did
         not take it (nothing more is written on the job this epoch)."""
         if not view.held or view.job.state_reason == "JobHeldAdmin":
@@ -334,8 +335,10 @@ class SlurmApplier:
            the job saves its state and exits 75, and slurmctld itself requeues it held
            (``RequeueExitHold=75`` in slurm.conf): it never shows FAILED, so a dependent job
            never sees it fail.  ``preempt=requeue``: no signal, no grace;
-        3. what still runs is requeued held (``scontrol requeuehold``: Slurm's own SIGTERM,
-           ``KillWait``, SIGKILL, and the requeue in one step); a job that ended FAILED during
+        3. what still runs is requeued held (``scontrol requeue``: Slurm's own SIGTERM,
+           ``KillWait``, SIGKILL, and the requeue in one step; then the operator's ``scontrol
+           hold``, see :meth:`SlurmApi.requeue_hold
+           <hadar_slurm.slurm.api.SlurmApi.requeue_hold>`); a job that ended FAILED during
            its grace (killed by the signal), or exited 75 on a Slurm without
            ``RequeueExitHold``, is requeued held too (Slurm requeues finished batch jobs); one
            that completed (exit 0), was cancelled by its user or ran out of time stays ended;
@@ -547,9 +550,9 @@ class SlurmApplier:
         view.record = self._requeue(view.job_id, view.record, epoch)
 
     def _requeue(self, job_id: int, record: JobRecord, epoch: int) -> JobRecord:
-        """``scontrol requeuehold`` (a running job gets Slurm's SIGTERM, KillWait, SIGKILL; a
-        finished one is put back), then the record ``preempted``; the job's record as it
-        stands in Slurm after that."""
+        """Requeue held (``scontrol requeue`` and an operator's hold: a running job gets
+        Slurm's SIGTERM, KillWait, SIGKILL; a finished one is put back), then the record
+        ``preempted``; the job's record as it stands in Slurm after that."""
         nodes = [n for n, _ in record.place]
         if self._write("requeue", job_id, self.api.requeue_hold, **(
                 {"nodes": nodes} if nodes else {})):

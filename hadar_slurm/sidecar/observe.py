@@ -165,9 +165,10 @@ def held_by_hadar(job: SlurmJob) -> bool:
 
     * ``JobHeldAdmin``: only an operator (the sidecar) holds so;
     * ``SPECIAL_EXIT``: slurmctld held it after a checkpoint exit (``RequeueExitHold=75``);
-    * ``JobHeldUser`` on a job whose record says the sidecar is moving it (``scontrol
-      requeuehold`` also shows as ``JobHeldUser``), or with :data:`SUBMIT_HELD`, the mark of an
-      earlier job_submit.lua that held hadar jobs (today's parks them: :func:`is_parked`).
+    * ``JobHeldUser`` on a job whose record says the sidecar is moving it (the ``scontrol
+      requeuehold`` of earlier versions shows as ``JobHeldUser``), or with :data:`SUBMIT_HELD`,
+      the mark of an earlier job_submit.lua that held hadar jobs (today's parks them:
+      :func:`is_parked`).
 
     Any other ``JobHeldUser`` is the user's: ``sbatch --hold`` (the plugin marks it
     :data:`SUBMIT_USER_HELD`), or ``scontrol hold`` on a parked job, or on one the sidecar had

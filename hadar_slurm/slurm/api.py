@@ -74,7 +74,14 @@ class SlurmApi(Protocol):
     def release(self, job_id: int) -> None: ...
 
     def requeue_hold(self, job_id: int) -> None:
-        """Stop a running job and put it back in the queue, held (``scontrol requeuehold``)."""
+        """Stop a running job and put it back in the queue, held by the operator: ``scontrol
+        requeue``, then ``scontrol hold`` (``JobHeldAdmin``).  Not ``scontrol requeuehold``:
+        its hold reads as the user's (``JobHeldUser``), and a requeuehold that reaches
+        slurmctld late (sent by a sidecar killed before the answer came, while a new sidecar
+        placed the job again) would leave a placed job that looks held by its user, which no
+        sidecar releases.  A late plain requeue only restarts the job; a late operator hold is
+        the sidecar's own.  (slurmctld delays a requeued job's start by seconds, so the hold
+        comes first.)"""
         ...
 
     def signal(self, job_id: int, signal: str) -> None:
@@ -150,7 +157,8 @@ class CliApi:
         self._run(commands.scontrol_release(job_id))
 
     def requeue_hold(self, job_id: int) -> None:
-        self._run(commands.scontrol_requeue(job_id, hold=True))
+        self._run(commands.scontrol_requeue(job_id))
+        self._run(commands.scontrol_hold(job_id))
 
     def signal(self, job_id: int, signal: str) -> None:
         self._run(commands.scancel(job_id, signal=signal, full=True))

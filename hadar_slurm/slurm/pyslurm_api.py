@@ -316,7 +316,9 @@ class PyslurmApi:
         self._job_action(job_id, "release", lambda job: job.release())
 
     def requeue_hold(self, job_id: int) -> None:
-        self._job_action(job_id, "requeue", lambda job: job.requeue(hold=True), "hold=True")
+        # (a plain requeue, then the operator's hold: SlurmApi.requeue_hold says why)
+        self._job_action(job_id, "requeue", lambda job: job.requeue(hold=False), "hold=False")
+        self.hold(job_id)
 
     def signal(self, job_id: int, signal: str) -> None:
         sig = _signal_name(signal)
