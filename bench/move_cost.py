@@ -109,8 +109,8 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
         if "NodeList" in fields:
             marks["placed" if "signal" in marks else "first_placed"] = time.time()
 
-    api.signal = timed_signal  # type: ignore[method-assign]
-    api.update_job = timed_update  # type: ignore[method-assign]
+    api.signal = timed_signal  # type: ignore[method-assign,assignment]
+    api.update_job = timed_update  # type: ignore[method-assign,assignment]
     sidecar.loop.epoch = sidecar.recover_epoch()
     first = ""
     try:

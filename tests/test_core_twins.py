@@ -21,6 +21,7 @@ import pytest
 import hadar_slurm.core as core
 from hadar_slurm.core import reference
 
+compiled: Any
 try:
     import hadar_slurm._hadar_core as compiled
 except ImportError:  # pragma: no cover - `make test` always builds it
@@ -622,6 +623,7 @@ def drain_instance(rng: np.random.Generator) -> tuple[Any, ...]:
     if rng.random() < 0.05:
         capacity[:] = 0  # no GPUs at all
     scale = rng.choice([1, 1, 1, 2, 4, 8, 3], J).astype(np.int64)
+    rate: np.ndarray[Any, np.dtype[np.float64]]
     if rng.random() < 0.5:  # few discrete rates: ties between types
         rate = rng.choice([0.5, 1.0, 2.0], (J, H)) * scale[:, None]
     else:
