@@ -9,8 +9,9 @@ DEMO_POLICIES ?= hadar,hadare,gavel-las,gavel-makespan,fifo
 DEMO_TRACE ?= static_32_seed0
 DEMO_CLUSTER ?= 4:4:4
 LINT_PATHS := hadar_slurm tests slurm_conf $(wildcard bench)
-# slurm_conf/render.py is a standalone script (no hadar_slurm imports): type-checked beside it
-TYPECHECK_PATHS := hadar_slurm slurm_conf/render.py
+# slurm_conf/render.py is a standalone script (no hadar_slurm imports): type-checked beside it,
+# as are the benchmarks and the tests
+TYPECHECK_PATHS := hadar_slurm slurm_conf/render.py bench tests
 # Debian packages for the Slurm integration tests and the docker-compose check, each with what
 # shows it is installed (a command, or a file): package:probe
 DEB_DEPS := munge:munged slurmctld:slurmctld slurmd:slurmd slurm-client:sinfo \

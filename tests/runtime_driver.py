@@ -47,7 +47,8 @@ def main() -> int:
             loss.backward()
             with torch.no_grad():
                 for param in model.parameters():
-                    param -= 0.01 * param.grad
+                    assert param.grad is not None  # (set by loss.backward())
+                    param.sub_(0.01 * param.grad)  # ``param -=`` (typed: Parameter to Tensor)
             if args.sleep_ms > 0:
                 time.sleep(args.sleep_ms / 1000.0)
             os.write(fd, b".")

@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli, trace_line
 
 from hadar_slurm import __version__
 from hadar_slurm.cli.main import main
 from hadar_slurm.core.info import core_kind, core_line
 from hadar_slurm.costs import DEFAULT_RESTART_S, LiveCosts
+from tests.helpers import REPO, run_cli, trace_line
 
 WriteTrace = Callable[[Sequence[str]], Path]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

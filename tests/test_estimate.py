@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_job
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy import make_policy
@@ -24,6 +23,7 @@ from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import simulate
+from tests.helpers import make_job
 
 GPUS = ("k80", "p100", "v100", "a100")
 # Rows sharing job types and families across scale factors, so the grouped terms matter.
@@ -96,8 +96,8 @@ def test_low_rank_interaction_is_fitted_when_asked() -> None:
 
     def err(rank: int) -> float:
         c = complete(table, rank=rank, reg=0.01, row_reg=0.0)
-        return max(abs(np.log(c.table.rate(*k)) - log_rate[int(k[0][1:]), GPUS.index(k[2])])
-                   for k in hidden)
+        return float(max(abs(np.log(c.table.rate(*k)) - log_rate[int(k[0][1:]), GPUS.index(k[2])])
+                         for k in hidden))
 
     assert err(1) < 0.05
     assert err(0) > 3 * err(1)

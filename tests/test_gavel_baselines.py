@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_job
 
 from hadar_slurm.model import Job
 from hadar_slurm.policy import gavel, make_policy
@@ -26,6 +25,7 @@ from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import SimResult, simulate
 from hadar_slurm.sim.trace import load_trace
+from tests.helpers import make_job
 
 
 def arr(*rows: tuple[float, ...]) -> np.ndarray:

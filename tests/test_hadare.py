@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_job, run_cli
 
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.errors import InputError
@@ -25,6 +24,7 @@ from hadar_slurm.sim.bounds import fluid_makespan_bound, fork_makespan_bound
 from hadar_slurm.sim.cluster import load_cluster, parse_counts
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import load_trace
+from tests.helpers import make_job, run_cli
 
 I64 = np.int64
 BENCH_TRACES = Path(__file__).resolve().parents[1] / "bench" / "traces"

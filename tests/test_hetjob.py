@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.slurm.hetjob import MAX_COPIES, CopySpec, ForkPlan, render_hetjob
+from tests.helpers import REPO
 
 GOLDEN = REPO / "tests" / "data" / "hetjob"
 UPDATE = bool(os.environ.get("HADAR_UPDATE_GOLDEN"))

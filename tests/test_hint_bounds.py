@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from hadar_slurm.hints import (
     HINT_KEYS,
@@ -31,6 +30,7 @@ from hadar_slurm.hints import (
 )
 from hadar_slurm.sidecar.record import decode, mark
 from hadar_slurm.slurm import Gres, parse_sbatch_parsable
+from tests.helpers import REPO
 from tests.slurm_cluster import DevCluster, jobs
 from tests.test_sidecar_backend import NODES, FakeSlurm, backend, decide, job
 from tests.test_submit_lua import ADMIN_COMMENT

@@ -8,7 +8,6 @@ import json
 import re
 
 import pytest
-from conftest import REPO
 
 from hadar_slurm.cli import hints as cli_hints
 from hadar_slurm.errors import InputError
@@ -32,6 +31,7 @@ from hadar_slurm.hints import (
     whole_number,
 )
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
+from tests.helpers import REPO
 
 KNOWN = "a3c, cyclegan, lm, recommendation, resnet18, resnet50, transformer"
 KEYS = "keys: model, bs, steps, sync, weight, fork, preempt"

@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import TOY_CSV, make_job, trace_line, trace_text
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import ClusterSpec
@@ -31,6 +30,7 @@ from hadar_slurm.sim.trace import (
     load_trace,
     parse_trace,
 )
+from tests.helpers import TOY_CSV, make_job, trace_line, trace_text
 
 WriteTrace = Callable[[Sequence[str]], Path]
 

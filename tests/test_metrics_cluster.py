@@ -150,8 +150,8 @@ def test_metrics_endpoint_and_report_on_the_dev_cluster(work: Workdir) -> None: 
         f = finished[j]
         assert f["state"] == "COMPLETED"
         # the JCT covers at least the job's work; it is known within half an epoch or so
-        assert float(f["jct_s"]) + float(f["jct_err_s"]) >= secs, (name, f)
-        assert float(f["jct_err_s"]) <= 10, (name, f)
+        assert float(str(f["jct_s"])) + float(str(f["jct_err_s"])) >= secs, (name, f)
+        assert float(str(f["jct_err_s"])) <= 10, (name, f)
     assert s[("hadar_errors_total", (("kind", "epoch_failed"),))] == 0
 
     assert sidecar.stop() == 0

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,7 +182,8 @@ def test_plan_round_adds_up_to_the_work_exactly() -> None:
     assert plan_round(1000, 3, (5.0, 5.0), round_iters=30) == (10, 10, 10)  # rates of a k=2 run
     # Whatever the rates do from round to round, the quotas of all rounds sum to the work.
     for work, k, mode in [(997, 3, "iters"), (1234, 5, "seconds"), (7, 4, "iters")]:
-        done, rates, rounds = 0, (), 0
+        done, rounds = 0, 0
+        rates: tuple[float, ...] = ()
         gen = torch.Generator().manual_seed(work)
         while done < work:
             kw = {"round_iters": 50} if mode == "iters" else {"round_seconds": 0.5}
@@ -246,6 +247,7 @@ def test_checkpoint_restores_model_and_optimizer(tmp_path: Path) -> None:
     model, opt = setup(1)
     rt = JobRuntime(model, opt, cfg, log=log)
     steps = rt.steps()
+    assert isinstance(steps, Generator)  # (closed below, as a generator)
     for _ in range(25):  # round 1 (20 iterations) is committed, 5 of round 2 are not
         next(steps)
         step(model, opt)
@@ -253,6 +255,7 @@ def test_checkpoint_restores_model_and_optimizer(tmp_path: Path) -> None:
     rt.close()
     state = committed(cfg.tracker_dir)
     assert state is not None and (state.round, state.done) == (1, 20)
+    assert state.checkpoint is not None
     saved = torch.load(cfg.tracker_dir / state.checkpoint, weights_only=True)
 
     model2, opt2 = setup(2)  # another init: the checkpoint must replace it

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
 from hadar_slurm.cli.main import main
 from hadar_slurm.errors import InputError
@@ -35,6 +34,7 @@ from hadar_slurm.sidecar.statedir import (
 )
 from hadar_slurm.slurm import SlurmCommandError, SlurmJob
 from hadar_slurm.slurm.errors import SlurmParseError, SlurmTimeoutError
+from tests.helpers import run_cli
 from tests.test_sidecar_backend import NODES, FakeSlurm, job
 
 REPO = Path(__file__).resolve().parent.parent
@@ -349,11 +349,11 @@ def test_unreachable_slurmctld_is_an_event_and_a_metric(
     original = sidecar.loop.run_epoch
     calls = [0]
 
-    def run_epoch() -> bool:
+    def run_epoch(full: bool | None = None) -> bool:
         calls[0] += 1
         if calls[0] == 2:
             api.failures = 3  # slurmctld stops answering after the first epoch
-        return original()
+        return original(full)
 
     sidecar.loop.run_epoch = run_epoch  # type: ignore[method-assign]
     assert sidecar.run(max_epochs=3) == 0

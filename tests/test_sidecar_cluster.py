@@ -19,11 +19,11 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
 from hadar_slurm.logs import JsonLinesReader
 from hadar_slurm.sidecar.observe import is_parked
 from hadar_slurm.slurm import SlurmJob, commands
+from tests.helpers import run_cli
 from tests.slurm_cluster import REPO, DevCluster, dev_script, jobs, nodes_conf, submit
 
 NODE_TYPE = {name: t for name, (t, _) in nodes_conf().items()}
@@ -346,11 +346,11 @@ def test_sidecar_crash_and_slurmctld_restart(work: Workdir) -> None:
     # AdminComment says it is done): its first change to such a job is not that same place.
     # The policy may still move a pending job elsewhere, or preempt a running one and later
     # place it back on the same nodes (a new decision, after a requeue).
-    for j, nodes in placed_before.items():
-        acts = [e for e in events if e.get("event") == "action" and e.get("job") == j]
+    for placed_job, nodes in placed_before.items():
+        acts = [e for e in events if e.get("event") == "action" and e.get("job") == placed_job]
         first = acts[0] if acts else None
         assert first is None or first["action"] != "place" or first["nodes"] != nodes, (
-            j, nodes, acts)
+            placed_job, nodes, acts)
 
 
 def test_dry_run_changes_nothing(work: Workdir) -> None:

@@ -35,7 +35,7 @@ def test_an_epoch_error_is_logged_with_its_traceback_and_the_sidecar_goes_on(
         config_file: Path) -> None:  # noqa: F811
     config = config_of(config_file)
     sidecar = Sidecar(config, api=FakeSlurm(held_jobs(), NODES))
-    sidecar.loop.policy = FailsOnce(sidecar.loop.policy)  # type: ignore[assignment]
+    sidecar.loop.policy = FailsOnce(sidecar.loop.policy)
     assert sidecar.run(max_epochs=2) == 0
     errors = events(config, "epoch_error")
     assert len(errors) == 1 and errors[0]["error"] == "ZeroDivisionError: a policy bug"

@@ -311,7 +311,8 @@ def test_copies_that_ended_by_themselves_let_the_job_finish_unforked(tmp_path: P
     snap = b.snapshot(1, 2500.0, 60.0, None)
     assert snap.max_copies is not None and snap.max_copies.tolist() == [1]  # never again
     assert len(snap.current) == 0 and snap.remaining[0] == 40.0  # done, by the tracker
-    assert b.views[J].progress is not None and b.views[J].progress.total_rate == 130.0
+    progress = b.views[J].progress
+    assert progress is not None and progress.total_rate == 130.0
     step(b, {J: {0: [(0, 1)]}}, 1, now=2500.0)
     assert api.log == [("update", J), ("release", J)]
     rec = decode(api.jobs[J].admin_comment)
@@ -621,7 +622,7 @@ def test_fork_writes_as_the_owner_the_way_slurm_commands_run(
     owner = RunAs(os.geteuid() + 1, 4242, (4242, 27), {"PATH": "/bin", "HOME": "/home/u"})
     seen: list[tuple[object, dict[str, object]]] = []
 
-    def fake_run(argv: object, **kw: object) -> subprocess.CompletedProcess[str]:
+    def fake_run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
         seen.append((argv, kw))
         return subprocess.CompletedProcess(argv, 0, "", "")
 

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
 
 from hadar_slurm.logs import read_events
 from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sidecar.observe import is_parked
 from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import RunAs, SlurmJob, commands, parse_sbatch_parsable
+from tests.helpers import run_cli
 from tests.slurm_cluster import REPO, DevCluster, jobs, nodes_conf, wait_job
 
 NODE_TYPE = {name: t for name, (t, _) in nodes_conf().items()}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_job
 
 from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
@@ -19,6 +18,7 @@ from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
 from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import SimResult, simulate
+from tests.helpers import make_job
 
 
 def run_fifo(jobs: list[Job], cluster: str, table: ThroughputTable) -> SimResult:

@@ -345,7 +345,7 @@ def test_runner_runs_argv_without_shell(tmp_path: Path) -> None:
     out = runner.run(["sh", "-c", 'printf "%s" "$SLURM_CONF"; echo "$1"', "sh", "$(id)"])
     assert out.stdout == f"{conf}$(id)\n" and out.returncode == 0
     with pytest.raises(TypeError, match="not one string"):
-        runner.run("squeue --json")  # type: ignore[arg-type]
+        runner.run("squeue --json")  # a str is a Sequence[str]: refused at run time only
     with pytest.raises(SlurmCommandError, match="exit status 3") as exc:
         runner.run(["sh", "-c", "echo boom >&2; exit 3"])
     assert exc.value.stderr.strip() == "boom" and exc.value.returncode == 3

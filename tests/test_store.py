@@ -177,6 +177,7 @@ def test_learn_converges_despite_noise_outliers_and_slow_start(store: Throughput
             rate = true_rate * rng.gauss(1.0, 0.05)
         seen.append(rate)
         entry = store.learn(RN, 4, "v100", rate, when=float(i))
+    assert entry is not None
     assert entry.source == "learned" and entry.samples == 200 and entry.updated == 199.0
     assert abs(entry.rate - true_rate) / true_rate < 0.03
     # the test means something: a mean of the same observations is far off
@@ -186,6 +187,7 @@ def test_learn_converges_despite_noise_outliers_and_slow_start(store: Throughput
     s2 = ThroughputStore(store.path.parent / "t2.db")
     for r in [1.8] * 6 + [12.0, 12.2, 11.9, 12.1, 11.8, 12.3, 12.0]:
         e2 = s2.learn(RN, 4, "v100", r)
+    assert e2 is not None
     assert 11.8 <= e2.rate <= 12.3
 
 
@@ -195,8 +197,10 @@ def test_learn_window_follows_a_changed_rate(store: ThroughputStore) -> None:
     half = LEARN_WINDOW // 2
     for _ in range(half):
         e = store.learn("m", 1, "v100", 20.0)
+    assert e is not None
     assert e.rate == 15.0  # 16 old and 16 new: median is the mean of the middle two
     e = store.learn("m", 1, "v100", 20.0)
+    assert e is not None
     assert e.rate == 20.0 and e.samples == 40 + half + 1
     with sqlite3.connect(store.path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM observation").fetchone()[0] == LEARN_WINDOW
@@ -205,10 +209,12 @@ def test_learn_window_follows_a_changed_rate(store: ThroughputStore) -> None:
 def test_learn_after_record_starts_from_the_measured_value(store: ThroughputStore) -> None:
     store.record("m", 1, "v100", 8.0, when=1.0)
     e = store.learn("m", 1, "v100", 12.0, when=2.0)
+    assert e is not None
     assert (e.rate, e.samples, e.source, e.updated) == (10.0, 2, "learned", 2.0)
     # a new measurement restarts the window from itself
     store.record("m", 1, "v100", 30.0, when=3.0)
     e = store.learn("m", 1, "v100", 40.0, when=4.0)
+    assert e is not None
     assert (e.rate, e.samples) == (35.0, 2)
 
 
