@@ -586,6 +586,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--write-trace", action="store_true",
                    help=f"write the bundled trace to {TRACE.relative_to(REPO)} and exit")
     args = p.parse_args(argv)
+    if args.keep is not None and args.keep.is_dir() and any(args.keep.iterdir()):
+        p.error(f"--keep {args.keep}: the directory is not empty (an earlier run's payload "
+                "logs would be counted as this run's); give a new or empty directory")
     if args.write_trace:
         TRACE.parent.mkdir(parents=True, exist_ok=True)
         TRACE.write_text(make_trace())

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from bench.fidelity import Run, compare, seed_spread
+from bench.fidelity import Run, compare, main, seed_spread
 
 
 def test_seed_spread_is_the_median_over_seeds_of_each_ones_p90_from_the_others() -> None:
@@ -28,3 +29,16 @@ def test_compare_gives_relative_differences_and_the_seed_floor() -> None:
     assert out["p90_jct_diff"] == pytest.approx(0.09, abs=1e-4)  # p90 of (0.1, 0)
     assert out["seed_p90_jct_diff"] == 0.25
     assert out["within_targets"] is False  # (the makespan is 10% over, the target 5%)
+
+
+def test_keep_refuses_a_directory_with_an_earlier_runs_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--keep DIR`` over an earlier run's files would count that run's payload logs as this
+    one's (every job "completed twice"): refused before anything starts, with the fix."""
+    (tmp_path / "out-hadar").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main(["--keep", str(tmp_path), "--policies", "hadar"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--keep {tmp_path}: the directory is not empty" in err
+    assert "give a new or empty directory" in err
