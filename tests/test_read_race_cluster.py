@@ -18,12 +18,11 @@ twice.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 from hadar_slurm.sidecar.config import load_config
 from hadar_slurm.sidecar.controller import Sidecar, slurm_api
-from hadar_slurm.slurm import RunAs, SlurmJob, SlurmNode
-from hadar_slurm.slurm.api import ApiWrapper, SlurmApi
+from hadar_slurm.slurm import SlurmJob, SlurmNode
+from hadar_slurm.slurm.api import PassThroughApi, SlurmApi
 from tests.slurm_cluster import jobs, nodes_conf
 from tests.test_sidecar_cluster import FINAL, Workdir, work
 
@@ -33,7 +32,7 @@ TOTAL_GPUS = sum(g for _, g in nodes_conf().values())
 STOPS = ("hold", "signal", "requeue", "cancel_copies")
 
 
-class StaleNodesApi(ApiWrapper):
+class StaleNodesApi(PassThroughApi):
     """The real API, except that the next nodes read is ``stale`` (taken earlier), once."""
 
     def __init__(self, inner: SlurmApi) -> None:
@@ -46,35 +45,6 @@ class StaleNodesApi(ApiWrapper):
             self.handed, self.stale = self.stale, None
             return self.handed
         return self.inner.read_nodes()
-
-    # the changes: to Slurm, as they are
-
-    def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
-        self.inner.update_job(job_id, fields)
-
-    def hold(self, job_id: int) -> None:
-        self.inner.hold(job_id)
-
-    def release(self, job_id: int) -> None:
-        self.inner.release(job_id)
-
-    def requeue_hold(self, job_id: int) -> None:
-        self.inner.requeue_hold(job_id)
-
-    def signal(self, job_id: int, signal: str) -> None:
-        self.inner.signal(job_id, signal)
-
-    def cancel(self, job_id: int) -> None:
-        self.inner.cancel(job_id)
-
-    def signal_steps(self, job_id: int, signal: str) -> None:
-        self.inner.signal_steps(job_id, signal)
-
-    def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
-        self.inner.write_files(owner, directory, files)
-
-    def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
-        return self.inner.submit_as(script, owner, dependency=dependency)
 
 
 def start(work: Workdir) -> tuple[Sidecar, StaleNodesApi]:

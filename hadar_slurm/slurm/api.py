@@ -158,7 +158,7 @@ class CliApi:
 
     def requeue_hold(self, job_id: int) -> None:
         self._run(commands.scontrol_requeue(job_id))
-        self._run(commands.scontrol_hold(job_id))
+        self.hold(job_id)
 
     def signal(self, job_id: int, signal: str) -> None:
         self._run(commands.scancel(job_id, signal=signal, full=True))
@@ -191,7 +191,7 @@ _DRY_RUN_SPAN = 1000
 
 class ApiWrapper:
     """The reads of a :class:`SlurmApi` wrapper: passed to ``inner`` as they are.  The
-    wrappers (:class:`DryRunApi`, :class:`CrashDrillApi`) say what they do with changes."""
+    wrappers (:class:`DryRunApi`, :class:`PassThroughApi`) say what they do with changes."""
 
     def __init__(self, inner: SlurmApi) -> None:
         self.inner = inner
@@ -268,33 +268,13 @@ class DryRunApi(ApiWrapper):
         return leader
 
 
-#: Fault drill: with ``HADAR_SIDECAR_CRASH_AFTER_WRITES=N`` in its environment the sidecar
-#: kills itself (SIGKILL, no cleanup) once it has made N changes to Slurm, as it is about to
-#: make the next one, i.e. in the middle of applying an epoch.  The restart tests use it;
-#: nothing else should set it.
-CRASH_ENV = "HADAR_SIDECAR_CRASH_AFTER_WRITES"
-
-
-class CrashDrillApi(ApiWrapper):
-    """A :class:`SlurmApi` that passes every call to ``inner`` and kills this process (SIGKILL)
-    when asked for a change after ``after`` changes went through (:data:`CRASH_ENV`)."""
-
-    def __init__(self, inner: SlurmApi, after: int) -> None:
-        super().__init__(inner)
-        self.after = after
-        self.writes = 0
+class PassThroughApi(ApiWrapper):
+    """A wrapper that passes every change to ``inner`` through :meth:`_change` (here: as it
+    is); a subclass that watches or alters changes overrides :meth:`_change`, one that alters
+    reads overrides them.  (:class:`DryRunApi` makes no change, so it is not one of these.)"""
 
     def _change(self, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        if self.writes >= self.after:
-            log = logging.getLogger("hadar_slurm.sidecar")
-            log_event(log, "crash_drill", logging.WARNING, writes=self.writes,
-                      next_call=getattr(call, "__name__", "?"))
-            for h in logging.getLogger("hadar_slurm").handlers:
-                h.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-        out = call(*args, **kw)
-        self.writes += 1
-        return out
+        return call(*args, **kw)
 
     def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
         self._change(self.inner.update_job, job_id, fields)
@@ -322,6 +302,35 @@ class CrashDrillApi(ApiWrapper):
 
     def submit_as(self, script: str, owner: RunAs, *, dependency: str | None = None) -> int:
         return int(self._change(self.inner.submit_as, script, owner, dependency=dependency))
+
+
+#: Fault drill: with ``HADAR_SIDECAR_CRASH_AFTER_WRITES=N`` in its environment the sidecar
+#: kills itself (SIGKILL, no cleanup) once it has made N changes to Slurm, as it is about to
+#: make the next one, i.e. in the middle of applying an epoch.  The restart tests use it;
+#: nothing else should set it.
+CRASH_ENV = "HADAR_SIDECAR_CRASH_AFTER_WRITES"
+
+
+class CrashDrillApi(PassThroughApi):
+    """A :class:`SlurmApi` that passes every call to ``inner`` and kills this process (SIGKILL)
+    when asked for a change after ``after`` changes went through (:data:`CRASH_ENV`)."""
+
+    def __init__(self, inner: SlurmApi, after: int) -> None:
+        super().__init__(inner)
+        self.after = after
+        self.writes = 0
+
+    def _change(self, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        if self.writes >= self.after:
+            log = logging.getLogger("hadar_slurm.sidecar")
+            log_event(log, "crash_drill", logging.WARNING, writes=self.writes,
+                      next_call=getattr(call, "__name__", "?"))
+            for h in logging.getLogger("hadar_slurm").handlers:
+                h.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        out = call(*args, **kw)
+        self.writes += 1
+        return out
 
 
 def with_drills(api: SlurmApi, environ: Mapping[str, str] | None = None) -> SlurmApi:
