@@ -12,7 +12,7 @@ import pytest
 
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
-from hadar_slurm.policy.base import Reason
+from hadar_slurm.policy.base import Placement, Reason
 from hadar_slurm.policy.hadar import HadarPolicy, HadarState, drain_estimate, upgrade_idle
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
@@ -151,6 +151,28 @@ def test_comparative_advantage_decides_the_type() -> None:
     result = simulate(jobs, cluster, TWO_TYPES, HadarPolicy())
     assert result.finish[1] == pytest.approx(3600.0)
     assert 3960.0 - 1e-6 <= result.finish[0] <= 4000.0 + 1e-6
+
+
+def test_equal_jobs_are_not_swapped_between_types() -> None:
+    # One GPU of each type; two "fair" jobs of 3600 steps left, job 0 running on a, job 1 on b.
+    # Which of the two equal jobs has the fast GPU changes nothing for the makespan or the
+    # average JCT, but swapping them costs each a move (60 s of progress).  The type split
+    # counts that cost (a running job's work on a type where it holds no GPU also costs
+    # ``scale * migration_s`` GPU-seconds), so both stay where they are.  With free moves
+    # the tie is broken by job order, which swaps them: the split alone decides.
+    cluster = parse_counts("a=1:b=1")
+    snap = first_snapshot([job(0, "fair", 3600), job(1, "fair", 3600)], cluster, TWO_TYPES)
+    held = Placement(np.array([0, 1]), np.array([0, 1]), np.array([1, 1]))  # node 0: a
+    assert [snap.gpu_types[t] for t in snap.node_type] == ["a", "b"]
+
+    def types(migration_s: float) -> dict[int, str]:
+        s = dataclasses.replace(snap, current=held, migration_s=migration_s)
+        d = HadarPolicy().allocate(s)
+        return {int(j): s.gpu_types[s.node_type[n]]
+                for j, n in zip(d.placement.job, d.placement.node, strict=True)}
+
+    assert types(60.0) == {0: "a", 1: "b"}
+    assert types(0.0) == {0: "b", 1: "a"}
 
 
 def test_shortest_job_first_on_one_gpu() -> None:

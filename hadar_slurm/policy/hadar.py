@@ -15,8 +15,10 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    which fraction of each job's work should run on which type.  Each job on its fastest type,
    moved off only as far as a type must to drain by the target less a margin; if that cannot
    drain, capacity binds and the prices decide (each job's comparative advantage, levelled so
-   that no type is overloaded).  In the dual pass a job may use only the main types of its
-   split; idle GPUs are back-filled on any type.
+   that no type is overloaded).  A running job's work on a type where it holds no GPU also
+   costs the move (:meth:`HadarPolicy.split_need`), so that near-ties do not swap jobs
+   between types from one epoch to the next.  In the dual pass a job may use only the main
+   types of its split; idle GPUs are back-filled on any type.
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
    :class:`HadarState`, pushed back only when the remaining work cannot make it).
 4. **Critical jobs first** (longest first): per type, McNaughton's conditions for preemptive
@@ -259,7 +261,9 @@ class HadarPolicy:
         need = np.where(runs, scale[:, None] * snapshot.remaining[:, None]
                         / np.where(runs, rate, 1.0), np.inf)
         need0 = np.where(runs, need, 0.0)
-        phi = self.type_split(need, capacity, pi, scale, drain, float(snapshot.round_s))
+        current = snapshot.held()
+        phi = self.type_split(self.split_need(need, current, scale, float(snapshot.migration_s)),
+                              capacity, pi, scale, drain, float(snapshot.round_s))
         own = np.argmax(phi, axis=1)
         rem_own = (phi * need0).sum(axis=1) / scale
         prev = snapshot.policy_state
@@ -277,7 +281,6 @@ class HadarPolicy:
 
         floor = pi / max(float(pi.max()), 1e-300) * (0.5 * lo)
         floor = np.maximum(floor, 0.5 * lo * self.min_floor)
-        current = snapshot.held()
         # The dual pass uses a job's main types only: a sliver of a split (a job levelled over
         # two types) is for back-fill, not a reason to take a GPU another job needs more.
         main = (phi > 0.0) & (phi >= self.split_share * phi.max(axis=1, keepdims=True))
@@ -297,6 +300,18 @@ class HadarPolicy:
         reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
                                  packed, placed)
         return Decision(snapshot.epoch, placement, reason, HadarState(target))
+
+    @staticmethod
+    def split_need(need: FloatArray, current: IntArray, scale: IntArray,
+                   migration_s: float) -> FloatArray:
+        """``need`` (GPU-seconds of each job's remaining work per type) as the type split
+        weighs it: a running job's work on a type where it holds no GPU also costs the move,
+        ``scale * migration_s`` GPU-seconds."""
+        if migration_s <= 0.0:
+            return need
+        running = current.sum(axis=1) > 0
+        away = running[:, None] & (current == 0)
+        return np.where(away & np.isfinite(need), need + scale[:, None] * migration_s, need)
 
     def type_split(self, need: FloatArray, capacity: IntArray, pi: FloatArray,
                    scale: IntArray, drain: float, round_s: float) -> FloatArray:
