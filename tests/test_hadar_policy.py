@@ -175,6 +175,24 @@ def test_equal_jobs_are_not_swapped_between_types() -> None:
     assert types(0.0) == {0: "b", 1: "a"}
 
 
+def test_a_new_job_displaces_a_running_one_only_if_it_ends_sooner_start_included() -> None:
+    # One GPU; job 0 runs with R seconds left, job 1 (360 s) waits; a start or a move costs
+    # 60 s.  Keeping job 0: it ends at R, job 1 at R + 60 + 360.  Swapping: job 1 ends at
+    # 60 + 360 = 420, job 0 restarts and ends at 420 + 60 + R.  The sum of the two is smaller
+    # for keeping when R < 420 (job 1's time, its start included), for swapping when R > 420.
+    # With R = 400, plain SRPT (360 < 400) would swap and lose 80 s; with R = 500 it swaps.
+    cluster = parse_counts("a=1")
+    held = Placement(np.array([0]), np.array([0]), np.array([1]))
+
+    def runs(left: float) -> list[int]:
+        snap = first_snapshot([job(0, "fair", left), job(1, "fair", 360)], cluster, TWO_TYPES)
+        s = dataclasses.replace(snap, current=held, migration_s=60.0)
+        return HadarPolicy().allocate(s).placement.job.tolist()  # type: ignore[no-any-return]
+
+    assert runs(400) == [0]
+    assert runs(500) == [1]
+
+
 def test_shortest_job_first_on_one_gpu() -> None:
     # One GPU, a 3600-step and a 360-step job (1 step/s).  Short first: it ends at 360 s and the
     # long one at 3960 s (average JCT 2160 s); long first would average (3600 + 3960) / 2.

@@ -30,7 +30,8 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    without it) if its GPU-seconds are fewer than the time it would otherwise wait: the same
    makespan, a shorter average JCT (Smith's rule), and no gang left waiting to the end behind
    long jobs under overload.
-5. **Then shortest remaining time first** (weighted), which minimises the average JCT.
+5. **Then shortest remaining time first** (weighted), which minimises the average JCT; a job
+   that holds no GPUs counts its start (``migration_s``) in its remaining time.
 6. **Gang repacking** (:func:`repack_gangs`): a waiting multi-GPU job takes its main type from
    smaller jobs later in the order, which would otherwise fragment it.
 7. **Idle faster GPUs** (:func:`upgrade_idle`): a placed job moves whole onto idle GPUs of a
@@ -274,7 +275,11 @@ class HadarPolicy:
         # 4-5: queue order.
         critical, chain_now = self.critical_jobs(snapshot, rem_own, own, target - snapshot.now,
                                                  capacity)
-        srpt = rem_best / snapshot.weight
+        # A job that holds no GPUs must start before it progresses: its remaining time counts
+        # the start (``migration_s``), so a new job displaces a running one only if it ends
+        # sooner, its start included.
+        srpt = (rem_best + np.where(current.sum(axis=1) > 0, 0.0, float(snapshot.migration_s))
+                ) / snapshot.weight
         key_crit = np.where(critical, -rem_own, np.inf)
         order = np.lexsort((snapshot.job_ids, srpt, ~chain_now, key_crit,
                             ~critical)).astype(np.int64)
