@@ -64,7 +64,11 @@ _REASON_TEXT = {
         "waits: this epoch the GPUs it can use are worth more to jobs ahead of it; it is "
         "offered GPUs again every epoch, as prices fall and jobs finish",
     ),
-    Reason.NO_FREE_GPU: ("matcher", "waits: no GPUs of a type it can use are free this epoch"),
+    Reason.NO_FREE_GPU: (
+        "matcher",
+        "waits: no free GPUs of a type it can use hold its whole request this epoch (a job over "
+        "several nodes needs as many GPUs on each)",
+    ),
     Reason.NO_THROUGHPUT: ("throughputs", "never runs: no GPU type of the cluster can run it"),
     Reason.SHARE_SERVED: (
         "gavel.round",
@@ -210,6 +214,10 @@ class Snapshot:
     #: moved to GPUs other than those it holds (the sidecar's ``[scheduler] migration_s``; the
     #: simulator's ``migration_cost_s``).
     migration_s: float = 0.0
+    #: What the world allows, set by the backend: whether a job over several nodes must hold
+    #: as many GPUs on each (one Slurm job asks for a GPU count per node: True in the sidecar
+    #: and in the simulator's ``even_gangs``; Gavel's simulator has no such rule).
+    even_gangs: bool = False
 
     @property
     def num_jobs(self) -> int:

@@ -13,6 +13,12 @@ policies decide per-type GPU counts, and :func:`match_nodes` turns them into a
 
 A job whose counts cannot all be met is left out entirely and reported in the returned mask:
 partial placement of a synchronous job would waste the GPUs it got.
+
+4. **Even gangs** (where the world demands it, ``Snapshot.even_gangs``: one Slurm job asks for
+   the same GPU count on each of its nodes): a job the rules above spread over nodes with
+   unequal counts is not moved there: a running job stays on the GPUs it holds, a waiting one
+   waits; and the others are matched again around it, so that no job is placed on GPUs that
+   one staying where it is still holds (the sidecar could not start it there).
 """
 
 from __future__ import annotations
@@ -32,6 +38,44 @@ def match_nodes(
     Returns the placement and ``placed[i]`` (True where the job got all it asked for; jobs with
     no counts at all are False).  Pure; O(jobs x nodes of a type) in the worst case.
     """
+    placement, placed = _match(snapshot, counts, order)
+    if not snapshot.even_gangs:
+        return placement, placed
+    held: IntArray | None = None
+    stays = np.zeros(snapshot.num_jobs, dtype=np.bool_)
+    for _ in range(snapshot.num_jobs):
+        bad = uneven_jobs(snapshot, placement)
+        if bad.shape[0] == 0:
+            break
+        if held is None:
+            held = snapshot.held()
+            idx = snapshot.current_index()
+            for i in np.unique(idx[idx >= 0]).tolist():
+                stays[i] = len(set(snapshot.current.count[idx == i].tolist())) == 1
+        counts = counts.copy()
+        counts[bad] = np.where(stays[bad, None], held[bad], 0)
+        placement, placed = _match(snapshot, counts, order)
+    return placement, placed
+
+
+def uneven_jobs(snapshot: Snapshot, placement: Placement) -> IntArray:
+    """Indices of the jobs ``placement`` puts on nodes with unequal GPU counts."""
+    if placement.job.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    ids = snapshot.job_ids.astype(np.int64)
+    lo = np.full(ids.shape[0], np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.zeros(ids.shape[0], dtype=np.int64)
+    by_id = np.argsort(ids, kind="stable")
+    pos = by_id[np.searchsorted(ids, placement.job, sorter=by_id)]
+    np.minimum.at(lo, pos, placement.count)
+    np.maximum.at(hi, pos, placement.count)
+    return np.nonzero((hi > 0) & (lo < hi))[0].astype(np.int64)
+
+
+def _match(
+    snapshot: Snapshot, counts: npt.NDArray[np.int64], order: IntArray
+) -> tuple[Placement, npt.NDArray[np.bool_]]:
+    """The core's matcher (rules 1 to 3)."""
     cur = snapshot.current
     ids = snapshot.job_ids.astype(np.int64)
     rows_job, rows_node, rows_count, placed = core.match(

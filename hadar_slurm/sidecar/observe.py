@@ -449,6 +449,8 @@ class SlurmObserver:
             max_copies=np.array([v.max_copies for v in ordered], dtype=np.int64),
             # a copy is one component of a heterogeneous job, on one node
             multi_node_copies=False, migration_s=self.migration_s,
+            # and a job over several nodes has as many GPUs on each (a count per node)
+            even_gangs=True,
         )
 
     def _sort_groups(self) -> dict[int, CopyGroup]:

@@ -196,6 +196,7 @@ class SimulatedCluster:
             attained=self.state.attained[active], current=self.current,
             policy_state=policy_state,
             multi_node_copies=self.multi_node_copies, migration_s=self.migration_cost_s,
+            even_gangs=self.even_gangs,
         )
 
     def reconcile(self, snapshot: Snapshot, decision: Decision) -> list[Change]:
