@@ -41,34 +41,34 @@ def match_nodes(
     placement, placed = _match(snapshot, counts, order)
     if not snapshot.even_gangs:
         return placement, placed
-    held: IntArray | None = None
-    stays = np.zeros(snapshot.num_jobs, dtype=np.bool_)
+    keep: IntArray | None = None  # per job and type, the GPUs it may keep where it runs
     for _ in range(snapshot.num_jobs):
         bad = uneven_jobs(snapshot, placement)
         if bad.shape[0] == 0:
             break
-        if held is None:
-            held = snapshot.held()
-            idx = snapshot.current_index()
-            for i in np.unique(idx[idx >= 0]).tolist():
-                stays[i] = len(set(snapshot.current.count[idx == i].tolist())) == 1
+        if keep is None:
+            keep = snapshot.held()
+            keep[uneven_jobs(snapshot, snapshot.current)] = 0
         counts = counts.copy()
-        counts[bad] = np.where(stays[bad, None], held[bad], 0)
+        counts[bad] = keep[bad]
         placement, placed = _match(snapshot, counts, order)
     return placement, placed
 
 
 def uneven_jobs(snapshot: Snapshot, placement: Placement) -> IntArray:
-    """Indices of the jobs ``placement`` puts on nodes with unequal GPU counts."""
-    if placement.job.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64)
+    """Indices of the jobs ``placement`` puts on nodes with unequal GPU counts (rows of jobs
+    not in the snapshot are ignored)."""
     ids = snapshot.job_ids.astype(np.int64)
+    if placement.job.shape[0] == 0 or ids.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    by_id = np.argsort(ids, kind="stable")
+    pos = by_id[np.minimum(np.searchsorted(ids, placement.job, sorter=by_id),
+                           ids.shape[0] - 1)]
+    hit = ids[pos] == placement.job
     lo = np.full(ids.shape[0], np.iinfo(np.int64).max, dtype=np.int64)
     hi = np.zeros(ids.shape[0], dtype=np.int64)
-    by_id = np.argsort(ids, kind="stable")
-    pos = by_id[np.searchsorted(ids, placement.job, sorter=by_id)]
-    np.minimum.at(lo, pos, placement.count)
-    np.maximum.at(hi, pos, placement.count)
+    np.minimum.at(lo, pos[hit], placement.count[hit])
+    np.maximum.at(hi, pos[hit], placement.count[hit])
     return np.nonzero((hi > 0) & (lo < hi))[0].astype(np.int64)
 
 
