@@ -37,12 +37,19 @@ schedule turns on small differences, so the simulated figures are the medians of
 :data:`SEEDS` runs (seeds of those delays), per job too, with their range.  Times are divided
 by the compression, so both are in wall seconds.
 
-**The payload's restart** is measured here first (:func:`payload_restart`).  Python's and
-torch's start take longer when several payloads start at once on the host's two cores (as the
-jobs an epoch moves do), which no real cluster's nodes would see; so every run is given a
-restart (``--restart-s`` of the payload, as a real job spends loading its data and model)
-that covers the slowest of four started together, and then what a run loses to its start and
-end (``restart_s``, the sidecar's and the simulator's) is the same whatever else starts.
+**Warm starts**: the dev cluster's "nodes" share the host's two cores, so payloads that start
+together (the twelve jobs of the first epoch, the jobs an epoch moves) would each import
+python's and torch's modules at once and start two or three times slower than one alone
+(measured: ten cold starts together took 12-13 s to their first step, against 4.7 s alone),
+which no real cluster's nodes would see.  So every payload is a fork of one server that loaded
+those modules once (:mod:`hadar_slurm.runtime.warmstart`, started here beside the cluster): ten
+such starts together took under 2 s.
+
+**The payload's restart** is measured here first (:func:`payload_restart`, warm too): every
+run is given a restart (``--restart-s`` of the payload, as a real job spends loading its data
+and model) that covers the slowest of four started together, and then what a run loses to its
+start and end (``restart_s``, the sidecar's and the simulator's) is the same whatever else
+starts.
 
 Rows: ``policy``, ``mode`` (sim/live), ``makespan_s``, ``avg_jct_s``, ``moves`` and
 ``preemptions`` (counted alike from each epoch's changes: :func:`hadar_slurm.loop.movements`),
@@ -57,10 +64,12 @@ every job's JCTs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -81,6 +90,7 @@ from hadar_slurm.logs import read_events
 from hadar_slurm.model import ClusterSpec, Job, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.rates.table import ThroughputTable, load_tables
+from hadar_slurm.runtime.warmstart import warm_server
 from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import parse_trace
@@ -111,7 +121,7 @@ echo "start $(date +%s.%N) $(hostname) ${SLURM_RESTART_COUNT:-0} ${HADAR_COPY_IN
 trap 'echo "signal $(date +%s.%N)" >> "$out/$id.log"' USR1
 export PYTHONPATH=@REPO@ OMP_NUM_THREADS=1
 echo "== run on $(hostname)" >> "$out/$id.out"
-@PYTHON@ -m hadar_slurm.runtime.emulate --job-type "$2" --gpus "$3" \\
+@PYTHON@ -m @ENTRY@ --job-type "$2" --gpus "$3" \\
     --steps "$4" --compression "$5" --table "$6" --round-seconds "$7" --restart-s "$8" \
     >> "$out/$id.out" 2>&1
 rc=$?
@@ -314,10 +324,19 @@ def seed_spread(jcts: Sequence[dict[int, float]]) -> float:
 # -- live --------------------------------------------------------------------------------------
 
 
-def measure_restart(pad_s: float = 0.0, at_once: int = 1) -> list[float]:
+def payload_command(warm: str | None) -> list[str]:
+    """How a payload starts: through the warm-start server at ``warm``, or cold (``None``)."""
+    if warm is None:
+        return [sys.executable, "-m", "hadar_slurm.runtime.emulate"]
+    return [sys.executable, "-m", "hadar_slurm.runtime.warmstart", "run", warm, "--"]
+
+
+def measure_restart(pad_s: float = 0.0, at_once: int = 1, warm: str | None = None
+                    ) -> list[float]:
     """Seconds from the start of the emulated payload (``--restart-s pad_s``) to its exit, with
     one step to run (python, torch, the runtime, the restart's pad, the checkpoint, the
-    exit), for each of ``at_once`` payloads started together in scratch directories."""
+    exit), for each of ``at_once`` payloads started together in scratch directories (through
+    the warm-start server at ``warm``, if given)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
@@ -325,7 +344,7 @@ def measure_restart(pad_s: float = 0.0, at_once: int = 1) -> list[float]:
         for k in range(at_once):
             (Path(d) / str(k)).mkdir()
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "hadar_slurm.runtime.emulate", "--job-type", "A3C",
+                [*payload_command(warm), "--job-type", "A3C",
                  "--steps", "1", "--gpu-type", "v100", "--table", str(TABLE),
                  "--restart-s", f"{pad_s:g}"],
                 cwd=Path(d) / str(k), env=env, stdout=subprocess.DEVNULL,
@@ -343,25 +362,25 @@ def measure_restart(pad_s: float = 0.0, at_once: int = 1) -> list[float]:
 AT_ONCE = 4
 
 
-def payload_pad(at_once: int = AT_ONCE) -> float:
+def payload_pad(at_once: int = AT_ONCE, warm: str | None = None) -> float:
     """What every run's start is padded to (``--restart-s`` of the payload): its own start
     (python, torch) takes longer when several start at once on the host's few cores, as the
     payloads that an epoch moves do, so the slowest of ``at_once`` started together, rounded
     up to 0.5 s."""
-    return math.ceil(max(measure_restart(0.0, at_once)) * 2) / 2
+    return math.ceil(max(measure_restart(0.0, at_once, warm)) * 2) / 2
 
 
-def padded_restart(pad_s: float, at_once: int = AT_ONCE) -> float:
+def padded_restart(pad_s: float, at_once: int = AT_ONCE, warm: str | None = None) -> float:
     """What a run padded to ``pad_s`` loses to its start and end (the pad, the runtime, the
     checkpoint and the exit), the same everywhere: the median of ``at_once`` started
     together."""
-    return statistics.median(measure_restart(pad_s, at_once))
+    return statistics.median(measure_restart(pad_s, at_once, warm))
 
 
-def payload_restart(at_once: int = AT_ONCE) -> tuple[float, float]:
+def payload_restart(at_once: int = AT_ONCE, warm: str | None = None) -> tuple[float, float]:
     """The payload's restart for a run: (``pad_s``, ``restart_s``), both measured."""
-    pad = payload_pad(at_once)
-    return pad, padded_restart(pad, at_once)
+    pad = payload_pad(at_once, warm)
+    return pad, padded_restart(pad, at_once, warm)
 
 
 def cancel_all(cluster: Cluster) -> None:
@@ -411,9 +430,11 @@ log_file = "{work}/sidecar-{policy}.log"
 
 
 def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, work: Path,
-             *, timeout_s: float = 1500.0, drain: tuple[float, str] | None = None) -> Run:
+             *, timeout_s: float = 1500.0, drain: tuple[float, str] | None = None,
+             warm: str | None = None) -> Run:
     """The trace on the dev cluster under the sidecar; ``drain``: (wall s after t0, node) to
-    drain a node mid-run (the short test's way to force a move), resumed at the end."""
+    drain a node mid-run (the short test's way to force a move), resumed at the end;
+    ``warm``: the warm-start server the payloads start through (``None``: cold starts)."""
     cancel_all(cluster)
     out = work / f"out-{policy}"
     out.mkdir(mode=0o777, exist_ok=True)
@@ -424,7 +445,9 @@ def run_live(cluster: Cluster, jobs: Sequence[Job], policy: str, st: Settings, w
     shutil.rmtree(jobs_dir, ignore_errors=True)
     jobs_dir.mkdir(mode=0o777)
     script = work / "payload.sh"
-    script.write_text(PAYLOAD.replace("@REPO@", str(REPO)).replace("@PYTHON@", sys.executable))
+    script.write_text(PAYLOAD.replace("@REPO@", str(REPO)).replace("@PYTHON@", sys.executable)
+                      .replace("@ENTRY@", "hadar_slurm.runtime.emulate" if warm is None else
+                               f"hadar_slurm.runtime.warmstart run {shlex.quote(warm)} --"))
     script.chmod(0o755)
     config = write_config(cluster, policy, st, work,
                           write_compressed_table(jobs, st, work / "compressed.csv"))
@@ -566,6 +589,12 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
                                               if r["problems"] else ""))
 
 
+def _per_job(sim: Run, live: Run) -> dict[str, dict[str, float]]:
+    return {str(j): {"sim_jct_s": round(sim.jct.get(j, math.nan), 2),
+                     "live_jct_s": round(live.jct.get(j, math.nan), 2)}
+            for j in sorted(sim.jct)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fidelity",
                                 description=(__doc__ or "").split("\n\n")[0])
@@ -595,42 +624,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {TRACE}")
         return 0
     jobs = load_trace(args.trace)
-    pad = args.pad_s if args.pad_s is not None else payload_pad()
-    restart = args.restart_s if args.restart_s is not None else padded_restart(pad)
-    st = Settings(args.compression, args.epoch_s, restart, pad_s=pad)
-    print(f"trace {args.trace.name}: {len(jobs)} jobs; compression {st.compression:g}x, epoch "
-          f"{st.epoch_s:g} s; payload start padded to {pad:g} s, restart {restart:.2f} s: a "
-          f"start costs "
-          f"{st.costs.start_s:.2f} s, a move {st.costs.move_s:.2f} s (wall)", flush=True)
-    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-    rows: list[dict[str, Any]] = []
-    per_job: dict[str, Any] = {}
-    sims = {pol: run_sim(jobs, pol, st) for pol in policies}
-    if args.sim_only:
-        rows = [sims[pol].row(len(jobs)) for pol in policies]
-    elif args.from_dir:
-        for pol in policies:
-            live = live_result(jobs, pol, st, args.from_dir)
-            rows += [sims[pol].row(len(jobs)), live.row(len(jobs)),
-                     compare(sims[pol], live, len(jobs))]
-            per_job[pol] = {str(j): {"sim_jct_s": round(sims[pol].jct.get(j, math.nan), 2),
-                                     "live_jct_s": round(live.jct.get(j, math.nan), 2)}
-                            for j in sorted(sims[pol].jct)}
-    else:
-        with dev_cluster() as cluster, tempfile.TemporaryDirectory(prefix="fidelity-") as d:
+    live_runs = not (args.sim_only or args.from_dir)
+    with contextlib.ExitStack() as stack:
+        warm: str | None = None
+        if live_runs or args.pad_s is None or args.restart_s is None:
+            wd = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hadar-warm-")))
+            wd.chmod(0o755)
+            warm = stack.enter_context(warm_server(wd / "sock", log=wd / "server.log"))
+        pad = args.pad_s if args.pad_s is not None else payload_pad(warm=warm)
+        restart = (args.restart_s if args.restart_s is not None
+                   else padded_restart(pad, warm=warm))
+        st = Settings(args.compression, args.epoch_s, restart, pad_s=pad)
+        print(f"trace {args.trace.name}: {len(jobs)} jobs; compression {st.compression:g}x, "
+              f"epoch {st.epoch_s:g} s; payload start padded to {pad:g} s, restart "
+              f"{restart:.2f} s: a start costs {st.costs.start_s:.2f} s, a move "
+              f"{st.costs.move_s:.2f} s (wall)", flush=True)
+        policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+        rows: list[dict[str, Any]] = []
+        per_job: dict[str, Any] = {}
+        sims = {pol: run_sim(jobs, pol, st) for pol in policies}
+        if args.sim_only:
+            rows = [sims[pol].row(len(jobs)) for pol in policies]
+        elif args.from_dir:
+            for pol in policies:
+                live = live_result(jobs, pol, st, args.from_dir)
+                rows += [sims[pol].row(len(jobs)), live.row(len(jobs)),
+                         compare(sims[pol], live, len(jobs))]
+                per_job[pol] = _per_job(sims[pol], live)
+        else:
+            cluster = stack.enter_context(dev_cluster())
+            d = stack.enter_context(tempfile.TemporaryDirectory(prefix="fidelity-"))
             work = args.keep or Path(d)
             work.mkdir(parents=True, exist_ok=True)
             work.chmod(0o755)
             for pol in policies:
                 print(f"{pol}: live run ...", flush=True)
                 t = time.monotonic()
-                live = run_live(cluster, jobs, pol, st, work)
+                live = run_live(cluster, jobs, pol, st, work, warm=warm)
                 print(f"{pol}: live run took {time.monotonic() - t:.0f} s", flush=True)
                 rows += [sims[pol].row(len(jobs)), live.row(len(jobs)),
                          compare(sims[pol], live, len(jobs))]
-                per_job[pol] = {str(j): {"sim_jct_s": round(sims[pol].jct.get(j, math.nan), 2),
-                                         "live_jct_s": round(live.jct.get(j, math.nan), 2)}
-                                for j in sorted(sims[pol].jct)}
+                per_job[pol] = _per_job(sims[pol], live)
                 print_rows(rows[-3:])
     for r in rows:
         r.pop("slurm_ids", None)

@@ -14,6 +14,7 @@ The figures (makespan, JCTs against the simulator's) are the bench's, not this t
 from __future__ import annotations
 
 import re
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from bench.epoch_overhead import Cluster
 from bench.fidelity import Settings, _runs, payload_restart, run_live
 from hadar_slurm.logs import read_events
 from hadar_slurm.model import Job
+from hadar_slurm.runtime.warmstart import warm_server
 from tests.slurm_cluster import DevCluster, nodes_conf
 
 pytest.importorskip("torch")
@@ -46,9 +48,13 @@ def test_short_fidelity_run_completes_every_job_once_where_it_was_placed(
     cluster = Cluster(dev_cluster.dir / "etc" / "slurm.conf", dev_cluster.runner, None)
     jobs = [Job(k, t, scale_factor=g, total_steps=float(s), arrival_s=float(a))
             for k, (t, g, s, a) in enumerate(JOBS)]
-    pad, restart = payload_restart()
-    st = Settings(compression=60, epoch_s=6, restart_s=restart, pad_s=pad)
-    run = run_live(cluster, jobs, "hadar", st, tmp_path, timeout_s=400, drain=(15.0, "node4"))
+    # the payloads start warm, as the bench's do (a Unix socket's path must stay short)
+    with tempfile.TemporaryDirectory(prefix="hadar-warm-") as wd, \
+            warm_server(Path(wd) / "sock", log=tmp_path / "warmstart.log") as warm:
+        pad, restart = payload_restart(warm=warm)
+        st = Settings(compression=60, epoch_s=6, restart_s=restart, pad_s=pad)
+        run = run_live(cluster, jobs, "hadar", st, tmp_path, timeout_s=400,
+                       drain=(15.0, "node4"), warm=warm)
     assert run.problems == [], run.problems
     assert sorted(run.jct) == list(range(len(JOBS)))
     ids: dict[int, int] = run.detail["slurm_ids"]
