@@ -15,6 +15,7 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.policy.base import Decision, Policy, Reason, Snapshot
 from hadar_slurm.policy.fifo import FifoPolicy
 from hadar_slurm.policy.gavel import FifoPerfPolicy, GavelLasPolicy, GavelMakespanPolicy
+from hadar_slurm.policy.gavel_packed import GavelLasPackedPolicy
 from hadar_slurm.policy.hadar import HadarPolicy
 from hadar_slurm.policy.hadare import HadarEPolicy
 
@@ -22,6 +23,7 @@ REGISTRY: dict[str, Callable[..., Policy]] = {
     "fifo": FifoPolicy,
     "fifo-perf": FifoPerfPolicy,
     "gavel-las": GavelLasPolicy,
+    "gavel-las-packed": GavelLasPackedPolicy,
     "gavel-makespan": GavelMakespanPolicy,
     "hadar": HadarPolicy,
     "hadare": HadarEPolicy,

@@ -26,6 +26,15 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
+class PairRates(Protocol):
+    """Co-located throughputs (:class:`hadar_slurm.rates.colocated.ColocatedTable`): whole-job
+    steps/s of two jobs while they share ``scale`` GPUs of ``gpu_type``, ``(0.0, 0.0)`` where
+    they may not share."""
+
+    def pair_rate(self, job_a: str, job_b: str, scale: int,
+                  gpu_type: GpuType) -> tuple[float, float]: ...
+
+
 class Reason(enum.IntEnum):
     """Why a job is (not) placed in an epoch.  Each code names the component that decided.
 
@@ -218,6 +227,15 @@ class Snapshot:
     #: as many GPUs on each (one Slurm job asks for a GPU count per node: True in the sidecar
     #: and in the simulator's ``even_gangs``; Gavel's simulator has no such rule).
     even_gangs: bool = False
+    #: What the world allows, set by the backend: GPU sharing (issue #16).  The co-located
+    #: throughputs of pairs of jobs sharing the same GPUs, by job type (``job_types``) and
+    #: scale factor, when the backend can run two jobs on the same GPUs (the simulator with
+    #: fixed rounds); None where it cannot (the Slurm sidecar), and then no decision may pack.
+    colocated: PairRates | None = None
+    #: Pairs of job ids ``(lower id, higher id)`` that shared the same GPUs in ``current``,
+    #: the epoch that just ended (one job of a pair may have finished since: it is then no
+    #: longer in ``job_ids`` or in ``current``).
+    packed: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_jobs(self) -> int:
@@ -265,6 +283,24 @@ class Decision:
     reason: npt.NDArray[np.int8]
     policy_state: object = None
     detail: dict[int, str] = field(default_factory=dict)
+    #: GPU sharing (issue #16): pairs of job ids ``(lower id, higher id)`` that share the same
+    #: GPUs this epoch.  Both jobs of a pair have the same rows in ``placement`` (nodes and
+    #: counts), those GPUs count once (:func:`gpus_in_use`), and each job runs at its
+    #: co-located rate (``Snapshot.colocated``).  Empty for every policy that does not pack;
+    #: only allowed where the snapshot offers sharing (``Snapshot.colocated`` is set).
+    packed: tuple[tuple[int, int], ...] = ()
+
+
+def gpus_in_use(placement: Placement, packed: tuple[tuple[int, int], ...],
+                num_nodes: int) -> IntArray:
+    """GPUs each node gives out under ``placement``, the GPUs shared by a pair of ``packed``
+    counted once (the rows of a pair's higher job id are left out)."""
+    keep = np.ones(len(placement), dtype=np.bool_)
+    if packed:
+        second = np.array([b for _a, b in packed], dtype=np.int64)
+        keep = ~np.isin(placement.job, second)
+    return np.bincount(placement.node[keep], weights=placement.count[keep],
+                       minlength=num_nodes).astype(np.int64)
 
 
 class Policy(Protocol):

@@ -7,8 +7,11 @@ convention; divide by ``scale_factor`` for one worker's rate).
 Two file formats are read:
 
 * **Gavel's JSON** (``simulation_throughputs.json``): ``{gpu: {"('<model>', <sf>)": {"null":
-  rate, ...}}}``.  Only the isolated ``null`` rates are used; the ``*_unconsolidated`` keys are not
-  GPU types and are skipped.
+  rate, "('<other model>', <sf>)": [rate, other rate], ...}}}``.  The isolated ``null`` rates
+  are the table; the pair entries, co-located throughputs of two jobs sharing the same GPUs,
+  go to :attr:`ThroughputTable.pairs` (:mod:`hadar_slurm.rates.colocated`; pairs of unequal
+  scale factors are skipped: no job is packed with one of another scale).  The
+  ``*_unconsolidated`` keys are not GPU types and are skipped.
 * **Our CSV** (for GPU types Gavel never measured, such as ``a100`` or ``h100``): one
   row per measurement, ``#`` starts a comment, and the first non-comment line is the header::
 
@@ -34,6 +37,7 @@ from pathlib import Path
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
+from hadar_slurm.rates.colocated import ColocatedTable, PairKey
 
 JobKey = tuple[str, int]
 
@@ -46,6 +50,9 @@ class ThroughputTable:
 
     rates: Mapping[JobKey, Mapping[GpuType, float]] = field(default_factory=dict)
     source: str = "<table>"
+    #: Co-located throughputs of pairs of jobs sharing the same GPUs (Gavel's JSON only;
+    #: empty for our CSV format).
+    pairs: ColocatedTable = field(default_factory=ColocatedTable)
 
     def rate(self, job_type: str, scale_factor: int, gpu_type: GpuType) -> float:
         """Whole-job steps/s; 0.0 when the job type does not run on ``gpu_type``."""
@@ -69,7 +76,8 @@ class ThroughputTable:
         out: dict[JobKey, dict[GpuType, float]] = {k: dict(v) for k, v in self.rates.items()}
         for key, per_gpu in other.rates.items():
             out.setdefault(key, {}).update(per_gpu)
-        return ThroughputTable(out, f"{self.source}+{other.source}")
+        return ThroughputTable(out, f"{self.source}+{other.source}",
+                               self.pairs.merged(other.pairs))
 
 
 def _check_rate(value: object, *, source: str, line: int | None, field_name: str) -> float:
@@ -94,7 +102,7 @@ def _check_rate(value: object, *, source: str, line: int | None, field_name: str
 
 
 def load_gavel_json(path: str | Path) -> ThroughputTable:
-    """Read Gavel's ``simulation_throughputs.json`` (isolated ``null`` rates only)."""
+    """Read Gavel's ``simulation_throughputs.json`` (isolated rates and co-located pairs)."""
     source = str(path)
     try:
         text = Path(path).read_text()
@@ -115,6 +123,8 @@ def parse_gavel_json(text: str, source: str) -> ThroughputTable:
     if not isinstance(data, dict):
         raise InputError("expected a JSON object keyed by GPU type", source=source)
     rates: dict[JobKey, dict[GpuType, float]] = {}
+    pairs: dict[PairKey, dict[GpuType, tuple[float, float]]] = {}
+    pair_field: dict[tuple[PairKey, GpuType], str] = {}
     for gpu_name, per_job in data.items():
         if "unconsolidated" in gpu_name:
             continue
@@ -133,6 +143,10 @@ def parse_gavel_json(text: str, source: str) -> ThroughputTable:
                         field=f"{gpu_name}.{key_text}", fix="add \"null\": <steps/s>",
                     )
                 value = entry["null"]
+                for other_text, pair in entry.items():
+                    if other_text != "null":
+                        _add_pair(pairs, pair_field, key, other_text, pair, gpu,
+                                  source=source, where=f"{gpu_name}.{key_text}")
             else:
                 value = entry
             rates.setdefault(key, {})[gpu] = _check_rate(
@@ -140,7 +154,50 @@ def parse_gavel_json(text: str, source: str) -> ThroughputTable:
             )
     if not rates:
         raise InputError("no throughputs found", source=source)
-    return ThroughputTable(rates, source)
+    return ThroughputTable(rates, source, ColocatedTable(pairs, source))
+
+
+def _add_pair(pairs: dict[PairKey, dict[GpuType, tuple[float, float]]],
+              seen: dict[tuple[PairKey, GpuType], str], key: JobKey, other_text: str,
+              value: object, gpu: GpuType, *, source: str, where: str) -> None:
+    """Check one co-located entry ``"('<other>', <sf>)": [rate, other rate]`` under job
+    ``key`` and store it in both orders (unless the scale factors differ: then it is skipped).
+    The same pair seen under the other job must mirror it."""
+    field_name = f"{where}.{other_text}"
+    other = _parse_gavel_key(other_text, source, field_name)
+    fix = ("give [steps/s of this job, steps/s of the other] while they share the GPUs, two "
+           "numbers >= 0 ([0, 0]: the pair may not share)")
+    if not isinstance(value, list) or len(value) != 2:
+        raise InputError(
+            f"co-located throughputs must be a list of two numbers, got {value!r}",
+            source=source, field=field_name, fix=fix)
+    rate_a, rate_b = (_check_rate(v, source=source, line=None, field_name=field_name)
+                      for v in value)
+    if other[1] != key[1]:
+        return  # only jobs of the same scale factor are packed
+    fwd: PairKey = (key[0], other[0], key[1])
+    back: PairKey = (other[0], key[0], key[1])
+    if fwd == back and not _close(rate_a, rate_b):
+        raise InputError(
+            f"two jobs of the same type share the GPUs at different rates [{rate_a!r}, "
+            f"{rate_b!r}]", source=source, field=field_name,
+            fix="give the same steps/s twice: the two jobs are alike")
+    mirror = pairs.get(back, {}).get(gpu)
+    if fwd != back and mirror is not None and not (
+            _close(mirror[0], rate_b) and _close(mirror[1], rate_a)):
+        raise InputError(
+            f"co-located throughputs [{rate_a!r}, {rate_b!r}] disagree with the same pair "
+            f"under {seen.get((back, gpu), field_name)!r}: [{mirror[0]!r}, {mirror[1]!r}]",
+            source=source, field=field_name,
+            fix="the two entries of a pair must mirror each other ([a, b] and [b, a])")
+    pairs.setdefault(fwd, {})[gpu] = (rate_a, rate_b)
+    pairs.setdefault(back, {})[gpu] = (rate_b, rate_a)
+    seen[(fwd, gpu)] = field_name
+    seen.setdefault((back, gpu), field_name)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def _parse_gavel_key(text: str, source: str, gpu_name: str) -> JobKey:

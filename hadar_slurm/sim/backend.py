@@ -34,6 +34,19 @@ the rate a job's runtime reports replaces the table's from the next epoch on): o
 (job type, scale factor) has run on a GPU type, every job of that kind is planned with its true
 rate there from the next snapshot on.
 
+GPU sharing (issue #16): a decision may pack pairs of jobs onto the same GPUs
+(:attr:`~hadar_slurm.policy.base.Decision.packed`: both jobs with the same rows, which count
+once).  While two jobs share, each advances for the whole round at its co-located rate from
+the table's pairs (:attr:`~hadar_slurm.rates.table.ThroughputTable.pairs`; Gavel's simulator
+does the same: a job whose partner finishes keeps its co-located rate to the end of the round),
+in place of its isolated rate, by the same per-worker rule as above; the GPUs count busy once.
+The snapshot offers sharing (``Snapshot.colocated``: the policy table's pairs) only with fixed
+rounds, ``gpu_sharing`` on (the default) and a table that has pairs: an epoch that only fills
+free GPUs (``reschedule_on_finish``) cannot carry pairs through the loop.  A decision that packs
+where sharing is not offered, or packs a pair the table forbids, jobs of different scale
+factors, or jobs on different GPUs, is refused with a :class:`ValueError` (a policy bug).  A
+decision without pairs runs exactly as before.
+
 HadarE: a job forked into copies (rows with different ``Placement.copy`` indices) progresses at
 the sum of its copies' rates, each copy computed as above; the job tracker adds up their
 iterations.  Every round a job runs forked it first spends ``consolidation.seconds(job type)``
@@ -50,7 +63,7 @@ runs as a gang, slowed by ``spread_factor``, which the live backend cannot do.) 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -58,9 +71,19 @@ from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.loop import ApplyReport, Change, ChangeKind, diff, even, placement_of
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy.base import Decision, FloatArray, Placement, Snapshot
+from hadar_slurm.rates.colocated import ColocatedTable
 from hadar_slurm.rates.table import ThroughputTable
 
 EPS_STEPS = 1e-6
+
+
+@dataclass(frozen=True)
+class SharedChange(Change):
+    """A :class:`~hadar_slurm.loop.Change` of a job that shares its GPUs with the job
+    ``partner`` this epoch (GPU sharing; the simulator's reconcile makes them for the pairs of
+    ``Decision.packed``)."""
+
+    partner: int = -1
 
 
 @dataclass
@@ -82,6 +105,8 @@ class SimState:
     usage: list[EpochUsage] = field(default_factory=list)
     #: (round start, {job id: copies}) for every round where some job ran forked.
     copies: list[tuple[float, dict[int, int]]] = field(default_factory=list)
+    #: (round start, pairs of job ids sharing GPUs) for every round where some jobs shared.
+    packed: list[tuple[float, tuple[tuple[int, int], ...]]] = field(default_factory=list)
 
 
 class SimulatedCluster:
@@ -105,6 +130,7 @@ class SimulatedCluster:
         wake_delay_s: float = 0.0,
         seed: int = 0,
         even_gangs: bool = False,
+        gpu_sharing: bool = True,
     ) -> None:
         if not wake_delay_s >= 0:
             raise ValueError(f"wake_delay_s must be >= 0, got {wake_delay_s!r}")
@@ -148,6 +174,14 @@ class SimulatedCluster:
             dtype=np.float64,
         ).reshape(n, h)
         self.learn_rates = learn_rates and policy_table is not None
+        #: GPU sharing: the true co-located rates (progress) and those the policy is told
+        #: (None: sharing is not offered, see the module docstring).
+        self.pairs: ColocatedTable = table.pairs
+        told = (table if policy_table is None else policy_table).pairs
+        self.offered_pairs: ColocatedTable | None = (
+            told if gpu_sharing and not reschedule_on_finish and len(told) > 0 else None)
+        self._partner: dict[int, int] = {}  # job id -> the job it shares its GPUs with
+        self._pair_rate: dict[tuple[int, int], FloatArray] = {}  # (index, partner index)
         kinds: dict[tuple[str, int], int] = {}
         self._kind = np.array([kinds.setdefault((j.job_type, j.scale_factor), len(kinds))
                                for j in self.jobs], dtype=np.int64)
@@ -196,12 +230,52 @@ class SimulatedCluster:
             attained=self.state.attained[active], current=self.current,
             policy_state=policy_state,
             multi_node_copies=self.multi_node_copies, migration_s=self.migration_cost_s,
-            even_gangs=self.even_gangs,
+            even_gangs=self.even_gangs, colocated=self.offered_pairs,
+            packed=tuple(sorted((a, b) for a, b in self._partner.items() if a < b)),
         )
 
     def reconcile(self, snapshot: Snapshot, decision: Decision) -> list[Change]:
         changes = diff(snapshot, decision)
+        if decision.packed:
+            partner = self._check_packed(snapshot, decision)
+            changes = [c if c.job_id not in partner else SharedChange(
+                **{f.name: getattr(c, f.name) for f in fields(Change)},
+                partner=partner[c.job_id]) for c in changes]
         return self._even(snapshot, changes) if self.even_gangs else changes
+
+    def _check_packed(self, snapshot: Snapshot, decision: Decision) -> dict[int, int]:
+        """``{job id: partner}`` of ``decision.packed``, after checking that each pair may
+        share (raises :class:`ValueError` where not: a policy bug)."""
+        def refuse(why: str) -> ValueError:
+            return ValueError(f"epoch {decision.epoch}: decision packs {why}")
+
+        if snapshot.colocated is None:
+            raise refuse("jobs on shared GPUs, but this simulator offers no GPU sharing "
+                         "(gpu_sharing off, reschedule_on_finish, or a table without pairs)")
+        placed = decision.placement.by_job_copies()
+        partner: dict[int, int] = {}
+        for a, b in decision.packed:
+            a, b = int(a), int(b)
+            if not a < b:
+                raise refuse(f"the pair ({a}, {b}): a pair is (lower id, higher id)")
+            if a in partner or b in partner:
+                raise refuse(f"job {a if a in partner else b} in two pairs")
+            if a not in placed or b not in placed:
+                raise refuse(f"jobs {a} and {b}, but job {b if a in placed else a} is not "
+                             "placed")
+            ra, rb = placed[a], placed[b]
+            if len(ra) != 1 or len(rb) != 1 or sorted(ra[0]) != sorted(rb[0]):
+                raise refuse(f"jobs {a} and {b} on different GPUs (a pair has the same rows)")
+            i, j = self.index_of[a], self.index_of[b]
+            if self.scale[i] != self.scale[j]:
+                raise refuse(f"jobs {a} and {b} of different scale factors")
+            for h in {int(self.node_type[n]) for n, _c in ra[0]}:
+                g = self.gpu_types[h]
+                if snapshot.colocated.pair_rate(self.jobs[i].job_type, self.jobs[j].job_type,
+                                                int(self.scale[i]), g)[0] <= 0:
+                    raise refuse(f"jobs {a} and {b} on {g}, where the table forbids the pair")
+            partner[a], partner[b] = b, a
+        return partner
 
     def _even(self, snapshot: Snapshot, changes: list[Change]) -> list[Change]:
         """``changes`` as the sidecar can make them (``even_gangs``): a placement over nodes
@@ -223,6 +297,8 @@ class SimulatedCluster:
             out.append(c)
         used = np.zeros(self.node_gpus.shape[0], dtype=np.int64)
         for c in out:
+            if isinstance(c, SharedChange) and c.partner < c.job_id:
+                continue  # (the GPUs of a pair count once)
             for cp in c.copies:
                 for n, k in cp:
                     used[n] += k
@@ -249,6 +325,11 @@ class SimulatedCluster:
                 self.index_of[c.job_id]]) else self.migration_cost_s)
             for c in changes if c.kind in started}
         self.current = placement_of(changes)
+        self._partner = {c.job_id: c.partner for c in changes
+                         if isinstance(c, SharedChange) and c.copies}
+        if self._partner:
+            self.state.packed.append(
+                (now, tuple(sorted((a, b) for a, b in self._partner.items() if a < b))))
         self._round_start = now
         forked = {j: k for j, k in self.current.num_copies().items() if k > 1}
         if forked:
@@ -303,7 +384,11 @@ class SimulatedCluster:
     def job_rate(self, job_id: int, rows: Sequence[tuple[int, int]]) -> float:
         """Steps/s of ``job_id`` on ``rows`` ((node, GPUs) pairs)."""
         i = self.index_of[job_id]
-        per_worker = self.rate[i] / self.scale[i]
+        return self._rate_on(i, self.rate[i] / self.scale[i], rows)
+
+    def _rate_on(self, i: int, per_worker: FloatArray, rows: Sequence[tuple[int, int]]
+                 ) -> float:
+        """Steps/s of job index ``i`` on ``rows`` with per-worker rates ``per_worker[h]``."""
         workers = np.zeros(len(self.gpu_types))
         for n, c in rows:
             workers[self.node_type[n]] += c
@@ -321,6 +406,26 @@ class SimulatedCluster:
         """Steps/s of ``job_id`` over its copies: the sum of each copy's :meth:`job_rate`."""
         return sum(self.job_rate(job_id, rows) for rows in copies.values())
 
+    def shared_rate(self, job_id: int, partner: int, rows: Sequence[tuple[int, int]]) -> float:
+        """Steps/s of ``job_id`` on ``rows`` while it shares them with ``partner``: as
+        :meth:`job_rate`, with the co-located rates of the true table's pairs."""
+        i, j = self.index_of[job_id], self.index_of[partner]
+        pr = self._pair_rate.get((i, j))
+        if pr is None:
+            sf = int(self.scale[i])
+            pr = np.array([self.pairs.pair_rate(self.jobs[i].job_type, self.jobs[j].job_type,
+                                                sf, g)[0] for g in self.gpu_types])
+            self._pair_rate[(i, j)] = pr
+        return self._rate_on(i, pr / self.scale[i], rows)
+
+    def _running_rate(self, job_id: int, copies: Mapping[int, Sequence[tuple[int, int]]]
+                      ) -> float:
+        """Steps/s of a job of the current placement (shared or not)."""
+        partner = self._partner.get(job_id)
+        if partner is None or len(copies) != 1:
+            return self.forked_rate(job_id, copies)
+        return self.shared_rate(job_id, partner, next(iter(copies.values())))
+
     def _delay(self, job_id: int, copies: int) -> float:
         """Seconds without progress at the start of the round: restart, then consolidation."""
         moved = self._moved.get(job_id, 0.0)
@@ -329,7 +434,7 @@ class SimulatedCluster:
 
     def _time_to_finish(self, job_id: int,
                         copies: Mapping[int, Sequence[tuple[int, int]]]) -> float:
-        r = self.forked_rate(job_id, copies)
+        r = self._running_rate(job_id, copies)
         if r <= 0:
             return 0.0
         return (self._delay(job_id, len(copies))
@@ -342,9 +447,10 @@ class SimulatedCluster:
             return
         busy = np.zeros(len(self.gpu_types))
         st = self.state
+        held_by: dict[int, float] = {}
         for job_id, copies in self.current.by_job_copies().items():
             i = self.index_of[job_id]
-            r = self.forked_rate(job_id, copies)
+            r = self._running_rate(job_id, copies)
             if r <= 0:
                 continue
             rows = [row for cp in copies.values() for row in cp]
@@ -357,12 +463,17 @@ class SimulatedCluster:
                 st.attained[i, h] += held
             for n, c in rows:
                 busy[self.node_type[n]] += c * held
+            held_by[job_id] = held
             if st.remaining[i] <= EPS_STEPS * max(1.0, float(self.total[i])) or run >= ttf:
                 st.remaining[i] = 0.0
                 # (a forked job ends with a run of its own, its batch script after the copies'
                 # training: a start, once its copies have freed their GPUs)
                 last = self.start_cost_s if len(copies) > 1 else 0.0
                 st.finish[i] = self._round_start + delay + ttf + last
+        for a, b in self._partner.items():
+            if a < b and a in held_by and b in held_by:  # shared GPUs are busy once
+                for n, c in self.current.rows_of(a):
+                    busy[self.node_type[n]] -= c * min(held_by[a], held_by[b])
         st.usage.append(EpochUsage(self._round_start, now, busy, len(self.current.by_job())))
         self._round_start = now
         self.current = self.current.select(

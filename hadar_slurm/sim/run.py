@@ -40,6 +40,13 @@ class SimResult:
     records: list[EpochRecord]
     #: HadarE: (round start, {job id: copies}) for each round where some job ran forked.
     copies: list[tuple[float, dict[int, int]]] = field(default_factory=list)
+    #: GPU sharing: (round start, pairs of job ids sharing GPUs) for each round where some did.
+    packed: list[tuple[float, tuple[tuple[int, int], ...]]] = field(default_factory=list)
+
+    @property
+    def packed_jobs(self) -> int:
+        """How many jobs shared GPUs with another in at least one round."""
+        return len({j for _t, pairs in self.packed for pair in pairs for j in pair})
 
     @property
     def max_copies(self) -> int:
@@ -126,6 +133,7 @@ def simulate(
     wake_delay_s: float = 0.0,
     seed: int = 0,
     even_gangs: bool = False,
+    gpu_sharing: bool = True,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
 
@@ -145,7 +153,10 @@ def simulate(
     brings forward starts up to ``wake_delay_s`` late (uniform, seeded), as the sidecar sees
     them at its next ``finish_poll_s`` poll.  ``even_gangs``: a job over several nodes must
     hold as many GPUs on each, as one Slurm job does; other placements are not run (see
-    :class:`~hadar_slurm.sim.backend.SimulatedCluster`).
+    :class:`~hadar_slurm.sim.backend.SimulatedCluster`).  ``gpu_sharing``: whether the
+    simulator offers GPU sharing to the policy (pairs of jobs on the same GPUs at the table's
+    co-located rates, with fixed rounds only; see
+    :class:`~hadar_slurm.sim.backend.SimulatedCluster`); no policy but a packing one uses it.
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
                                start_cost_s=start_cost_s,
@@ -153,7 +164,8 @@ def simulate(
                                learn_rates=learn_rates,
                                reschedule_on_finish=reschedule_on_finish,
                                multi_node_copies=multi_node_copies,
-                               wake_delay_s=wake_delay_s, seed=seed, even_gangs=even_gangs)
+                               wake_delay_s=wake_delay_s, seed=seed, even_gangs=even_gangs,
+                               gpu_sharing=gpu_sharing)
     start = float(backend.arrival.min()) if len(jobs) else 0.0
     hook = None if on_epoch is None else (lambda rec: on_epoch(rec, backend))
     loop = EpochLoop(backend, policy, SimClock(start), round_s=round_s, on_epoch=hook)
@@ -194,4 +206,5 @@ def simulate(
         usage=st.usage,
         records=records,
         copies=st.copies,
+        packed=st.packed,
     )

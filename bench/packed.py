@@ -1,0 +1,111 @@
+"""GPU sharing (issue #16): ``gavel-las-packed`` next to Gavel's own ``max_min_fairness_packed``.
+
+    python -m bench.packed [--traces NAME|FILE ...] [--cluster 4:4:4] [--json OUT]
+
+For each trace: ``gavel-las-packed`` (Gavel's ``max_min_fairness_packed``), and, for reference,
+``gavel-las`` (without sharing) and ``gavel-las-packed`` with sharing not offered (which should
+schedule as ``gavel-las`` on a cluster with as many GPUs of every type).  Per run: makespan,
+average JCT, utilization (shared GPUs count once), how many jobs shared GPUs, the wall time of
+the simulation, and Gavel's figures with the ratio to them where Gavel published some (goal:
+within 5 %).  Gavel's packed policies only ran single-GPU traces; on ``static_48_multigpu``
+(default list) ours packs only pairs of equal scale factors and there is no Gavel figure.
+Rows go to ``--json OUT`` when given (nothing is written otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.report import write_rows
+from hadar_slurm.policy import make_policy
+from hadar_slurm.rates.table import default_table
+from hadar_slurm.sim.cluster import load_cluster
+from hadar_slurm.sim.run import simulate
+from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace
+
+#: Gavel's own (makespan s, average JCT s) for ``max_min_fairness_packed``, measured with
+#: Gavel's simulator, cluster 4 V100 : 4 P100 : 4 K80, 360 s rounds.
+GAVEL_PACKED = {"static_32_seed0": (26977, 16858), "poisson_200_lam900_seed0": (178563, 11778)}
+GOAL = 0.05
+#: (label, policy, whether the simulator offers sharing)
+RUNS = (("gavel-las-packed", "gavel-las-packed", True),
+        ("gavel-las", "gavel-las", True),
+        ("gavel-las-packed (no sharing)", "gavel-las-packed", False))
+
+
+def run(traces: list[str], cluster_spec: str) -> list[dict[str, Any]]:
+    table = default_table()
+    cluster = load_cluster(cluster_spec)
+    rows: list[dict[str, Any]] = []
+    for trace in traces:
+        jobs = load_trace(trace, table)
+        name = Path(trace).stem if Path(trace).exists() else trace
+        gavel = GAVEL_PACKED.get(name) if cluster_spec == "4:4:4" else None
+        for label, policy, sharing in RUNS:
+            t0 = time.perf_counter()
+            res = simulate(jobs, cluster, table, make_policy(policy), gpu_sharing=sharing)
+            wall = time.perf_counter() - t0
+            row: dict[str, Any] = {
+                "trace": name, "cluster": cluster_spec, "run": label, "policy": policy,
+                "gpu_sharing": sharing, "makespan_s": round(res.makespan_s, 1),
+                "avg_jct_s": round(res.avg_jct_s, 1), "utilization": round(res.utilization, 4),
+                "packed_jobs": res.packed_jobs, "rounds_with_sharing": len(res.packed),
+                "num_jobs": res.num_jobs, "num_completed": res.num_completed,
+                "multi_gpu_pairs": sum(1 for _t, pairs in res.packed for a, _b in pairs
+                                       if jobs_scale(jobs, a) > 1),
+                "wall_s": round(wall, 2), "gavel_packed": list(gavel) if gavel else None,
+            }
+            if gavel and label == "gavel-las-packed":
+                row["makespan_over_gavel"] = round(res.makespan_s / gavel[0], 4)
+                row["avg_jct_over_gavel"] = round(res.avg_jct_s / gavel[1], 4)
+                row["within_goal"] = (abs(row["makespan_over_gavel"] - 1) <= GOAL
+                                      and abs(row["avg_jct_over_gavel"] - 1) <= GOAL)
+            rows.append(row)
+    return rows
+
+
+def jobs_scale(jobs: list[Any], job_id: int) -> int:
+    return next(int(j.scale_factor) for j in jobs if j.job_id == job_id)
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = (f"{'trace':26s} {'run':30s} {'makespan s':>10s} {'avg JCT s':>10s} {'util':>6s} "
+            f"{'packed':>6s} {'Gavel packed (mk, jct)':>23s} {'ratio (mk, jct)':>16s} "
+            f"{'wall s':>7s}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        g = r["gavel_packed"]
+        gtxt = f"{g[0]:,} / {g[1]:,}" if g else "-"
+        ratio = (f"{r['makespan_over_gavel']:.3f} / {r['avg_jct_over_gavel']:.3f}"
+                 if "makespan_over_gavel" in r else "-")
+        print(f"{r['trace']!s:26s} {r['run']!s:30s} {float(r['makespan_s']):10,.0f} "
+              f"{float(r['avg_jct_s']):10,.0f} {float(r['utilization']):6.3f} "
+              f"{int(r['packed_jobs']):6d} {gtxt:>23s} {ratio:>16s} {float(r['wall_s']):7.1f}")
+    print()
+    for r in rows:
+        if "within_goal" in r:
+            print(f"goal {r['trace']}: gavel-las-packed within {GOAL:.0%} of Gavel's "
+                  f"max_min_fairness_packed: {'met' if r['within_goal'] else 'NOT met'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--traces", nargs="+", default=list(BUNDLED_TRACES),
+                    help="bundled trace names or trace files (default: the three shared ones)")
+    ap.add_argument("--cluster", default="4:4:4", help="V100:P100:K80 counts or a cluster file")
+    ap.add_argument("--json", default=None, help="write the rows here (default: nowhere)")
+    args = ap.parse_args(argv)
+    rows = run(args.traces, args.cluster)
+    print_table(rows)
+    if args.json:
+        write_rows(rows, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
