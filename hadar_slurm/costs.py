@@ -18,8 +18,9 @@ A cost has two parts:
   the workload, so it is a setting (``[scheduler] restart_s``); :data:`DEFAULT_RESTART_S` is
   an assumption for a PyTorch training job, not a measurement.  The emulated payload
   (:mod:`hadar_slurm.runtime.emulate`) restarts in about 2 s on the dev cluster's host when it
-  starts alone, more when several start at once (``bench.fidelity`` pads it and measures it
-  before it runs).
+  starts alone, more when several start at once; ``bench.fidelity`` starts every payload as a
+  fork of one warm server (:mod:`hadar_slurm.runtime.warmstart`), pads its start and measures
+  it before it runs.
 
 ``tests/test_costs.py`` checks the two Slurm figures against the bench's result file, so a new
 measurement that moves them fails until this module is updated with it.
