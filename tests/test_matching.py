@@ -67,3 +67,38 @@ def test_a_waiting_job_without_an_even_placement_waits() -> None:
     out, placed = match_nodes(snap, counts, np.array([0, 1, 2, 3], dtype=np.int64))
     assert rows(out) == {1: [(0, 1)], 2: [(1, 3)], 3: [(0, 2)]}
     assert placed.tolist() == [False, True, True, True]
+
+
+def test_a_running_job_whose_new_gpus_do_not_come_free_keeps_its_own() -> None:
+    # Job 0 (4 GPUs) runs on node 2 (type b) and is planned onto type a, where its move is
+    # uneven (3 + 1 free on nodes 0 and 1), so with even gangs it stays on node 2.  Job 3 (1
+    # GPU) runs on node 0 and is planned onto type b, which job 0 still holds: it is not
+    # placed.  Job 1 (1 GPU) runs on node 0 and job 2 (3 GPUs) on node 1, both planned where
+    # they are.  Without keep_running job 3 would be stopped while its GPU on node 0 idles;
+    # with it, job 3 keeps that GPU (node 0 has 4: job 1's, job 3's, and 2 idle).
+    current = Placement(np.array([0, 1, 2, 3]), np.array([2, 0, 1, 0]),
+                        np.array([4, 1, 3, 1]))
+    snap = dataclasses.replace(snapshot([4, 1, 3, 1], current), even_gangs=True)
+    counts = np.array([[4, 0], [1, 0], [3, 0], [0, 1]], dtype=np.int64)
+    order = np.array([0, 1, 2, 3], dtype=np.int64)
+
+    plain, placed = match_nodes(snap, counts, order)
+    assert 3 not in rows(plain) and placed.tolist() == [True, True, True, False]
+
+    kept, placed = match_nodes(snap, counts, order, keep_running=True)
+    assert rows(kept) == {0: [(2, 4)], 1: [(0, 1)], 2: [(1, 3)], 3: [(0, 1)]}
+    assert placed.tolist() == [True, True, True, True]
+
+
+def test_a_running_job_keeps_its_gpus_only_where_no_job_placed_before_it_took_them() -> None:
+    # Job 1 (4 GPUs, waiting) is planned onto type b (node 2), where job 0 (2 GPUs) runs; job
+    # 0 is planned onto type a, whose nodes 0 and 1 are full (jobs 2 and 3, 4 GPUs each, stay).
+    # Job 0 cannot move and its GPUs went to job 1, first in the order: it is not kept.  A job
+    # that never ran (no GPUs held) is never "kept" either.
+    current = Placement(np.array([0, 2, 3]), np.array([2, 0, 1]), np.array([2, 4, 4]))
+    snap = snapshot([2, 4, 4, 4, 1], current)
+    counts = np.array([[2, 0], [0, 4], [4, 0], [4, 0], [1, 0]], dtype=np.int64)
+    order = np.array([1, 2, 3, 0, 4], dtype=np.int64)
+    kept, placed = match_nodes(snap, counts, order, keep_running=True)
+    assert rows(kept) == {1: [(2, 4)], 2: [(0, 4)], 3: [(1, 4)]}
+    assert placed.tolist() == [False, True, True, True, False]

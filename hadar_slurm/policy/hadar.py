@@ -34,10 +34,18 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    that holds no GPUs counts its start (``migration_s``) in its remaining time.
 6. **Gang repacking** (:func:`repack_gangs`): a waiting multi-GPU job takes its main type from
    smaller jobs later in the order, which would otherwise fragment it.
-7. **Idle faster GPUs** (:func:`upgrade_idle`): a placed job moves whole onto idle GPUs of a
+7. **Fast GPUs out of slow gangs** (:func:`~hadar_slurm.policy.gangs.exchange_fast_gpus`): a
+   synchronous gang planned over several types runs at its slowest worker's pace, so its GPUs
+   of a faster type go to jobs on its slowest type that finish sooner there (a move's cost
+   counted), for as many of those: the gang keeps its pace, every type its count, and fewer
+   gangs span nodes with unequal counts, which Slurm cannot run.
+8. **Idle faster GPUs** (:func:`upgrade_idle`): a placed job moves whole onto idle GPUs of a
    faster type when it progresses more there this round, the move's cost included (the split
    counts capacity as a fluid; gangs leave GPUs over in whole blocks, and the jobs a type was
    kept for may not be there yet).
+9. **Matching** (:func:`~hadar_slurm.policy.matching.match_nodes`), where a running job whose
+   new GPUs do not come free keeps the ones it holds if no job placed before it took them,
+   rather than being stopped while they idle (``keep_running``).
 
 Prices in the dual pass rise from a floor per type (proportional to ``pi``, at most half the
 least utility density, so an idle cluster admits every job) by the factor ``U / L`` when full;
@@ -62,6 +70,7 @@ from hadar_slurm.policy.base import (
     Reason,
     Snapshot,
 )
+from hadar_slurm.policy.gangs import exchange_fast_gpus
 from hadar_slurm.policy.matching import match_nodes
 
 
@@ -299,9 +308,12 @@ class HadarPolicy:
         alloc = repack_gangs(alloc, scale, main & (worker_rate > 0), worker_rate, order,
                              capacity)
         packed = alloc.sum(axis=1) > 0
+        alloc = exchange_fast_gpus(alloc, current, snapshot.remaining, worker_rate,
+                                   snapshot.sync.astype(np.bool_), order, capacity,
+                                   float(snapshot.migration_s))
         alloc = upgrade_idle(alloc, current, worker_rate, snapshot.sync.astype(np.bool_), order,
                              capacity, float(snapshot.round_s), float(snapshot.migration_s))
-        placement, placed = match_nodes(snapshot, alloc, order)
+        placement, placed = match_nodes(snapshot, alloc, order, keep_running=True)
         reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
                                  packed, placed)
         return Decision(snapshot.epoch, placement, reason, HadarState(target))

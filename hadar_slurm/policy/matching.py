@@ -19,6 +19,10 @@ partial placement of a synchronous job would waste the GPUs it got.
    unequal counts is not moved there: a running job stays on the GPUs it holds, a waiting one
    waits; and the others are matched again around it, so that no job is placed on GPUs that
    one staying where it is still holds (the sidecar could not start it there).
+5. **Stay rather than stop** (``keep_running``): a running job whose new counts cannot be met
+   (rules 1 to 4 left it out) keeps the GPUs it holds, when no job placed before it took them:
+   stopping it would leave them idle for the epoch (a plan that moves a job is worth a stop
+   only where the job gets its new GPUs).  In ``order``, after every other job.
 """
 
 from __future__ import annotations
@@ -31,13 +35,66 @@ from hadar_slurm.policy.base import IntArray, Placement, Snapshot
 
 
 def match_nodes(
-    snapshot: Snapshot, counts: npt.NDArray[np.int64], order: IntArray
+    snapshot: Snapshot, counts: npt.NDArray[np.int64], order: IntArray, *,
+    keep_running: bool = False,
 ) -> tuple[Placement, npt.NDArray[np.bool_]]:
     """Place ``counts[i, h]`` GPUs of type ``h`` for job index ``i``, jobs in ``order``.
 
-    Returns the placement and ``placed[i]`` (True where the job got all it asked for; jobs with
-    no counts at all are False).  Pure; O(jobs x nodes of a type) in the worst case.
+    Returns the placement and ``placed[i]`` (True where the job got all it asked for, or, with
+    ``keep_running``, kept what it held: rule 5; jobs with no counts at all are False).  Pure;
+    O(jobs x nodes of a type) in the worst case.
     """
+    placement, placed = _even_match(snapshot, counts, order)
+    if keep_running:
+        placement, placed = _keep_running(snapshot, counts, order, placement, placed)
+    return placement, placed
+
+
+def _keep_running(snapshot: Snapshot, counts: npt.NDArray[np.int64], order: IntArray,
+                  placement: Placement, placed: npt.NDArray[np.bool_]
+                  ) -> tuple[Placement, npt.NDArray[np.bool_]]:
+    """Rule 5: the running jobs with counts that the match left out keep their GPUs where
+    they are still free, in ``order``."""
+    held = snapshot.current_index()
+    wanted = counts.sum(axis=1) > 0
+    left = [int(i) for i in order if wanted[i] and not placed[i]]
+    if not left or snapshot.current.job.shape[0] == 0:
+        return placement, placed
+    free = snapshot.node_gpus.astype(np.int64) - np.bincount(
+        placement.node, weights=placement.count, minlength=snapshot.node_gpus.shape[0]
+    ).astype(np.int64)
+    cur = snapshot.current
+    copy = cur.copy_index()
+    add_job: list[int] = []
+    add_node: list[int] = []
+    add_count: list[int] = []
+    placed = placed.copy()
+    for i in left:
+        rows = np.nonzero(held == i)[0]
+        if rows.shape[0] == 0 or np.any(copy[rows] != 0):
+            continue  # (not running, or running forked: its copies are the forker's)
+        need = np.bincount(cur.node[rows], weights=cur.count[rows],
+                           minlength=free.shape[0]).astype(np.int64)
+        if np.any(need > free):
+            continue
+        free -= need
+        placed[i] = True
+        for r in rows:
+            add_job.append(int(cur.job[r]))
+            add_node.append(int(cur.node[r]))
+            add_count.append(int(cur.count[r]))
+    if not add_job:
+        return placement, placed
+    return Placement(np.concatenate([placement.job, np.array(add_job, dtype=np.int64)]),
+                     np.concatenate([placement.node, np.array(add_node, dtype=np.int64)]),
+                     np.concatenate([placement.count, np.array(add_count, dtype=np.int64)])
+                     ), placed
+
+
+def _even_match(
+    snapshot: Snapshot, counts: npt.NDArray[np.int64], order: IntArray
+) -> tuple[Placement, npt.NDArray[np.bool_]]:
+    """Rules 1 to 4."""
     placement, placed = _match(snapshot, counts, order)
     if not snapshot.even_gangs:
         return placement, placed
