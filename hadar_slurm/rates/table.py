@@ -282,11 +282,13 @@ def default_table() -> ThroughputTable:
     return parse_gavel_json(ref.read_text(), "gavel:simulation_throughputs.json")
 
 
-def load_tables(paths: Iterable[str | Path]) -> ThroughputTable:
-    """The bundled Gavel table (:func:`default_table`) with the entries of each of ``paths``
-    merged over it, in order (a later file wins).  The simulator's ``--throughputs`` and the
-    sidecar's ``[scheduler] throughputs`` both read their tables here."""
-    table = default_table()
+def load_tables(paths: Iterable[str | Path],
+                base: ThroughputTable | None = None) -> ThroughputTable:
+    """The bundled Gavel table (:func:`default_table`, or ``base``: that table, already
+    parsed) with the entries of each of ``paths`` merged over it, in order (a later file
+    wins).  The simulator's ``--throughputs`` and the sidecar's ``[scheduler] throughputs``
+    both read their tables here."""
+    table = default_table() if base is None else base
     for path in paths:
         table = table.merged(load_table(path))
     return table

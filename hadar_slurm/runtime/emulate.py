@@ -55,7 +55,6 @@ from hadar_slurm.errors import InputError  # noqa: E402
 from hadar_slurm.rates.table import (  # noqa: E402
     ThroughputTable,
     default_table,
-    load_table,
     load_tables,
 )
 from hadar_slurm.runtime.config import (  # noqa: E402
@@ -84,16 +83,6 @@ def preload() -> None:
     """Parse the bundled table now (a warm-start server's forks then need not, each)."""
     global _DEFAULT_TABLE
     _DEFAULT_TABLE = default_table()
-
-
-def _tables(paths: Sequence[str]) -> ThroughputTable:
-    """:func:`~hadar_slurm.rates.table.load_tables`, from the preloaded bundled table."""
-    if _DEFAULT_TABLE is None:
-        return load_tables(paths)
-    table = _DEFAULT_TABLE
-    for path in paths:
-        table = table.merged(load_table(path))
-    return table
 
 
 def node_gpu_types(env: Mapping[str, str], runner: SlurmRunner | None = None) -> list[str]:
@@ -176,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 <= args.restart_s < 3600:
         p.error("--restart-s must be >= 0 and < 3600")
     env = os.environ
-    table = _tables([str(t) for t in args.table])
+    table = load_tables([str(t) for t in args.table], base=_DEFAULT_TABLE)
     types = ([args.gpu_type] if args.gpu_type else
              [env["HADAR_COPY_GPU_TYPE"]] if env.get("HADAR_COPY_GPU_TYPE") else
              node_gpu_types(env))
