@@ -35,6 +35,8 @@
 #                                 node i (from 0) PORT+2+i
 #   HADAR_DEVCLUSTER_UP_TIMEOUT   seconds to wait for the nodes to become idle (default 60)
 #   HADAR_DEVCLUSTER_LUA=1        load slurm_conf/job_submit.lua (JobSubmitPlugins=lua); default off
+#   HADAR_DEVCLUSTER_SHARDS=N     also configure each fake GPU as N gres/shard (GresTypes=gpu,shard;
+#                                 docs/sharing.md); default 0: no shards
 #   HADAR_DEVCLUSTER_KEEP_STATE=1 keep job/node state and logs from a previous run on `up`
 set -euo pipefail
 
@@ -42,6 +44,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIR=${HADAR_DEVCLUSTER_DIR:-/tmp/hadar-devcluster}
 PORT=${HADAR_DEVCLUSTER_PORT:-17810}
 UP_TIMEOUT=${HADAR_DEVCLUSTER_UP_TIMEOUT:-60}
+SHARDS=${HADAR_DEVCLUSTER_SHARDS:-0}
 CONF=$DIR/etc/slurm.conf
 PKGS=(munge slurmctld slurmd slurm-client)
 PYTHON=${HADAR_DEVCLUSTER_PYTHON:-python3}
@@ -57,6 +60,7 @@ esac
 [[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1024 ] && [ "$PORT" -le 65000 ] \
   || die "HADAR_DEVCLUSTER_PORT must be a number in 1024..65000, got '$PORT'"
 [[ "$UP_TIMEOUT" =~ ^[0-9]+$ ]] || die "HADAR_DEVCLUSTER_UP_TIMEOUT must be whole seconds, got '$UP_TIMEOUT'"
+[[ "$SHARDS" =~ ^[0-9]+$ ]] || die "HADAR_DEVCLUSTER_SHARDS must be a whole number (shards per GPU), got '$SHARDS'"
 
 # ------------------------------------------------------------------ the node list (nodes.conf)
 NODE_NAMES=() NODE_TYPES=() NODE_GPUS=() NODE_CPUS=() NODE_MEM=()
@@ -107,7 +111,8 @@ check_tools() {
 render_config() {  # slurm.conf, gres.conf (and job_submit.lua) -> $DIR/etc/
   local lua=()
   [ "${HADAR_DEVCLUSTER_LUA:-0}" = 1 ] && lua=(--lua)   # Slurm reads job_submit.lua beside slurm.conf
-  "$PYTHON" "$SRC/render.py" local --dir "$DIR" --port "$PORT" "${lua[@]}" --out "$DIR/etc" \
+  "$PYTHON" "$SRC/render.py" local --dir "$DIR" --port "$PORT" "${lua[@]}" --shards "$SHARDS" \
+    --out "$DIR/etc" \
     || die "rendering the configuration into $DIR/etc failed"
   [ -n "${lua[*]}" ] || rm -f "$DIR/etc/job_submit.lua"
 }

@@ -100,6 +100,11 @@ class Target:
     ctld_port: int
     slurmd_port: int
     lua: bool
+    #: gres/shard per GPU (0: no shards, the default).  With N > 0 every GPU also counts as N
+    #: shards (``GresTypes=gpu,shard``, node ``Gres=gpu:TYPE:G,shard:G*N``, one gres.conf
+    #: ``Name=shard Count=N File=...nvidiaK`` line per GPU), so that jobs asking ``--gres=shard:K``
+    #: may share a GPU (docs/sharing.md).
+    shards: int = 0
 
     def node_addr(self, index: int, node: Node) -> tuple[str, int]:
         """(NodeAddr, Port) of the index-th node of nodes.conf."""
@@ -108,7 +113,7 @@ class Target:
         return node.name, self.slurmd_port
 
 
-def local_target(state_dir: str, port: int, lua: bool) -> Target:
+def local_target(state_dir: str, port: int, lua: bool, shards: int = 0) -> Target:
     if not state_dir.startswith("/"):
         raise ConfigError(f"state dir must be an absolute path, got {state_dir!r}",
                           "render.py local",
@@ -116,7 +121,10 @@ def local_target(state_dir: str, port: int, lua: bool) -> Target:
     if not 1024 <= port <= 65000:
         raise ConfigError(f"port base must be in 1024..65000, got {port}", "render.py local",
                           field="--port", fix="HADAR_DEVCLUSTER_PORT, default 17810")
-    return Target("local", state_dir, "localhost(127.0.0.1)", port, port + 1, lua)
+    if not 0 <= shards <= 64:
+        raise ConfigError(f"shards per GPU must be in 0..64, got {shards}", "render.py local",
+                          field="--shards", fix="HADAR_DEVCLUSTER_SHARDS, default 0 (none)")
+    return Target("local", state_dir, "localhost(127.0.0.1)", port, port + 1, lua, shards)
 
 
 def compose_target(state_dir: str = COMPOSE_DIR) -> Target:
@@ -187,19 +195,26 @@ def render(target: Target, nodes: Sequence[Node], src: Path = HERE) -> dict[str,
     """File name -> text of the target's configuration (slurm.conf, gres.conf and, with lua,
     job_submit.lua, which Slurm reads beside slurm.conf)."""
     node_lines, gres_lines = [], []
+    shards = target.shards
     for i, n in enumerate(nodes):
         addr, port = target.node_addr(i, n)
+        gres = f"gpu:{n.gpu_type}:{n.gpus}" + (f",shard:{n.gpus * shards}" if shards else "")
         node_lines.append(
             f"NodeName={n.name} NodeAddr={addr} Port={port} CPUs={n.cpus} "
-            f"RealMemory={n.mem_mb} Gres=gpu:{n.gpu_type}:{n.gpus} Feature={n.gpu_type} "
+            f"RealMemory={n.mem_mb} Gres={gres} Feature={n.gpu_type} "
             "State=UNKNOWN")
         gres_lines.append(f"NodeName={n.name} Name=gpu Type={n.gpu_type} "
                           f"File={target.dir}/dev/{n.name}/nvidia[0-{n.gpus - 1}]")
+        # one line per GPU: its shards are on that device file (shard index k -> GPU k)
+        gres_lines += [f"NodeName={n.name} Name=shard Count={shards} "
+                       f"File={target.dir}/dev/{n.name}/nvidia{k}"
+                       for k in range(n.gpus) if shards]
     common = {"DIR": target.dir, "CTLD_HOST": target.ctld_host,
               "CTLD_PORT": str(target.ctld_port), "SLURMD_PORT": str(target.slurmd_port)}
     out = {
         "slurm.conf": fill((src / "slurm.conf.in").read_text(), "slurm.conf.in", {
             **common, "NODES": "\n".join(node_lines),
+            "GRES_TYPES": "gpu,shard" if shards else "gpu",
             "JOB_SUBMIT": "JobSubmitPlugins=lua" if target.lua else ""}),
         "gres.conf": fill((src / "gres.conf.in").read_text(), "gres.conf.in",
                           {**common, "GRES": "\n".join(gres_lines)}),
@@ -278,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     local.add_argument("--dir", required=True, help="the cluster's state dir (absolute)")
     local.add_argument("--port", required=True, type=int, help="port base (slurmctld's port)")
     local.add_argument("--lua", action="store_true", help="load job_submit.lua")
+    local.add_argument("--shards", type=int, default=0,
+                       help="gres/shard per GPU (default 0: no shards; docs/sharing.md)")
     local.add_argument("--out", required=True, type=Path, help="directory to write to")
     comp = sub.add_parser("compose", help="slurm.conf etc. of a docker-compose container")
     comp.add_argument("--dir", default=COMPOSE_DIR,
@@ -299,7 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in nodes:
                 print(n.name, n.gpu_type, n.gpus, n.cpus, n.mem_mb)
         elif args.command == "local":
-            write(render(local_target(args.dir, args.port, args.lua), nodes), args.out)
+            write(render(local_target(args.dir, args.port, args.lua, args.shards), nodes),
+                  args.out)
         elif args.command == "compose":
             write(render(compose_target(args.dir), nodes), args.out)
         elif args.command == "check-node":

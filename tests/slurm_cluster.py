@@ -31,6 +31,10 @@ from hadar_slurm.slurm import (
 REPO = Path(__file__).resolve().parent.parent
 PRIVATE_PREFIX = "/tmp/hadar-devcluster-pytest."
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "unshare")
+#: gres/shard per GPU of the tests' dev cluster (HADAR_DEVCLUSTER_SHARDS; docs/sharing.md): every
+#: GPU is also 2 shards, so that tests/test_shard_cluster.py can put two jobs on one GPU.  Jobs
+#: that ask for GPUs (all the other tests') see the same cluster as without shards.
+SHARDS_PER_GPU = 2
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ def start_dev_cluster() -> Iterator[DevCluster]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HADAR_DEVCLUSTER_")}
     env["HADAR_DEVCLUSTER_LUA"] = "1"  # hints are validated at sbatch time by job_submit.lua
+    env["HADAR_DEVCLUSTER_SHARDS"] = os.environ.get("HADAR_DEVCLUSTER_SHARDS",
+                                                    str(SHARDS_PER_GPU))
     explicit = os.environ.get("HADAR_DEVCLUSTER_DIR")
     if explicit:
         for key in ("HADAR_DEVCLUSTER_DIR", "HADAR_DEVCLUSTER_PORT"):

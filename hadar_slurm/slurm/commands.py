@@ -121,6 +121,15 @@ def scontrol_release(job_id: int) -> list[str]:
     return ["scontrol", "release", _job_id(job_id)]
 
 
+def scontrol_release_jobs(job_ids: Iterable[int]) -> list[str]:
+    """``scontrol release ID,ID,...``: several held jobs in one request, so that slurmctld may
+    start them in the same scheduling pass (a placed pair of jobs sharing a GPU)."""
+    ids = list(job_ids)
+    if not ids:
+        raise ValueError("scontrol release needs at least one job id")
+    return ["scontrol", "release", ",".join(_job_id(j) for j in ids)]
+
+
 def scontrol_requeue(job_id: int, *, hold: bool = False) -> list[str]:
     """``requeue`` (back to pending), or ``requeuehold`` (pending and held)."""
     return ["scontrol", "requeuehold" if hold else "requeue", _job_id(job_id)]
@@ -143,6 +152,13 @@ def scontrol_write_batch_script(job_id: int) -> list[str]:
     """The batch script of a job (pending ones too), to stdout: ``scontrol write batch_script
     ID -`` (Slurm 22.05 has it; root, SlurmUser or the job's owner may ask)."""
     return ["scontrol", "write", "batch_script", _job_id(job_id), "-"]
+
+
+def scontrol_show_job_details(job_id: int) -> list[str]:
+    """``scontrol --details --oneliner show job ID``: as :func:`scontrol_show_job`, plus what
+    the job holds on each node (``Nodes=node1 CPU_IDs=0 Mem=256 GRES=shard:1(IDX:0)``; 24.11+:
+    ``GRES=shard:1(1/2,0/2)``), the GPU indices of its gres."""
+    return ["scontrol", "--details", "--oneliner", "show", "job", _job_id(job_id)]
 
 
 def scontrol_show_job(job_id: int) -> list[str]:

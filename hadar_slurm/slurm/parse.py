@@ -12,7 +12,11 @@ They read the shapes of Slurm 22.05 (data_parser openapi/v0.0.38) and of the new
   26.05), ``gres/gpu:v100=2`` (TRES form), ``gpu:2``, and node gres such as ``gpu:v100:4(S:0-1)``
   (22.05) or ``gpu:v100:4`` (24.11+, no socket suffix);
 - ``meta``: ``meta.Slurm`` and ``meta.plugin.type`` (22.05) or ``meta.slurm`` and
-  ``meta.plugin.data_parser`` (23.x+), read by :func:`json_meta`.
+  ``meta.plugin.data_parser`` (23.x+), read by :func:`json_meta`;
+- which GPUs a job or a node uses, by index (:func:`parse_gres_use`): a job's ``gres_detail``
+  (``gpu:v100:2(IDX:0-1)``; shards ``shard:1(IDX:0)`` on 22.05, ``shard:1(1/2,0/2)`` per GPU on
+  24.11+) and a node's ``gres_used`` (shards ``shard:v100:2(IDX:0,2)`` on 22.05, where the count
+  is not the shards', ``shard:v100:4(2/2,-/2,2/2,0/2)`` on 24.11+, ``-``: a whole GPU, 26.05).
 
 The tests read real captures of Slurm 22.05.8, 24.11.5 and 26.05.5 (``tests/data/slurm``).
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hadar_slurm.slurm.errors import SlurmParseError
@@ -39,12 +43,14 @@ __all__ = [
     "SQUEUE_LIVE_STATES",
     "UNFINISHED_STATES",
     "Gres",
+    "GresUse",
     "SlurmJob",
     "SlurmMeta",
     "SlurmNode",
     "expand_hostlist",
     "json_meta",
     "parse_gres",
+    "parse_gres_use",
     "parse_sbatch_parsable",
     "parse_scontrol_records",
     "parse_scontrol_show",
@@ -129,6 +135,11 @@ class SlurmJob:
     cpus_per_node: int | None = None  # CPUs asked per node (--cpus-per-task x tasks per node)
     #: when a pending job may start at the earliest (its begin time; None: unset / 0)
     eligible_time: int | None = None
+    #: what it holds on each of its nodes (``node_names`` order), as squeue's ``gres_detail``
+    #: prints it: ``gpu:v100:2(IDX:0-1)``, ``shard:1(IDX:0)`` (22.05), ``shard:1(1/2,0/2)``
+    #: (24.11+); read with :func:`parse_gres_use`.  () while pending, and from readers that
+    #: do not fill it in (pyslurm's), hence not compared.
+    gres_detail: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def gpus_per_node(self) -> int:
@@ -160,6 +171,9 @@ class SlurmNode:
     alloc_cpus: int | None
     real_memory_mb: int | None
     partitions: tuple[str, ...]
+    #: ``gres_used`` as Slurm prints it (which GPUs, by index), for :func:`parse_gres_use`;
+    #: "" from readers that do not fill it in (pyslurm's), hence not compared
+    gres_used_text: str = field(default="", compare=False)
 
     @property
     def gpus(self) -> int:
@@ -360,6 +374,79 @@ def parse_gres(text: str, *, source: str = "gres", field: str = "gres") -> tuple
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class GresUse:
+    """One gres of a job's ``gres_detail`` or a node's ``gres_used``, by GPU index: ``name``,
+    ``type`` and ``count`` as printed; ``used``: ``(index, count)`` of each GPU index in use,
+    the count ``None`` where the release prints only the indices (``IDX:0,2``: every gpu, and
+    shards on 22.05); ``totals``: each index's configured count where printed (shards on
+    24.11+, ``1/2`` -> 2), else (); ``whole``: the indices printed ``-`` (26.05: a GPU given
+    whole to a job, so none of its shards can be had)."""
+
+    name: str
+    type: str | None
+    count: int
+    used: tuple[tuple[int, int | None], ...]
+    totals: tuple[int, ...] = ()
+    whole: tuple[int, ...] = ()
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """The GPU indices in use."""
+        return tuple(i for i, _ in self.used)
+
+
+_INDEX_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_SHARE = re.compile(r"^(\d+|-)/(\d+)$")
+
+
+def _index_list(text: str, where: str, source: str, field: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        m = _INDEX_RANGE.match(part.strip())
+        if m is None:
+            raise SlurmParseError(source, field, f"cannot read index {part!r} of {where!r}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def parse_gres_use(text: str, *, source: str = "gres", field: str = "gres_detail",
+                   ) -> tuple[GresUse, ...]:
+    """The gres of a job's ``gres_detail`` entry or a node's ``gres_used`` with their GPU
+    indices: ``gpu:v100:2(IDX:0-1)``, ``gpu:v100:0(IDX:N/A)``, ``shard:1(IDX:0)``,
+    ``shard:v100:4(2/2,-/2,2/2,0/2)``, ``gpu:v100:4(S:0)`` (no indices), comma-separated."""
+    out: list[GresUse] = []
+    for item in _split_top(text.strip()):
+        if item in ("(null)", "N/A", "none"):
+            continue
+        m = _GRES_ITEM.match(item)
+        if m is None:
+            raise SlurmParseError(source, field, f"cannot read gres item {item!r} of {text!r}")
+        (g,) = parse_gres(item.split("(", 1)[0], source=source, field=field)
+        detail = (m.group("detail") or "").strip()
+        used: list[tuple[int, int | None]] = []
+        totals: list[int] = []
+        whole: list[int] = []
+        if detail.startswith("IDX:"):
+            if detail[4:] != "N/A":
+                used = [(i, None) for i in _index_list(detail[4:], item, source, field)]
+        elif detail and _SHARE.match(detail.split(",", 1)[0]):
+            for index, part in enumerate(detail.split(",")):
+                sm = _SHARE.match(part.strip())
+                if sm is None:
+                    raise SlurmParseError(source, field,
+                                          f"cannot read share {part!r} of {item!r}")
+                totals.append(int(sm.group(2)))
+                if sm.group(1) == "-":
+                    whole.append(index)
+                elif int(sm.group(1)):
+                    used.append((index, int(sm.group(1))))
+        out.append(GresUse(g.name, g.type, g.count, tuple(used), tuple(totals), tuple(whole)))
+    return tuple(out)
+
+
 # ------------------------------------------------------------------------------ hostlists
 
 _HOSTLIST_GROUP = re.compile(r"\[([^\]]*)\]")
@@ -488,6 +575,7 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
         # (22.05 reports cpus_per_task as null even when asked; this one it fills in)
         cpus_per_node=f.number("minimum_cpus_per_node") or None,
         eligible_time=f.number("eligible_time") or None,
+        gres_detail=f.strings("gres_detail"),
     )
 
 
@@ -623,6 +711,7 @@ def _node(raw: object, source: str, index: int) -> SlurmNode:
         alloc_cpus=f.number("alloc_cpus"),
         real_memory_mb=f.number("real_memory"),
         partitions=f.strings("partitions"),
+        gres_used_text=f.text("gres_used"),
     )
 
 
@@ -654,6 +743,7 @@ def _sinfo_group(raw: object, source: str, index: int) -> list[SlurmNode]:
             alloc_cpus=alloc,
             real_memory_mb=memory.number("maximum"),
             partitions=(partition,) if partition else (),
+            gres_used_text=f.sub("gres").text("used"),
         )
         for name in names
     ]
