@@ -1,10 +1,15 @@
-"""GPU sharing (issue #16): ``gavel-las-packed`` next to Gavel's own ``max_min_fairness_packed``.
+"""GPU sharing (issue #16): ``gavel-las-packed`` next to Gavel's own ``max_min_fairness_packed``,
+and Hadar and HadarE with and without sharing next to both.
 
     python -m bench.packed [--traces NAME|FILE ...] [--cluster 4:4:4] [--json OUT]
 
 For each trace: ``gavel-las-packed`` (Gavel's ``max_min_fairness_packed``), and, for reference,
 ``gavel-las`` (without sharing) and ``gavel-las-packed`` with sharing not offered (which should
-schedule as ``gavel-las`` on a cluster with as many GPUs of every type).  Per run: makespan,
+schedule as ``gavel-las`` on a cluster with as many GPUs of every type); then ``hadar`` and
+``hadare`` with their sharing (``share=True``) and without (``share=False``, the default),
+sharing offered to all.  A second table compares, per trace, ours shared / ours unshared /
+Gavel packed (ours and Gavel's figures), next to the fluid LP's makespan bound without sharing
+(:func:`hadar_slurm.sim.bounds.fluid_makespan_bound`; sharing can beat it).  Per run: makespan,
 average JCT, utilization (shared GPUs count once), how many jobs shared GPUs, the wall time of
 the simulation, and Gavel's figures with the ratio to them where Gavel published some (goal:
 within 5 %).  Gavel's packed policies only ran single-GPU traces; on ``static_48_multigpu``
@@ -23,6 +28,7 @@ from typing import Any
 from bench.report import write_rows
 from hadar_slurm.policy import make_policy
 from hadar_slurm.rates.table import default_table
+from hadar_slurm.sim.bounds import bound_inputs, fluid_makespan_bound
 from hadar_slurm.sim.cluster import load_cluster
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace
@@ -31,10 +37,16 @@ from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace
 #: Gavel's simulator, cluster 4 V100 : 4 P100 : 4 K80, 360 s rounds.
 GAVEL_PACKED = {"static_32_seed0": (26977, 16858), "poisson_200_lam900_seed0": (178563, 11778)}
 GOAL = 0.05
-#: (label, policy, whether the simulator offers sharing)
-RUNS = (("gavel-las-packed", "gavel-las-packed", True),
-        ("gavel-las", "gavel-las", True),
-        ("gavel-las-packed (no sharing)", "gavel-las-packed", False))
+#: (label, policy, whether the simulator offers sharing, the policy's settings)
+RUNS: tuple[tuple[str, str, bool, dict[str, Any]], ...] = (
+    ("gavel-las-packed", "gavel-las-packed", True, {}),
+    ("gavel-las", "gavel-las", True, {}),
+    ("gavel-las-packed (no sharing)", "gavel-las-packed", False, {}),
+    ("hadar", "hadar", True, {"share": True}),
+    ("hadar (share=False)", "hadar", True, {"share": False}),
+    ("hadare", "hadare", True, {"share": True}),
+    ("hadare (share=False)", "hadare", True, {"share": False}),
+)
 
 
 def run(traces: list[str], cluster_spec: str) -> list[dict[str, Any]]:
@@ -45,12 +57,16 @@ def run(traces: list[str], cluster_spec: str) -> list[dict[str, Any]]:
         jobs = load_trace(trace, table)
         name = Path(trace).stem if Path(trace).exists() else trace
         gavel = GAVEL_PACKED.get(name) if cluster_spec == "4:4:4" else None
-        for label, policy, sharing in RUNS:
+        bound = fluid_makespan_bound(*bound_inputs(jobs, cluster, table))
+        for label, policy, sharing, settings in RUNS:
             t0 = time.perf_counter()
-            res = simulate(jobs, cluster, table, make_policy(policy), gpu_sharing=sharing)
+            res = simulate(jobs, cluster, table, make_policy(policy, **settings),
+                           gpu_sharing=sharing)
             wall = time.perf_counter() - t0
             row: dict[str, Any] = {
                 "trace": name, "cluster": cluster_spec, "run": label, "policy": policy,
+                "settings": dict(settings), "lower_bound_s": round(bound, 1),
+                "decision_ms_median": round(res.decision_ms_median, 3),
                 "gpu_sharing": sharing, "makespan_s": round(res.makespan_s, 1),
                 "avg_jct_s": round(res.avg_jct_s, 1), "utilization": round(res.utilization, 4),
                 "packed_jobs": res.packed_jobs, "rounds_with_sharing": len(res.packed),
@@ -87,10 +103,38 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{float(r['avg_jct_s']):10,.0f} {float(r['utilization']):6.3f} "
               f"{int(r['packed_jobs']):6d} {gtxt:>23s} {ratio:>16s} {float(r['wall_s']):7.1f}")
     print()
+    print_comparison(rows)
+    print()
     for r in rows:
         if "within_goal" in r:
             print(f"goal {r['trace']}: gavel-las-packed within {GOAL:.0%} of Gavel's "
                   f"max_min_fairness_packed: {'met' if r['within_goal'] else 'NOT met'}")
+
+
+def print_comparison(rows: list[dict[str, Any]]) -> None:
+    """Per trace and policy: ours shared / ours unshared / Gavel packed (makespan, avg JCT)."""
+    def fig(r: dict[str, Any] | None) -> str:
+        return "-" if r is None else f"{float(r['makespan_s']):,.0f} / {float(r['avg_jct_s']):,.0f}"
+
+    head = (f"{'trace':26s} {'policy':7s} {'shared (mk / jct)':>19s} {'unshared':>19s} "
+            f"{'gavel-las-packed':>19s} {'Gavel packed':>17s} {'bound (no sharing)':>18s} "
+            f"{'dec ms shared / not':>19s}")
+    print(head)
+    print("-" * len(head))
+    for trace in dict.fromkeys(r["trace"] for r in rows):
+        of = {r["run"]: r for r in rows if r["trace"] == trace}
+        gavel = of.get("gavel-las-packed")
+        for policy in ("hadar", "hadare"):
+            shared, alone = of.get(policy), of.get(f"{policy} (share=False)")
+            if shared is None:
+                continue
+            g = shared["gavel_packed"]
+            gtxt = f"{g[0]:,} / {g[1]:,}" if g else "-"
+            dec = (f"{float(shared['decision_ms_median']):.2f} / "
+                   f"{float(alone['decision_ms_median']):.2f}" if alone else "-")
+            print(f"{trace!s:26s} {policy:7s} {fig(shared):>19s} {fig(alone):>19s} "
+                  f"{fig(gavel):>19s} {gtxt:>17s} {float(shared['lower_bound_s']):18,.0f} "
+                  f"{dec:>19s}")
 
 
 def main(argv: list[str] | None = None) -> int:

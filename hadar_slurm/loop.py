@@ -24,7 +24,14 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from hadar_slurm.policy.base import Decision, Placement, Policy, Reason, Snapshot
+from hadar_slurm.policy.base import (
+    Decision,
+    Placement,
+    Policy,
+    Reason,
+    Snapshot,
+    gpus_in_use,
+)
 
 
 class Clock(Protocol):
@@ -196,14 +203,14 @@ def fill_snapshot(snapshot: Snapshot) -> tuple[Snapshot, npt.NDArray[np.bool_]]:
     """The snapshot of an epoch that only fills free GPUs: the jobs that hold no GPUs, and the
     GPUs that no job holds (``current``); with the mask of the jobs that hold some.  A job's
     rate on a GPU type with fewer free GPUs than it needs is 0 there (it cannot run there this
-    epoch, which is all a fill plans for)."""
+    epoch, which is all a fill plans for).  GPUs that two jobs share (``Snapshot.packed``, both
+    still running) are held once; the fill may pack new pairs on the free GPUs only."""
     idx = snapshot.current_index()
     rows = idx >= 0
     holds = np.zeros(snapshot.num_jobs, dtype=np.bool_)
     holds[idx[rows]] = True
-    cur = snapshot.current
-    used = np.bincount(cur.node[rows], weights=cur.count[rows],
-                       minlength=snapshot.node_gpus.shape[0]).astype(np.int64)
+    cur = snapshot.current.select(rows)
+    used = gpus_in_use(cur, kept_pairs(snapshot), snapshot.node_gpus.shape[0])
     keep = ~holds
     free = np.maximum(snapshot.node_gpus - used, 0)
     free_of_type = np.bincount(snapshot.node_type, weights=free,
@@ -218,14 +225,23 @@ def fill_snapshot(snapshot: Snapshot) -> tuple[Snapshot, npt.NDArray[np.bool_]]:
         weight=snapshot.weight[keep], sync=snapshot.sync[keep],
         rate=np.where(fits, snapshot.rate[keep], 0.0),
         attained=snapshot.attained[keep], current=Placement.empty(),
-        max_copies=None if snapshot.max_copies is None else snapshot.max_copies[keep])
+        max_copies=None if snapshot.max_copies is None else snapshot.max_copies[keep],
+        packed=(), may_share=None if snapshot.may_share is None else snapshot.may_share[keep])
     return sub, holds
+
+
+def kept_pairs(snapshot: Snapshot) -> tuple[tuple[int, int], ...]:
+    """The pairs of ``Snapshot.packed`` whose two jobs both still hold GPUs (``current``): a
+    fill keeps them packed; a job whose partner ended runs on alone."""
+    running = set(snapshot.current.job[snapshot.current_index() >= 0].tolist())
+    return tuple(p for p in snapshot.packed if p[0] in running and p[1] in running)
 
 
 def fill_decision(snapshot: Snapshot, holds: npt.NDArray[np.bool_], sub: Decision,
                   policy_state: object) -> Decision:
     """The whole epoch's decision from the fill-only one (``sub``, over the jobs that hold no
-    GPUs): the jobs that hold GPUs keep them, with ``policy_state`` (the last full epoch's)."""
+    GPUs): the jobs that hold GPUs keep them, with ``policy_state`` (the last full epoch's);
+    pairs of them stay packed, beside the pairs ``sub`` packs on the free GPUs."""
     cur = snapshot.current.select(snapshot.current_index() >= 0)
     new = sub.placement
     copy = None
@@ -236,7 +252,9 @@ def fill_decision(snapshot: Snapshot, holds: npt.NDArray[np.bool_], sub: Decisio
                           np.concatenate([cur.count, new.count]), copy)
     reason = np.full(snapshot.num_jobs, Reason.PLACED, dtype=np.int8)
     reason[~holds] = sub.reason
-    return Decision(snapshot.epoch, placement, reason, policy_state, dict(sub.detail))
+    packed = tuple(sorted(kept_pairs(snapshot) + tuple(sub.packed)))
+    return Decision(snapshot.epoch, placement, reason, policy_state, dict(sub.detail),
+                    packed=packed)
 
 
 @dataclass(frozen=True)

@@ -231,8 +231,9 @@ def test_forbidden_and_malformed_packs_are_refused(pairs_table: ThroughputTable)
         simulate(jobs, cluster, pairs_table, PackAll((0, 1)))
     with pytest.raises(ValueError, match="offers no GPU sharing"):
         simulate(jobs, cluster, pairs_table, PackAll((0, 2)), gpu_sharing=False)
-    with pytest.raises(ValueError, match="offers no GPU sharing"):
-        simulate(jobs, cluster, pairs_table, PackAll((0, 2)), reschedule_on_finish=True)
+    # (with reschedule_on_finish sharing is offered too: the pair runs)
+    assert simulate(jobs, cluster, pairs_table, PackAll((0, 2)),
+                    reschedule_on_finish=True).packed[0] == (0.0, ((0, 2),))
     with pytest.raises(ValueError, match="lower id, higher id"):
         simulate(jobs, cluster, pairs_table, PackAll((2, 0)))
     # jobs on different GPUs
@@ -260,17 +261,21 @@ def test_gpus_in_use_counts_a_pair_once() -> None:
     assert gpus_in_use(p, ((3, 5),), 2).tolist() == [2, 1]
 
 
-NON_SHARING = ["fifo", "fifo-perf", "gavel-las", "gavel-makespan", "hadar", "hadare"]
+NON_SHARING = ["fifo", "fifo-perf", "gavel-las", "gavel-makespan", "hadar", "hadare",
+               "hadar:share=False", "hadare:share=False"]
 
 
 @pytest.mark.parametrize("policy", NON_SHARING)
 def test_non_sharing_policies_ignore_the_offer(policy: str) -> None:
-    # With Gavel's table (which has pairs) every non-packing policy simulates the same
-    # schedule whether the simulator offers sharing or not.
+    # With Gavel's table (which has pairs) every non-packing policy (and Hadar, HadarE with
+    # their sharing off, the default) simulates the same schedule whether the simulator offers
+    # sharing or not.  (Hadar's sharing: tests/test_hadar_sharing.py.)
     table = default_table()
     jobs = load_trace("static_48_multigpu_seed1", table)[:14]
-    runs = [simulate(jobs, parse_counts("4:4:4"), table, make_policy(policy), gpu_sharing=s)
-            for s in (True, False)]
+    name, _, setting = policy.partition(":")
+    settings = {"share": False} if setting else {}
+    runs = [simulate(jobs, parse_counts("4:4:4"), table, make_policy(name, **settings),
+                     gpu_sharing=s) for s in (True, False)]
     assert runs[0].finish.tolist() == runs[1].finish.tolist()
     assert runs[0].utilization == runs[1].utilization and runs[0].packed == []
 

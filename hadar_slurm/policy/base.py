@@ -236,6 +236,9 @@ class Snapshot:
     #: the epoch that just ended (one job of a pair may have finished since: it is then no
     #: longer in ``job_ids`` or in ``current``).
     packed: tuple[tuple[int, int], ...] = ()
+    #: Per job, whether it may share its GPUs with another job (the planned hint ``share=no``
+    #: sets False); None: every job may.  Only read where ``colocated`` is set.
+    may_share: BoolArray | None = None
 
     @property
     def num_jobs(self) -> int:
@@ -246,6 +249,12 @@ class Snapshot:
         if self.max_copies is None:
             return np.full(self.num_jobs, max(int(default), 1), dtype=np.int64)
         return np.maximum(self.max_copies.astype(np.int64), 1)
+
+    def sharing_allowed(self) -> BoolArray:
+        """Per job, whether it may share its GPUs (``may_share``, or True for all)."""
+        if self.may_share is None:
+            return np.ones(self.num_jobs, dtype=np.bool_)
+        return np.asarray(self.may_share, dtype=np.bool_)
 
     def capacity(self) -> IntArray:
         """GPUs per type, ``[H]``."""

@@ -46,6 +46,11 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
 9. **Matching** (:func:`~hadar_slurm.policy.matching.match_nodes`), where a running job whose
    new GPUs do not come free keeps the ones it holds if no job placed before it took them,
    rather than being stopped while they idle (``keep_running``).
+10. **GPU sharing** (:func:`hadar_slurm.policy.sharing.pack_waiting`), only where the backend
+   offers it (``Snapshot.colocated``) and ``share`` is on: a job left waiting joins a placed
+   job of the same scale factor on its GPUs when the pair's normalised throughput beats taking
+   turns, the two jobs' completion times (with the queue behind them) gain, and the host,
+   sharing to its end, still ends by the target.
 
 Prices in the dual pass rise from a floor per type (proportional to ``pi``, at most half the
 least utility density, so an idle cluster admits every job) by the factor ``U / L`` when full;
@@ -55,7 +60,7 @@ least utility density, so an idle cluster admits every job) by the factor ``U / 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -72,6 +77,7 @@ from hadar_slurm.policy.base import (
 )
 from hadar_slurm.policy.gangs import exchange_fast_gpus
 from hadar_slurm.policy.matching import match_nodes
+from hadar_slurm.policy.sharing import pack_waiting
 
 
 def utility_bounds(ukey: FloatArray, age: FloatArray, rem_best: FloatArray,
@@ -221,9 +227,11 @@ def upgrade_idle(alloc: IntArray, current: IntArray, worker_rate: FloatArray, sy
 
 @dataclass(frozen=True)
 class HadarState:
-    """Carried from epoch to epoch: the absolute time by which all work should drain."""
+    """Carried from epoch to epoch: the absolute time by which all work should drain, and (GPU
+    sharing) the jobs that joined a host on its GPUs, the *guests*, of the decision."""
 
     target: float
+    guests: tuple[int, ...] = ()
 
 
 @dataclass
@@ -238,6 +246,10 @@ class HadarPolicy:
     this share of the largest one there.
     ``chain_factor``: how early jobs wider than half a type start their chain (1.0: as late as
     possible; lower starts them earlier, trading JCT for makespan on gang-heavy workloads).
+    ``share``: pair a waiting job with a placed one on the same GPUs where that pays (step 10
+    of the module docstring), where the snapshot offers sharing; off (the default for now:
+    tests that hold Hadar's runs to the fluid bound without sharing run it where sharing is
+    offered), or where sharing is not offered, no decision packs.
     """
 
     horizon: int = 8
@@ -246,6 +258,7 @@ class HadarPolicy:
     min_floor: float = 0.05
     split_share: float = 0.5
     max_moves: int = 20000
+    share: bool = False
     name: str = "hadar"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
@@ -253,6 +266,8 @@ class HadarPolicy:
         reason = np.full(n, Reason.PRICED_OUT, dtype=np.int8)
         if n == 0:
             return Decision(snapshot.epoch, Placement.empty(), reason, snapshot.policy_state)
+        world = snapshot
+        snapshot = self.plan_view(world)
         scale = snapshot.scale.astype(np.int64)
         rate = snapshot.rate
         runs = rate > 0
@@ -314,9 +329,36 @@ class HadarPolicy:
         alloc = upgrade_idle(alloc, current, worker_rate, snapshot.sync.astype(np.bool_), order,
                              capacity, float(snapshot.round_s), float(snapshot.migration_s))
         placement, placed = match_nodes(snapshot, alloc, order, keep_running=True)
+        # 10: GPU sharing, where the world offers it.
+        pairs: tuple[tuple[int, int], ...] = ()
+        detail: dict[int, str] = {}
+        guest_ids: tuple[int, ...] = ()
+        if self.share and world.colocated is not None:
+            placement, pairs, guests, detail = pack_waiting(world, placement, order,
+                                                            target - world.now)
+            placed = placed | guests
+            guest_ids = tuple(sorted(int(j) for j in world.job_ids[guests].tolist()))
         reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
                                  packed, placed)
-        return Decision(snapshot.epoch, placement, reason, HadarState(target))
+        return Decision(snapshot.epoch, placement, reason, HadarState(target, guest_ids),
+                        detail, packed=pairs)
+
+    def plan_view(self, snapshot: Snapshot) -> Snapshot:
+        """The snapshot the plan sees: with sharing, the GPUs of a pair that ran are held by
+        its host alone (the guest of the last decision, ``HadarState.guests``, is planned as
+        a waiting job; the sharing step may pair it again, with its host first).  Why: the
+        plan counts a GPU once; seen held by both, it moved hosts and guests around and
+        formed new pairs every round, each costing a move.  Without sharing, the snapshot."""
+        prev = snapshot.policy_state
+        if (not self.share or snapshot.colocated is None or not snapshot.packed
+                or not isinstance(prev, HadarState) or not prev.guests):
+            return snapshot
+        paired = {j for pair in snapshot.packed for j in pair}
+        guests = [g for g in prev.guests if g in paired]
+        drop = np.isin(snapshot.current.job, np.array(guests, dtype=np.int64))
+        if not drop.any():
+            return snapshot
+        return replace(snapshot, current=snapshot.current.select(~drop))
 
     @staticmethod
     def split_need(need: FloatArray, current: IntArray, scale: IntArray,

@@ -25,6 +25,11 @@ compete for GPUs like any job.  One epoch:
    longest expected finish first, each on the fastest type with room, on nodes the job's other
    copies do not use, preferring nodes where the job ran a copy last epoch; a copy is only added
    when it speeds the job up net of the consolidation it adds.
+4. **GPU sharing** (``share``, off by default as Hadar's; only where the snapshot offers
+   it): a job still waiting joins
+   an unforked placed job on its GPUs by Hadar's rule
+   (:func:`~hadar_slurm.policy.sharing.pack_waiting`), each host still ending by the fork
+   target when it shares to its end.
 
 The decision numbers the copies of each job in ``Placement.copy``; ``detail`` says how many
 copies a forked job runs as.
@@ -46,6 +51,7 @@ from hadar_slurm.policy.base import (
     Snapshot,
 )
 from hadar_slurm.policy.hadar import HadarPolicy, drain_estimate
+from hadar_slurm.policy.sharing import pack_waiting
 
 
 # The algorithm: docs/algorithm.md, "How many copies".
@@ -91,6 +97,7 @@ class HadarEPolicy:
     hadar: HadarPolicy = field(default_factory=HadarPolicy)
     fork_all: bool = False
     max_overhead: float = 0.5
+    share: bool = False
     name: str = "hadare"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
@@ -130,12 +137,23 @@ class HadarEPolicy:
         runnable = snapshot.rate.max(axis=1) > 0
         if np.isin(snapshot.job_ids[runnable], placement.job).all():
             placement = self.fill(snapshot, placement, cap, overhead)
+        # 4: GPU sharing, where the world offers it: a waiting job joins an unforked placed
+        # job (Hadar's rule), each host still ending by the fork target.
+        pairs: tuple[tuple[int, int], ...] = ()
+        shared: dict[int, str] = {}
+        if self.share and snapshot.colocated is not None:
+            srpt = np.divide(snapshot.remaining, best * snapshot.weight,
+                             out=np.full(n, np.inf), where=best > 0)
+            order = np.lexsort((snapshot.job_ids, srpt)).astype(np.int64)
+            placement, pairs, _guests, shared = pack_waiting(snapshot, placement, order,
+                                                             target - snapshot.now)
         reason = np.where(np.isin(snapshot.job_ids, placement.job), np.int8(Reason.PLACED),
                           reason).astype(np.int8)
         detail = {j: f"forked into {k} copies" for j, k in placement.num_copies().items()
                   if k > 1}
+        detail.update(shared)
         return Decision(snapshot.epoch, placement, reason,
-                        HadarEState(inner.policy_state, target), detail)
+                        HadarEState(inner.policy_state, target), detail, packed=pairs)
 
     # -- pieces -------------------------------------------------------------------------------
 
@@ -190,6 +208,8 @@ class HadarEPolicy:
             current=current,
             policy_state=prev_hadar,
             max_copies=None,
+            # (copies do not share: HadarE pairs the real jobs after the merge, step 4)
+            colocated=None, packed=(), may_share=None,
         )
         return virt, owner, copy_no
 

@@ -40,12 +40,13 @@ once).  While two jobs share, each advances for the whole round at its co-locate
 the table's pairs (:attr:`~hadar_slurm.rates.table.ThroughputTable.pairs`; Gavel's simulator
 does the same: a job whose partner finishes keeps its co-located rate to the end of the round),
 in place of its isolated rate, by the same per-worker rule as above; the GPUs count busy once.
-The snapshot offers sharing (``Snapshot.colocated``: the policy table's pairs) only with fixed
-rounds, ``gpu_sharing`` on (the default) and a table that has pairs: an epoch that only fills
-free GPUs (``reschedule_on_finish``) cannot carry pairs through the loop.  A decision that packs
-where sharing is not offered, or packs a pair the table forbids, jobs of different scale
-factors, or jobs on different GPUs, is refused with a :class:`ValueError` (a policy bug).  A
-decision without pairs runs exactly as before.
+The snapshot offers sharing (``Snapshot.colocated``: the policy table's pairs) with
+``gpu_sharing`` on (the default) and a table that has pairs, with fixed rounds or with
+``reschedule_on_finish`` (an epoch that only fills free GPUs keeps the running pairs packed
+and may pack new pairs on the free GPUs, :func:`~hadar_slurm.loop.fill_decision`).  A decision
+that packs where sharing is not offered, or packs a pair the table forbids, jobs of different
+scale factors, or jobs on different GPUs, is refused with a :class:`ValueError` (a policy bug).
+A decision without pairs runs exactly as before.
 
 HadarE: a job forked into copies (rows with different ``Placement.copy`` indices) progresses at
 the sum of its copies' rates, each copy computed as above; the job tracker adds up their
@@ -70,7 +71,7 @@ import numpy as np
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.loop import ApplyReport, Change, ChangeKind, diff, even, placement_of
 from hadar_slurm.model import ClusterSpec, Job
-from hadar_slurm.policy.base import Decision, FloatArray, Placement, Snapshot
+from hadar_slurm.policy.base import Decision, FloatArray, Placement, Snapshot, gpus_in_use
 from hadar_slurm.rates.colocated import ColocatedTable
 from hadar_slurm.rates.table import ThroughputTable
 
@@ -179,7 +180,7 @@ class SimulatedCluster:
         self.pairs: ColocatedTable = table.pairs
         told = (table if policy_table is None else policy_table).pairs
         self.offered_pairs: ColocatedTable | None = (
-            told if gpu_sharing and not reschedule_on_finish and len(told) > 0 else None)
+            told if gpu_sharing and len(told) > 0 else None)
         self._partner: dict[int, int] = {}  # job id -> the job it shares its GPUs with
         self._pair_rate: dict[tuple[int, int], FloatArray] = {}  # (index, partner index)
         kinds: dict[tuple[str, int], int] = {}
@@ -251,7 +252,7 @@ class SimulatedCluster:
 
         if snapshot.colocated is None:
             raise refuse("jobs on shared GPUs, but this simulator offers no GPU sharing "
-                         "(gpu_sharing off, reschedule_on_finish, or a table without pairs)")
+                         "(gpu_sharing off, or a table without pairs)")
         placed = decision.placement.by_job_copies()
         partner: dict[int, int] = {}
         for a, b in decision.packed:
@@ -353,8 +354,9 @@ class SimulatedCluster:
             # first one did: its GPUs are free for the next epoch instead of idle
             due = now + round_s
             end = now + min(round_s, min(ends) if self.reschedule_on_finish else max(ends))
-            if self.reschedule_on_finish and arrival is not None and int(
-                    self.current.count.sum()) < int(self.node_gpus.sum()):
+            if self.reschedule_on_finish and arrival is not None and int(gpus_in_use(
+                    self.current, self._pairs(), self.node_gpus.shape[0]).sum()) < int(
+                    self.node_gpus.sum()):
                 end = min(end, arrival)  # (and as soon as a job arrives while GPUs are free)
             if self.reschedule_on_finish and end < due:
                 end = min(end + self._wake(), due)
@@ -374,6 +376,11 @@ class SimulatedCluster:
                 return None
             return now + round_s
         return None
+
+    def _pairs(self) -> tuple[tuple[int, int], ...]:
+        """The pairs of the current placement (both jobs still running)."""
+        return tuple(sorted((a, b) for a, b in self._partner.items()
+                            if a < b and b in self.current.job and a in self.current.job))
 
     def _wake(self) -> float:
         """How late after a finish or an arrival the epoch it brings forward starts."""

@@ -1,0 +1,228 @@
+"""GPU sharing in Hadar (issue #16): a waiting job joins a placed one on its GPUs where that pays.
+
+Hadar's plan (:class:`~hadar_slurm.policy.hadar.HadarPolicy`) gives every GPU to at most one
+job, and back-fills idle GPUs, so a job is left waiting only when every GPU it could use runs a
+job ahead of it in the queue order.  Where the backend can run two jobs of the same scale factor
+on the same GPUs (``Snapshot.colocated``: each then runs at its co-located rate), such a job may
+instead *join* a placed job, the *host*, on the host's GPUs.  :func:`pack_waiting` decides it,
+waiting jobs in queue order, each with the host where it pays most, a host taking one guest:
+
+1. **Throughput.**  On the host's GPU type ``h``, the pair's normalised throughput beats taking
+   turns: ``s_host + s_guest > 1``, with ``s = co-located rate / isolated rate on h`` (what
+   Gavel's packing LP rewards): the two jobs together do more than one of them alone.
+2. **Completion times** (:func:`pair_gain`).  Sharing slows the host, which is ahead of the
+   guest in Hadar's shortest-remaining-time order.  The two jobs are compared on the host's GPUs
+   as an exchange argument compares two jobs of a queue: one after the other in queue order
+   (``A``), or together until one ends and the other alone after (``B``).  The pair is formed
+   only where ``B`` lowers the weighted sum of their completion times, plus the weight of the
+   waiting jobs behind the guest that these GPUs serve (their weight over the cluster's GPUs),
+   each of which starts when both are done.  So a short job about to end keeps its GPUs to
+   itself unless the guest gains more than it loses; where the queue is long, the throughput
+   of step 1 dominates, as it does for the average JCT of a loaded queue.  A guest that is not
+   on the host's GPUs already pays a start it would not pay waiting (``migration_s``, while
+   the host shares): it counts against the gain.
+3. **The makespan.**  The host, sharing to its end, must still end by the drain target
+   (``window``: Hadar's ``target - now``, HadarE's fork target), so that no pair pushes the
+   plan's makespan out.
+4. **Never** a pair the table forbids (a co-located rate of 0), of unequal scale factors, a
+   job whose user said ``share=no`` (``Snapshot.may_share``), a forked job (HadarE's copies),
+   or a host spread over several GPU types.
+
+Nothing here runs where ``Snapshot.colocated`` is None (the Slurm sidecar): Hadar then decides
+exactly as without sharing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hadar_slurm.model import GpuType
+from hadar_slurm.policy.base import BoolArray, IntArray, PairRates, Placement, Snapshot
+
+Pairs = tuple[tuple[int, int], ...]
+
+
+
+@dataclass
+class SharingRates:
+    """Co-located rates of a snapshot's jobs, looked up as needed and remembered: ``kind[i]``
+    is job ``i``'s (job type, scale factor) class (``keys``).  :meth:`rates` gives
+    ``(rate of i, rate of j)``, whole-job steps/s while ``i`` and ``j`` share GPUs of type
+    ``h``, ``(0, 0)`` where they may not (the table forbids or lacks the pair, or the scale
+    factors differ)."""
+
+    table: PairRates
+    gpu_types: tuple[GpuType, ...]
+    kind: IntArray
+    keys: list[tuple[str, int]]
+    seen: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
+
+    def rates(self, i: int, j: int, h: int) -> tuple[float, float]:
+        x, y = int(self.kind[i]), int(self.kind[j])
+        got = self.seen.get((x, y, h))
+        if got is None:
+            (tx, sx), (ty, sy) = self.keys[x], self.keys[y]
+            got = (0.0, 0.0)
+            if sx == sy:
+                ra, rb = self.table.pair_rate(tx, ty, sx, self.gpu_types[h])
+                if ra > 0 and rb > 0:
+                    got = (float(ra), float(rb))
+            self.seen[(x, y, h)] = got
+        return got
+
+
+def sharing_rates(snapshot: Snapshot) -> SharingRates | None:
+    """The co-located rates of the snapshot's jobs, or None where sharing is not offered."""
+    table = snapshot.colocated
+    if table is None:
+        return None
+    kinds: dict[tuple[str, int], int] = {}
+    kind = np.array([kinds.setdefault((t, int(s)), len(kinds)) for t, s in
+                     zip(snapshot.job_types, snapshot.scale.tolist(), strict=True)],
+                    dtype=np.int64)
+    return SharingRates(table, snapshot.gpu_types, kind, list(kinds))
+
+
+def shared_finish(t1: float, t2: float, s1: float, s2: float) -> tuple[float, float]:
+    """When two jobs end that share GPUs until one of them ends, the other alone after:
+    ``t1``/``t2`` their remaining times alone on those GPUs, ``s1``/``s2`` the share of its own
+    speed each keeps while they share."""
+    if t1 / s1 <= t2 / s2:
+        b1 = t1 / s1
+        return b1, b1 + t2 - s2 * b1
+    b2 = t2 / s2
+    return b2 + t1 - s1 * b2, b2
+
+
+def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
+              behind: float = 0.0) -> float:
+    """How much sharing lowers weighted completion times, two jobs on one set of GPUs.
+
+    ``t1``/``t2``: the remaining times alone of the job first and the job second in the queue
+    order; ``s1``/``s2``: the share of its own speed each keeps while they share; ``w1``/``w2``
+    their weights; ``behind``: the weight of jobs that start on these GPUs only once both are
+    done.  ``A``: one after the other (ends ``t1`` and ``t1 + t2``).  ``B``: together until one
+    ends, the other alone after (:func:`shared_finish`).  Returns ``A - B`` of the weighted
+    completion times (> 0: the pair pays)."""
+    b1, b2 = shared_finish(t1, t2, s1, s2)
+    return w1 * (t1 - b1) + w2 * (t1 + t2 - b2) + behind * (t1 + t2 - max(b1, b2))
+
+
+def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
+                 window: float = np.inf
+                 ) -> tuple[Placement, Pairs, BoolArray, dict[int, str]]:
+    """Waiting jobs join placed ones on their GPUs where it pays (see the module docstring).
+
+    ``placement``: the decision so far (no pairs); ``order``: the queue order (job indices);
+    ``window``: seconds to the drain target, by which a host must still end if it shares to
+    its end.  Returns the placement with the guests' rows (the same as their
+    hosts'), the pairs ``(lower id, higher id)``, the mask of the guests, and a detail line per
+    job of a pair."""
+    n = snapshot.num_jobs
+    guests = np.zeros(n, dtype=np.bool_)
+    rates = sharing_rates(snapshot)
+    if rates is None or n < 2 or len(placement) == 0:
+        return placement, (), guests, {}
+    ids = [int(j) for j in snapshot.job_ids.tolist()]
+    index_of = {j: i for i, j in enumerate(ids)}
+    rate = snapshot.rate
+    scale = snapshot.scale
+    weight = snapshot.weight
+    remaining = snapshot.remaining
+    ok = snapshot.sharing_allowed() & (remaining > 0)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(order.shape[0])
+    placed = np.zeros(n, dtype=np.bool_)
+    hosts: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # index -> (type, rows)
+    for job_id, copies in placement.by_job_copies().items():
+        i = index_of.get(int(job_id))
+        if i is None:
+            continue
+        placed[i] = True
+        if len(copies) != 1 or not ok[i]:
+            continue  # (a forked job's copies, or a job that may not share)
+        rows = sorted(next(iter(copies.values())))
+        types = {int(snapshot.node_type[nd]) for nd, _c in rows}
+        h = types.pop()
+        if not types and rate[i, h] > 0 and sum(c for _nd, c in rows) == int(scale[i]):
+            hosts[i] = (h, rows)
+    waiting = np.array([not placed[i] and bool(ok[i]) and rate[i].max() > 0
+                        for i in range(n)], dtype=np.bool_)
+    if not hosts or not waiting.any():
+        return placement, (), guests, {}
+    per_gpu = 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
+    start_s = float(snapshot.migration_s)
+    before = {a: b for p in snapshot.packed for a, b in (p, p[::-1])}
+
+    def gain_with(x: int, p: int, h: int) -> float | None:
+        """What waiting job ``x`` joining host ``p`` on type ``h`` gains (None: not allowed)."""
+        if scale[p] != scale[x] or rate[x, h] <= 0:
+            return None
+        cp, cx = rates.rates(p, x, h)
+        if cp <= 0 or cx <= 0:
+            return None  # the table forbids the pair there
+        rp, rx = float(rate[p, h]), float(rate[x, h])
+        sp, sx = cp / rp, cx / rx
+        if sp + sx <= 1.0:
+            return None  # 1: the pair does no more than taking turns
+        tp, tx = float(remaining[p]) / rp, float(remaining[x]) / rx
+        if float(remaining[p]) / cp > window:
+            return None  # 3: the host would end after the drain target
+        # 2: the completion times, the waiting jobs behind the guest included (per GPU).
+        behind = float(weight[waiting & (pos > pos[x])].sum()) * per_gpu * float(scale[x])
+        if pos[p] <= pos[x]:
+            gain = pair_gain(tp, tx, sp, sx, float(weight[p]), float(weight[x]), behind)
+        else:
+            gain = pair_gain(tx, tp, sx, sp, float(weight[x]), float(weight[p]), behind)
+        if before.get(ids[x]) != ids[p]:
+            # A guest that starts on the host's GPUs pays a start it would not pay waiting
+            # (``migration_s``, once now and at most once when the pair ends), and the host
+            # shares at its co-located rate while the guest starts.
+            gain -= start_s * (float(weight[x]) + float(weight[p]) * (1.0 - sp))
+        return gain
+
+    pairs: list[tuple[int, int]] = []
+    job: list[int] = []
+    node: list[int] = []
+    count: list[int] = []
+    detail: dict[int, str] = {}
+    # Waiting jobs in queue order, each with the host where it gains most.
+    for x in order.tolist():
+        if not hosts:
+            break
+        if not waiting[x]:
+            continue
+        best: tuple[float, int] | None = None
+        for p, (h, _rows) in hosts.items():
+            gain = gain_with(x, p, h)
+            if gain is None or gain <= 0.0:
+                continue
+            if best is None or gain > best[0]:
+                best = (gain, p)
+        if best is None:
+            continue
+        p = best[1]
+        _h, rows = hosts.pop(p)
+        guests[x] = True
+        waiting[x] = False
+        pairs.append((min(ids[p], ids[x]), max(ids[p], ids[x])))
+        detail[ids[p]] = f"shares its GPUs with job {ids[x]}"
+        detail[ids[x]] = f"shares its GPUs with job {ids[p]} (joined it)"
+        for nd, c in rows:
+            job.append(ids[x])
+            node.append(nd)
+            count.append(c)
+    if not pairs:
+        return placement, (), guests, {}
+    k = len(job)
+    out = Placement(np.concatenate([placement.job, np.array(job, dtype=np.int64)]),
+                    np.concatenate([placement.node, np.array(node, dtype=np.int64)]),
+                    np.concatenate([placement.count, np.array(count, dtype=np.int64)]),
+                    None if placement.copy is None else np.concatenate(
+                        [placement.copy, np.zeros(k, dtype=np.int64)]))
+    return out, tuple(sorted(pairs)), guests, detail
+
+
+__all__ = ["SharingRates", "pack_waiting", "pair_gain", "shared_finish", "sharing_rates"]

@@ -1,0 +1,315 @@
+"""Hadar with GPU sharing (issue #16): a waiting job joins a placed one on its GPUs where the
+pair's normalised throughput beats taking turns and the two jobs' completion times gain
+(:mod:`hadar_slurm.policy.sharing`), only where the simulator offers sharing.
+
+The tables here (Gavel's format) are small enough to work by hand: on a v100, ``x`` and ``y``
+do 1 step/s alone; sharing, each keeps 0.8 of that (``good``) or 0.4 (``poor``); ``a`` (2 steps/s)
+and ``b`` (1 step/s) keep 1.5 and 0.5; ``c`` may share with nobody.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from hadar_slurm.loop import fill_decision, fill_snapshot
+from hadar_slurm.model import ClusterSpec, Node
+from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot, gpus_in_use
+from hadar_slurm.policy.hadar import HadarPolicy, HadarState
+from hadar_slurm.policy.sharing import pair_gain, shared_finish
+from hadar_slurm.rates.table import ThroughputTable, default_table, parse_gavel_json
+from hadar_slurm.sim.backend import SimulatedCluster
+from hadar_slurm.sim.cluster import parse_counts
+from hadar_slurm.sim.run import simulate
+from hadar_slurm.sim.trace import load_trace
+from tests.helpers import make_job
+
+
+def table_with(co: float) -> ThroughputTable:
+    """``x`` and ``y`` at 1 step/s alone, ``co`` each while they share (also ``x`` with
+    ``x``); ``a``/``b`` as in tests/test_packing.py; ``c`` shares with nobody."""
+    pair = [co, co]
+    return parse_gavel_json(json.dumps({"v100": {
+        "('x', 1)": {"null": 1.0, "('y', 1)": pair, "('x', 1)": pair, "('c', 1)": [0, 0]},
+        "('y', 1)": {"null": 1.0, "('x', 1)": pair, "('c', 1)": [0, 0]},
+        "('a', 1)": {"null": 2.0, "('b', 1)": [1.5, 0.5]},
+        "('b', 1)": {"null": 1.0, "('a', 1)": [0.5, 1.5]},
+        "('c', 1)": {"null": 1.0, "('x', 1)": [0, 0], "('y', 1)": [0, 0]},
+    }}), "pairs.json")
+
+
+def hadar(share: bool = True) -> HadarPolicy:
+    return HadarPolicy(share=share)
+
+
+# -- the rule, worked by hand -----------------------------------------------------------------
+
+
+def test_pair_gain_by_hand() -> None:
+    # Two jobs of 720 s alone, 0.8 of their speed each while they share: together both end
+    # at 900; one after the other at 720 and 1440.  A - B = (720 - 900) + (1440 - 900) = 360.
+    assert shared_finish(720.0, 720.0, 0.8, 0.8) == pytest.approx((900.0, 900.0))
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0) == pytest.approx(360.0)
+    # b (360 s, keeps 0.5) before a (450 s, keeps 0.75): a ends first, at 600; b has done
+    # 300 s of its work by then and ends at 660.  A - B = (360 - 660) + (810 - 600) = -90.
+    assert shared_finish(360.0, 450.0, 0.5, 0.75) == pytest.approx((660.0, 600.0))
+    assert pair_gain(360.0, 450.0, 0.5, 0.75, 1.0, 1.0) == pytest.approx(-90.0)
+    # ... unless jobs wait behind both: each starts 1440 - 900 = 540 s earlier, times their
+    # weight (here 1): the pair of equal jobs gains 360 + 540.
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, behind=1.0) == pytest.approx(900.0)
+    # weights count: job 1 weighted 2 loses 2 x 180, job 2 gains 540
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 2.0, 1.0) == pytest.approx(180.0)
+
+
+# -- scenarios in the simulator ----------------------------------------------------------------
+
+
+def test_a_pair_that_beats_taking_turns_is_packed_and_both_end_when_worked_out() -> None:
+    # One v100; x (720 steps) and y (720 steps), 1 step/s alone, 0.8 each together.  Hadar
+    # places x (the id breaks the tie), y waits and joins it (gain 360 s, above).
+    # [0, 360): 288 steps each, 432 left; [360, 720): again, 144 left; then 144 / 0.8 = 180 s:
+    # both end at 900.  Without sharing: 720 and 1440.
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "y")]
+    r = simulate(jobs, parse_counts("v100=1"), table_with(0.8), hadar())
+    assert r.finish.tolist() == pytest.approx([900.0, 900.0])
+    assert [pairs for _t, pairs in r.packed] == [((0, 1),)] * 3
+    alone = simulate(jobs, parse_counts("v100=1"), table_with(0.8), hadar(share=False))
+    assert alone.finish.tolist() == [720.0, 1440.0] and alone.packed == []
+
+
+def test_a_pair_that_does_not_beat_taking_turns_is_not_packed() -> None:
+    # 0.4 + 0.4 <= 1: the pair does less than one job alone; the jobs take turns.
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "y")]
+    r = simulate(jobs, parse_counts("v100=1"), table_with(0.4), hadar())
+    assert r.finish.tolist() == [720.0, 1440.0] and r.packed == []
+
+
+def test_a_pair_that_beats_turns_but_delays_the_queue_is_not_packed() -> None:
+    # a (900 steps: 450 s) and b (360 steps: 360 s): 0.75 + 0.5 > 1, but b goes first and
+    # sharing would end them at 660 and 600 instead of 360 and 810 (A - B = -90, above):
+    # not packed.  b ends at 360, a runs 360 to 810.
+    jobs = [make_job(0, 900, 0, "a"), make_job(1, 360, 0, "b")]
+    r = simulate(jobs, parse_counts("v100=1"), table_with(0.8), hadar())
+    assert r.finish.tolist() == [810.0, 360.0] and r.packed == []
+
+
+def test_a_forbidden_pair_is_never_packed() -> None:
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "c"), make_job(2, 720, 0, "y")]
+    r = simulate(jobs, parse_counts("v100=1"), table_with(0.8), hadar())
+    pairs = {p for _t, ps in r.packed for p in ps}
+    assert pairs and all(1 not in p for p in pairs)
+
+
+def test_two_gpu_jobs_share_both_their_gpus() -> None:
+    # One node of two v100s; 2-GPU jobs a2 (1080 steps at 4/s: 270 s) and b2 (540 at 2/s:
+    # 270 s), 3 and 1.5 steps/s together (0.75 each).  One after the other: 270 and 540;
+    # together both end at 360 (A - B = 810 - 720 = 90): packed on the same two GPUs.
+    table = parse_gavel_json(json.dumps({"v100": {
+        "('a2', 2)": {"null": 4.0, "('b2', 2)": [3.0, 1.5]},
+        "('b2', 2)": {"null": 2.0, "('a2', 2)": [1.5, 3.0]}}}), "multi.json")
+    jobs = [make_job(0, 1080, 0, "a2", scale=2), make_job(1, 540, 0, "b2", scale=2)]
+    log: list[tuple[Snapshot, Decision]] = []
+
+    class Logged(HadarPolicy):
+        def allocate(self, snapshot: Snapshot) -> Decision:
+            d = super().allocate(snapshot)
+            log.append((snapshot, d))
+            return d
+
+    r = simulate(jobs, parse_counts("v100=1x2"), table, Logged(share=True))
+    assert r.finish.tolist() == [360.0, 360.0]
+    first = log[0][1]
+    assert first.packed == ((0, 1),)
+    assert first.placement.by_job_sorted() == {0: [(0, 2)], 1: [(0, 2)]}
+    assert first.reason.tolist() == [Reason.PLACED, Reason.PLACED]
+    alone = simulate(jobs, parse_counts("v100=1x2"), table, hadar(share=False))
+    assert alone.finish.tolist() == [270.0, 540.0]
+
+
+def test_a_job_that_may_not_share_is_never_paired() -> None:
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "y")]
+    sim = SimulatedCluster(jobs, parse_counts("v100=1"), table_with(0.8))
+    snap = sim.snapshot(0, 0.0, 360.0, None)
+    assert hadar().allocate(snap).packed == ((0, 1),)
+    for mask in ([True, False], [False, True]):
+        d = hadar().allocate(dataclasses.replace(snap, may_share=np.array(mask)))
+        assert d.packed == () and d.placement.by_job_sorted() == {0: [(0, 1)]}
+        assert d.reason.tolist() == [Reason.PLACED, Reason.PRICED_OUT]
+
+
+def test_without_sharing_offered_hadar_decides_as_without_the_setting() -> None:
+    # Gavel's table has pairs; where the simulator does not offer them (or the setting is
+    # off) every decision is the one Hadar made before sharing existed (share=False).
+    table = default_table()
+    jobs = load_trace("static_48_multigpu_seed1", table)[:14]
+    cluster = parse_counts("4:4:4")
+    runs = [simulate(jobs, cluster, table, make_policy(p, share=s), gpu_sharing=g)
+            for p in ("hadar", "hadare") for s, g in ((True, False), (False, True),
+                                                     (False, False))]
+    for k in (0, 3):
+        want = runs[k + 2]
+        for r in runs[k: k + 2]:
+            assert r.finish.tolist() == want.finish.tolist() and r.packed == []
+    # and with sharing offered, the decisions differ (the setting does something)
+    shared = simulate(jobs, cluster, table, make_policy("hadar", share=True))
+    assert shared.packed != []
+    # (off by default)
+    default = simulate(jobs, cluster, table, make_policy("hadar"))
+    assert default.finish.tolist() == runs[2].finish.tolist() and default.packed == []
+    sim = SimulatedCluster(jobs, cluster, table, gpu_sharing=False)
+    snap = sim.snapshot(0, 0.0, 360.0, None)
+    a, b = hadar().allocate(snap), hadar(share=False).allocate(snap)
+    assert a.placement.by_job_sorted() == b.placement.by_job_sorted()
+    assert a.reason.tolist() == b.reason.tolist() and a.policy_state == b.policy_state
+    assert a.packed == () and a.detail == b.detail
+
+
+def test_hadar_packed_decisions_keep_the_contract_and_are_pure() -> None:
+    table = default_table()
+    jobs = load_trace("static_32_seed0", table)[:20]
+    log: list[tuple[Snapshot, Decision]] = []
+
+    class Logged(HadarPolicy):
+        def allocate(self, snapshot: Snapshot) -> Decision:
+            d = super().allocate(snapshot)
+            log.append((snapshot, d))
+            return d
+
+    r = simulate(jobs, parse_counts("4:4:4"), table, Logged(share=True))
+    assert r.num_completed == 20 and r.packed_jobs > 0
+    for snap, d in log:
+        rows = d.placement.by_job_sorted()
+        for a, b in d.packed:
+            assert a < b and rows[a] == rows[b]
+            ia, ib = (int(np.nonzero(snap.job_ids == j)[0][0]) for j in (a, b))
+            assert snap.scale[ia] == snap.scale[ib]
+            h = int(snap.node_type[rows[a][0][0]])
+            assert snap.colocated is not None
+            ra, rb = snap.colocated.pair_rate(snap.job_types[ia], snap.job_types[ib],
+                                              int(snap.scale[ia]), snap.gpu_types[h])
+            # the pair beats taking turns on that type
+            assert ra / snap.rate[ia, h] + rb / snap.rate[ib, h] > 1.0
+        assert (gpus_in_use(d.placement, d.packed, snap.node_gpus.shape[0])
+                <= snap.node_gpus).all()
+        placed = set(d.placement.job.tolist())
+        for j, code in zip(snap.job_ids.tolist(), d.reason.tolist(), strict=True):
+            assert (code == Reason.PLACED) == (j in placed)
+    for snap, d in log[::5]:
+        again = HadarPolicy(share=True).allocate(snap)
+        assert again.placement.by_job_sorted() == d.placement.by_job_sorted()
+        assert again.packed == d.packed and again.reason.tolist() == d.reason.tolist()
+
+
+# -- epochs that only fill free GPUs (reschedule_on_finish) ----------------------------------
+
+
+def test_pairs_with_reschedule_on_finish() -> None:
+    # One v100; x (360 steps) and y (720), 0.8 each together.  x goes first (360 s < 720 s);
+    # together x ends at 450 and y at 810 (A - B = 1440 - 1260 = 180): packed.
+    # [0, 360): 288 each (72 and 432 left).  At 360 they pair again (x 72 s, y 432 s:
+    # together 90 and 450, apart 72 and 504: A - B = 36); x ends at 450.
+    # Fixed rounds: y keeps its co-located rate to 720 (288 more, 144 left), then alone:
+    # ends at 864.  Ending on finish: the epoch at 450 only fills; y keeps its GPU and runs
+    # alone from there (432 - 72 = 360 left): ends at 810.
+    jobs = [make_job(0, 360, 0, "x"), make_job(1, 720, 0, "y")]
+    fixed = simulate(jobs, parse_counts("v100=1"), table_with(0.8), hadar())
+    assert fixed.finish.tolist() == pytest.approx([450.0, 864.0])
+    ends = simulate(jobs, parse_counts("v100=1"), table_with(0.8), hadar(),
+                    reschedule_on_finish=True)
+    assert ends.finish.tolist() == pytest.approx([450.0, 810.0])
+    assert [p for _t, p in ends.packed] == [((0, 1),), ((0, 1),)]
+
+
+TWO_NODES = ClusterSpec((Node("n0", "v100", 2), Node("n1", "v100", 1)), ("v100",))
+
+
+def fill_case(first: int = 0) -> Snapshot:
+    """Two nodes (two v100s, one v100), at t = 100; job 1 (y, 720 steps) shares a GPU of node
+    0 with job 0 (x), which has ended where ``first`` is 1; jobs 2 (x, 100 steps), 3 (y, 720)
+    and 4 (x, 720) wait."""
+    jobs = [make_job(k, steps, 0, t) for k, (t, steps) in
+            enumerate((("x", 720), ("y", 720), ("x", 100), ("y", 720), ("x", 720)))][first:]
+    sim = SimulatedCluster(jobs, TWO_NODES, table_with(0.8), reschedule_on_finish=True)
+    snap = sim.snapshot(0, 100.0, 360.0, None)
+    held = [0, 1][first:]
+    return dataclasses.replace(
+        snap, current=Placement(np.array(held), np.zeros(len(held), dtype=np.int64),
+                                np.ones(len(held), dtype=np.int64)),
+        packed=((0, 1),))
+
+
+def test_a_fill_keeps_running_pairs_and_packs_new_ones_on_free_gpus() -> None:
+    snap = fill_case()
+    assert snap.colocated is not None  # (offered with reschedule_on_finish now)
+    sub, holds = fill_snapshot(snap)
+    assert holds.tolist() == [True, True, False, False, False]
+    # the pair holds one GPU of node 0 (not two): node 0 has one free, node 1 one
+    assert sub.node_gpus.tolist() == [1, 1] and sub.job_ids.tolist() == [2, 3, 4]
+    assert sub.packed == () and sub.colocated is not None
+    # The fill plans jobs 2 to 4 on the two free GPUs: the drain bound is 770 s (their
+    # 1540 s of work on 2 GPUs), job 3 is critical (720 s > 770 s less 1.5 rounds) and goes
+    # first, then job 2 (shortest); job 4 waits.  Job 3 may not host it (720 / 0.8 = 900 s
+    # > 770 s: it would end after the drain target); job 2 may: together 2 ends at 125 and
+    # 4 at 745, against 100 and 820 apart (A - B = 50).
+    d = fill_decision(snap, holds, hadar().allocate(sub), None)
+    assert d.packed == ((0, 1), (2, 4))
+    rows = d.placement.by_job_sorted()
+    assert rows[0] == rows[1] == [(0, 1)] and rows[2] == rows[4] != rows[3]
+    assert (gpus_in_use(d.placement, d.packed, 2) <= snap.node_gpus).all()
+    assert d.reason.tolist() == [Reason.PLACED] * 5
+    # the simulator takes it as it is (no refusal)
+    sim = SimulatedCluster([make_job(k, 720, 0, t) for k, t in enumerate("xyxyx")],
+                           TWO_NODES, table_with(0.8), reschedule_on_finish=True)
+    sim.snapshot(0, 100.0, 360.0, None)
+    assert {c.job_id for c in sim.reconcile(snap, d)} == {0, 1, 2, 3, 4}
+
+
+def test_a_fill_drops_a_pair_whose_partner_ended() -> None:
+    snap = fill_case(first=1)  # job 0 ended; job 1 runs alone on the pair's GPU
+    sub, holds = fill_snapshot(snap)
+    assert holds.tolist() == [True, False, False, False]
+    assert sub.node_gpus.tolist() == [1, 1]
+    d = fill_decision(snap, holds, hadar(share=False).allocate(sub), None)
+    assert d.packed == ()
+
+
+def test_a_start_that_costs_more_than_the_pair_gains_is_not_made() -> None:
+    # x and y, 720 s each, 0.8 each together: the pair gains 360 s (above).  Where a start
+    # costs m seconds (Snapshot.migration_s), a guest that does not hold the host's GPUs pays
+    # one start it would not pay waiting, and the host shares at 0.8 while it starts:
+    # 360 - m * (1 + 0.2) > 0 for m = 200 (120), not for m = 400 (-120).  A pair that ran
+    # last epoch (the guest already on the host's GPU) pays nothing to go on.
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "y")]
+    sim = SimulatedCluster(jobs, parse_counts("v100=1"), table_with(0.8))
+    snap = sim.snapshot(0, 0.0, 360.0, None)
+    assert hadar().allocate(dataclasses.replace(snap, migration_s=200.0)).packed == ((0, 1),)
+    late = dataclasses.replace(snap, migration_s=400.0)
+    assert hadar().allocate(late).packed == ()
+    both = Placement(np.array([0, 1]), np.array([0, 0]), np.array([1, 1]))
+    going_on = dataclasses.replace(late, current=both, packed=((0, 1),))
+    assert hadar().allocate(going_on).packed == ((0, 1),)
+
+
+def test_the_plan_sees_a_pairs_gpus_held_by_its_host() -> None:
+    # Job 1 joined job 0 last epoch (HadarState.guests): the plan sees job 0 alone on the
+    # GPU, and job 1 waiting; the sharing step pairs them again (no start: job 1 is there).
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "y")]
+    sim = SimulatedCluster(jobs, parse_counts("v100=1"), table_with(0.8))
+    first = hadar().allocate(sim.snapshot(0, 0.0, 360.0, None))
+    assert first.packed == ((0, 1),)
+    assert isinstance(first.policy_state, HadarState) and first.policy_state.guests == (1,)
+    both = Placement(np.array([0, 1]), np.array([0, 0]), np.array([1, 1]))
+    snap = dataclasses.replace(sim.snapshot(1, 360.0, 360.0, first.policy_state),
+                               current=both, packed=((0, 1),), migration_s=400.0)
+    assert hadar().plan_view(snap).current.by_job_sorted() == {0: [(0, 1)]}
+    again = hadar().allocate(snap)
+    assert again.packed == ((0, 1),) and again.placement.by_job_sorted() == {
+        0: [(0, 1)], 1: [(0, 1)]}
+    # without sharing (off, or not offered) the plan sees the snapshot as it is
+    assert hadar(share=False).plan_view(snap) is snap
+    off = dataclasses.replace(snap, colocated=None)
+    assert hadar().plan_view(off) is off
