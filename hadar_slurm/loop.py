@@ -94,6 +94,9 @@ class Change:
     #: PLACE of a job whose decision forked it, but which cannot be forked: placed on copy 0's
     #: GPUs instead, and recorded so that it is not forked again.
     nofork: bool = False
+    #: PLACE of one job of a pair (GPU sharing, issue #16): the job it shares its GPU with,
+    #: placed beside it in the same epoch or running there alone (0: it holds its GPUs alone).
+    mate: int = 0
 
     @property
     def key(self) -> tuple[int, int, str, int]:
@@ -226,7 +229,9 @@ def fill_snapshot(snapshot: Snapshot) -> tuple[Snapshot, npt.NDArray[np.bool_]]:
         rate=np.where(fits, snapshot.rate[keep], 0.0),
         attained=snapshot.attained[keep], current=Placement.empty(),
         max_copies=None if snapshot.max_copies is None else snapshot.max_copies[keep],
-        packed=(), may_share=None if snapshot.may_share is None else snapshot.may_share[keep])
+        packed=(), may_share=None if snapshot.may_share is None else snapshot.may_share[keep],
+        may_host=None if snapshot.may_host is None else snapshot.may_host[keep],
+        may_join=None if snapshot.may_join is None else snapshot.may_join[keep])
     return sub, holds
 
 

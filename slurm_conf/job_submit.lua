@@ -112,11 +112,13 @@ local HADAR_MODELS = {
 -- END HADAR MODELS
 
 local HINT_PREFIX = "hadar:"
-local HINT_KEYS = {"model", "bs", "steps", "sync", "weight", "fork", "preempt"}
+local HINT_KEYS = {"model", "bs", "steps", "sync", "weight", "fork", "preempt", "share"}
 local KEYS_TEXT = table.concat(HINT_KEYS, ", ")
 local VALUE_FORM = {model = "model=NAME", bs = "bs=N", steps = "steps=N", sync = "sync=true",
-                    weight = "weight=W", fork = "fork=N", preempt = "preempt=checkpoint"}
+                    weight = "weight=W", fork = "fork=N", preempt = "preempt=checkpoint",
+                    share = "share=true"}
 local PREEMPT_MODES = {checkpoint = true, requeue = true, never = true}
+-- the values of sync and share
 local SYNC = {["true"] = true, yes = true, ["1"] = true,
               ["false"] = false, no = false, ["0"] = false}
 local ADMIN_COMMENT = "hadar: waits for the sidecar"
@@ -308,6 +310,15 @@ local function parse_hints(comment, gpus)
     end
   end
 
+  local share = true
+  if given.share ~= nil then
+    share = SYNC[given.share:lower()]
+    if share == nil then
+      return nil, string.format(
+        "share must be true or false, got '%s' (true/false, yes/no or 1/0)", quote(given.share))
+    end
+  end
+
   local variant = entry.variants[bs or 0]
   if not contains(variant.gpus, gpus) then
     local label = model
@@ -326,7 +337,7 @@ local function parse_hints(comment, gpus)
                               label, join(variant.gpus, " or "), plural, asked, fix)
   end
   return {model = model, bs = bs, steps = steps, sync = sync, weight = weight, fork = fork,
-          preempt = preempt, job_type = variant.job_type}
+          preempt = preempt, share = share, job_type = variant.job_type}
 end
 
 -- ---------------------------------------------------------------- the GPU request

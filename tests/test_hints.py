@@ -34,7 +34,7 @@ from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from tests.helpers import REPO
 
 KNOWN = "a3c, cyclegan, lm, recommendation, resnet18, resnet50, transformer"
-KEYS = "keys: model, bs, steps, sync, weight, fork, preempt"
+KEYS = "keys: model, bs, steps, sync, weight, fork, preempt, share"
 STEPS_MSG = "steps must be a whole number of iterations from 1 to 1000000000000, got "
 WEIGHT_MSG = "weight must be a number from 0.001 to 1000, got "
 FORK_MSG = ("fork must be a whole number from 1 to 16, got '{}' (e.g. fork=3, the most copies "
@@ -123,12 +123,40 @@ def test_catalog_refuses_ambiguous_tables(types: list[str], problem: str) -> Non
      Hints("resnet50", 64, 40000, True, 1.0, "ResNet-50 (batch size 64)", fork=3)),
     ("hadar: fork=1_6 model=a3c steps=1", Hints("a3c", None, 1, True, 1.0, "A3C", fork=16)),
     ("hadar: model=a3c steps=1 fork=01", Hints("a3c", None, 1, True, 1.0, "A3C")),
+    ("hadar: model=a3c steps=1 share=no",
+     Hints("a3c", None, 1, True, 1.0, "A3C", share=False)),
+    ("hadar: share=TRUE model=resnet50 bs=64 steps=40000 sync=false",
+     Hints("resnet50", 64, 40000, False, 1.0, "ResNet-50 (batch size 64)")),
+    ("hadar: model=lm bs=5 steps=10 fork=2 preempt=checkpoint share=0",
+     Hints("lm", 5, 10, True, 1.0, "LM (batch size 5)", fork=2, preempt="checkpoint",
+           share=False)),
 ])
 def test_good_hints(comment: str, expect: Hints) -> None:
     hints = parse_hints(comment)
     assert hints == expect
     assert parse_hints(hints.to_comment()) == hints  # the canonical form reads back
     assert ("fork=" in hints.to_comment()) == (hints.fork != 1)
+    assert ("share=" in hints.to_comment()) == (not hints.share)
+
+
+@pytest.mark.parametrize("value, share", [
+    ("true", True), ("false", False), ("yes", True), ("no", False), ("1", True), ("0", False),
+    ("True", True), ("FALSE", False), ("Yes", True), ("NO", False), ("nO", False),
+])
+def test_share_takes_the_values_of_sync(value: str, share: bool) -> None:
+    assert parse_hints(f"hadar: model=a3c steps=1 share={value}").share is share
+    assert parse_hints(f"hadar: model=a3c steps=1 sync={value}").sync is share
+
+
+def test_share_defaults_to_true() -> None:
+    hints = parse_hints("hadar: model=resnet50 bs=64 steps=40000")
+    assert hints.share is True
+    assert "share" not in hints.to_comment()  # the default is not written
+    # a Hints made without it (as before the hint existed) may share too
+    assert Hints("a3c", None, 1, True, 1.0, "A3C").share is True
+    no = parse_hints("hadar: model=resnet50 bs=64 steps=40000 share=no")
+    assert no.share is False and no.to_comment().endswith(" share=false")
+    assert (no.sync, no.weight, no.fork, no.preempt) == (True, 1.0, 1, "")
 
 
 # (comment, field, exact message)
@@ -161,6 +189,20 @@ BAD = [
      STEPS_MSG + "'_1' (e.g. steps=40000)"),
     ("hadar: model=a3c steps=1 sync=maybe", "sync",
      "sync must be true or false, got 'maybe' (true/false, yes/no or 1/0)"),
+    ("hadar: model=a3c steps=1 share=maybe", "share",
+     "share must be true or false, got 'maybe' (true/false, yes/no or 1/0)"),
+    ("hadar: model=a3c steps=1 share=2", "share",
+     "share must be true or false, got '2' (true/false, yes/no or 1/0)"),
+    ("hadar: model=a3c steps=1 share=on", "share",
+     "share must be true or false, got 'on' (true/false, yes/no or 1/0)"),
+    ("hadar: model=a3c steps=1 share=n\x1b", "share",
+     "share must be true or false, got 'n\\x1b' (true/false, yes/no or 1/0)"),
+    ("hadar: model=a3c steps=1 share=", "share", "hint 'share' has no value (write share=true)"),
+    ("hadar: model=a3c steps=1 share=no share=no", "share",
+     "hint 'share' given twice (give it once)"),
+    ("hadar: model=a3c steps=1 share=" + "n" * 65, "share",
+     "hint 'share' has a value longer than 64 bytes (write share=true)"),
+    ("hadar: model=a3c steps=1 Share=no", "hints", f"unknown hint 'Share' ({KEYS})"),
     ("hadar: model=a3c steps=1 weight=0", "weight",
      WEIGHT_MSG + "'0' (e.g. weight=2)"),
     ("hadar: model=a3c steps=1 weight=-1", "weight",
@@ -203,7 +245,7 @@ def test_bad_hints(comment: str, field: str, message: str) -> None:
 
 def test_first_problem_in_token_order_then_key_order() -> None:
     # syntax problems come first, in token order; then values in the order model, bs, steps,
-    # sync, weight, gpus (job_submit.lua reports the same one)
+    # sync, weight, fork, preempt, share, gpus (job_submit.lua reports the same one)
     with pytest.raises(HintError, match="unknown hint 'x'"):
         parse_hints("hadar: model=nope x=1 y")
     with pytest.raises(HintError, match="unknown model 'nope'"):
@@ -214,6 +256,14 @@ def test_first_problem_in_token_order_then_key_order() -> None:
         parse_hints("hadar: fork=99 weight=-1 model=a3c steps=1", gpus=3)
     with pytest.raises(HintError, match=r"^fork"):
         parse_hints("hadar: fork=99 model=a3c steps=1", gpus=3)
+    with pytest.raises(HintError, match=r"^sync"):
+        parse_hints("hadar: share=x sync=x model=a3c steps=1", gpus=3)
+    with pytest.raises(HintError, match=r"^preempt"):
+        parse_hints("hadar: share=x preempt=x model=a3c steps=1", gpus=3)
+    with pytest.raises(HintError, match=r"^share"):
+        parse_hints("hadar: share=x model=a3c steps=1", gpus=3)
+    with pytest.raises(HintError, match=r"^a3c runs on 1 GPU"):
+        parse_hints("hadar: share=no model=a3c steps=1", gpus=3)
 
 
 def test_gpu_count_is_checked() -> None:
@@ -229,7 +279,7 @@ def test_gpu_count_is_checked() -> None:
 
 
 def test_docs_list_the_keys_and_the_default_models() -> None:
-    assert HINT_KEYS == ("model", "bs", "steps", "sync", "weight", "fork", "preempt")
+    assert HINT_KEYS == ("model", "bs", "steps", "sync", "weight", "fork", "preempt", "share")
     text = (REPO / "docs" / "users.md").read_text()
     for key in HINT_KEYS:
         assert f"| `{key}` |" in text
@@ -307,7 +357,11 @@ def test_cli_check_and_lua(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9 sync=no", "--json")
     assert json.loads(out) == {"model": "a3c", "batch_size": None, "steps": 9, "sync": False,
                                "weight": 1.0, "job_type": "A3C", "fork": 1,
-                               "preempt": "never"}
+                               "preempt": "never", "share": True}
+    out = run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9 share=No", "--json")
+    assert json.loads(out)["share"] is False
+    out = run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9 share=No")
+    assert out == "hadar: model=a3c steps=9 sync=true weight=1 share=false  job_type='A3C'\n"
     assert run_hints_cli(capsys, "hints", "lua") == lua_catalog_block(ModelCatalog.default())
     with pytest.raises(HintError, match="a3c runs on 1 GPU"):
         run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9", "--gpus", "2")

@@ -191,6 +191,19 @@ PARITY: list[tuple[str, tuple[str, ...], int]] = [
     ("hadar: model=a3c steps=10 fork=2 fork=2", (), 1),
     ("hadar: fork=0 weight=0 model=a3c steps=1", (), 1),
     ("hadar: fork=0 model=a3c steps=1", ("--gres=gpu:2",), 2),
+    ("hadar: model=a3c steps=10 share=no", (), 1),
+    ("hadar: model=resnet50 bs=64 steps=10 share=YES sync=0", ("--gres=gpu:2",), 2),
+    ("hadar: model=lm bs=5 steps=10 fork=2 share=False", ("--gres=gpu:4",), 4),
+    ("hadar: model=a3c steps=10 share=maybe", (), 1),
+    ("hadar: model=a3c steps=10 share=2", (), 1),
+    ("hadar: model=a3c steps=10 share=", (), 1),
+    ("hadar: model=a3c steps=10 share=no share=no", (), 1),
+    ("hadar: model=a3c steps=10 Share=no", (), 1),
+    ("hadar: model=a3c steps=10 share=" + "y" * 65, (), 1),
+    ("hadar: share=x sync=x model=a3c steps=1", (), 1),
+    ("hadar: share=x preempt=x model=a3c steps=1", (), 1),
+    ("hadar: share=x model=a3c steps=1", ("--gres=gpu:2",), 2),
+    ("hadar: share=no model=a3c steps=1", ("--gres=gpu:2",), 2),
 ]
 
 

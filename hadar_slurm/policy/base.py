@@ -229,8 +229,9 @@ class Snapshot:
     even_gangs: bool = False
     #: What the world allows, set by the backend: GPU sharing (issue #16).  The co-located
     #: throughputs of pairs of jobs sharing the same GPUs, by job type (``job_types``) and
-    #: scale factor, when the backend can run two jobs on the same GPUs (the simulator with
-    #: fixed rounds); None where it cannot (the Slurm sidecar), and then no decision may pack.
+    #: scale factor, when the backend can run two jobs on the same GPUs (the simulator; the
+    #: Slurm sidecar with ``[scheduler] share`` on, through ``gres/shard``); None where it
+    #: cannot, and then no decision may pack.
     colocated: PairRates | None = None
     #: Pairs of job ids ``(lower id, higher id)`` that shared the same GPUs in ``current``,
     #: the epoch that just ended (one job of a pair may have finished since: it is then no
@@ -239,6 +240,19 @@ class Snapshot:
     #: Per job, whether it may share its GPUs with another job (the planned hint ``share=no``
     #: sets False); None: every job may.  Only read where ``colocated`` is set.
     may_share: BoolArray | None = None
+    #: Per job, whether a job may join it on its GPUs this epoch, as a new partner (None: every
+    #: job may).  The Slurm sidecar allows it of a job it places now and of one that runs alone
+    #: on a shared GPU, not of one that holds whole GPUs (Slurm cannot add a job to those).
+    #: A job of a pair in ``packed`` may always be joined again by its partner.
+    may_host: BoolArray | None = None
+    #: Per job, whether it may join another job on that job's GPUs as a new partner (None:
+    #: every job may).  The sidecar allows it of a job that waits, not of one that runs (it
+    #: would have to be stopped first).  A job of a pair in ``packed`` may always rejoin its
+    #: partner.
+    may_join: BoolArray | None = None
+    #: Per node, whether two jobs may share its GPUs (None: every node); the sidecar: the nodes
+    #: whose GPUs are split into shards (``gres/shard``), two or more per GPU.
+    share_nodes: BoolArray | None = None
 
     @property
     def num_jobs(self) -> int:
@@ -255,6 +269,24 @@ class Snapshot:
         if self.may_share is None:
             return np.ones(self.num_jobs, dtype=np.bool_)
         return np.asarray(self.may_share, dtype=np.bool_)
+
+    def hosting_allowed(self) -> BoolArray:
+        """Per job, whether a new partner may join it (``may_host``, or True for all)."""
+        if self.may_host is None:
+            return np.ones(self.num_jobs, dtype=np.bool_)
+        return np.asarray(self.may_host, dtype=np.bool_)
+
+    def joining_allowed(self) -> BoolArray:
+        """Per job, whether it may join a new partner (``may_join``, or True for all)."""
+        if self.may_join is None:
+            return np.ones(self.num_jobs, dtype=np.bool_)
+        return np.asarray(self.may_join, dtype=np.bool_)
+
+    def sharing_nodes(self) -> BoolArray:
+        """Per node, whether its GPUs may be shared (``share_nodes``, or True for all)."""
+        if self.share_nodes is None:
+            return np.ones(self.node_gpus.shape[0], dtype=np.bool_)
+        return np.asarray(self.share_nodes, dtype=np.bool_)
 
     def capacity(self) -> IntArray:
         """GPUs per type, ``[H]``."""

@@ -345,16 +345,20 @@ class HadarPolicy:
 
     def plan_view(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot the plan sees: with sharing, the GPUs of a pair that ran are held by
-        its host alone (the guest of the last decision, ``HadarState.guests``, is planned as
-        a waiting job; the sharing step may pair it again, with its host first).  Why: the
-        plan counts a GPU once; seen held by both, it moved hosts and guests around and
-        formed new pairs every round, each costing a move.  Without sharing, the snapshot."""
+        its host alone (the guest of the last decision, ``HadarState.guests``, or the pair's
+        later job where the state does not say, is planned as a waiting job; the sharing
+        step may pair it again, with its host first).  Why: the plan counts a GPU once; seen
+        held by both, it moved hosts and guests around and formed new pairs every round, each
+        costing a move.  Without sharing, the snapshot."""
         prev = snapshot.policy_state
-        if (not self.share or snapshot.colocated is None or not snapshot.packed
-                or not isinstance(prev, HadarState) or not prev.guests):
+        if not self.share or snapshot.colocated is None or not snapshot.packed:
             return snapshot
-        paired = {j for pair in snapshot.packed for j in pair}
-        guests = [g for g in prev.guests if g in paired]
+        known = set(prev.guests) if isinstance(prev, HadarState) else set()
+        # (a pair whose guest the state does not name, e.g. after the sidecar restarted: the
+        # job with the higher id, the later one, is taken for the guest)
+        running = set(snapshot.current.job.tolist())
+        guests = [b if b in known or a not in known else a for a, b in snapshot.packed
+                  if a in running and b in running]
         drop = np.isin(snapshot.current.job, np.array(guests, dtype=np.int64))
         if not drop.any():
             return snapshot

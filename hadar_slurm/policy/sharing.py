@@ -26,10 +26,13 @@ waiting jobs in queue order, each with the host where it pays most, a host takin
    plan's makespan out.
 4. **Never** a pair the table forbids (a co-located rate of 0), of unequal scale factors, a
    job whose user said ``share=no`` (``Snapshot.may_share``), a forked job (HadarE's copies),
-   or a host spread over several GPU types.
+   or a host spread over several GPU types; and, where the world says so (the Slurm sidecar),
+   never a new pair whose host may not be joined (``Snapshot.may_host``: it holds whole GPUs),
+   whose guest may not join (``Snapshot.may_join``: it runs), or on GPUs that may not be
+   shared (``Snapshot.share_nodes``).  A pair that ran in the last epoch may always form again.
 
-Nothing here runs where ``Snapshot.colocated`` is None (the Slurm sidecar): Hadar then decides
-exactly as without sharing.
+Nothing here runs where ``Snapshot.colocated`` is None (a backend that cannot share, or the
+sidecar with sharing off): Hadar then decides exactly as without sharing.
 """
 
 from __future__ import annotations
@@ -135,6 +138,9 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(order.shape[0])
     placed = np.zeros(n, dtype=np.bool_)
+    shares_on = snapshot.sharing_nodes()
+    may_host = snapshot.hosting_allowed()
+    may_join = snapshot.joining_allowed()
     hosts: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # index -> (type, rows)
     for job_id, copies in placement.by_job_copies().items():
         i = index_of.get(int(job_id))
@@ -144,6 +150,8 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
         if len(copies) != 1 or not ok[i]:
             continue  # (a forked job's copies, or a job that may not share)
         rows = sorted(next(iter(copies.values())))
+        if not all(shares_on[nd] for nd, _c in rows):
+            continue  # (its GPUs may not be shared: the node has no shards)
         types = {int(snapshot.node_type[nd]) for nd, _c in rows}
         h = types.pop()
         if not types and rate[i, h] > 0 and sum(c for _nd, c in rows) == int(scale[i]):
@@ -160,6 +168,9 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
         """What waiting job ``x`` joining host ``p`` on type ``h`` gains (None: not allowed)."""
         if scale[p] != scale[x] or rate[x, h] <= 0:
             return None
+        again = before.get(ids[x]) == ids[p]  # (the pair ran in the last epoch)
+        if not again and not (may_host[p] and may_join[x]):
+            return None  # the world cannot put these two together now
         cp, cx = rates.rates(p, x, h)
         if cp <= 0 or cx <= 0:
             return None  # the table forbids the pair there
@@ -176,7 +187,7 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
             gain = pair_gain(tp, tx, sp, sx, float(weight[p]), float(weight[x]), behind)
         else:
             gain = pair_gain(tx, tp, sx, sp, float(weight[x]), float(weight[p]), behind)
-        if before.get(ids[x]) != ids[p]:
+        if not again:
             # A guest that starts on the host's GPUs pays a start it would not pay waiting
             # (``migration_s``, once now and at most once when the pair ends), and the host
             # shares at its co-located rate while the guest starts.

@@ -22,6 +22,14 @@ copy (``HADAR_COPY_GPU_TYPE``), else read from Slurm: the ``gpu`` GRES of every 
 ``SLURM_JOB_NODELIST`` (``scontrol show node``, with the job's ``SLURM_CONF``).  A forked job
 (more than one copy) also spends :class:`~hadar_slurm.consolidation.ConsolidationCost`'s
 seconds per round, divided by ``--compression``, consolidating: as the simulator charges it.
+
+While the sidecar has it share its GPU with another job (issue #16: the tracker dir's
+``sharing.json``, :mod:`hadar_slurm.runtime.colocation`), it advances at the co-located rate the
+table gives for the pair (``table.pairs.pair_rate(job type, partner's type, GPUs, GPU type)``,
+times ``--compression``), and at its isolated rate again once the file is gone or the partner's
+``progress.json`` says it is complete.  It looks at most every :data:`CHECK_S` seconds, and says
+so (one line) when its rate changes.  A pair the table forbids or lacks keeps the isolated rate,
+with a warning.  A forked copy ignores sharing: the file is for one unforked job's GPUs.
 """
 
 from __future__ import annotations
@@ -57,6 +65,12 @@ from hadar_slurm.rates.table import (  # noqa: E402
     default_table,
     load_tables,
 )
+from hadar_slurm.runtime.colocation import (  # noqa: E402
+    SHARING_FILE,
+    Sharing,
+    partner_done,
+    read_sharing,
+)
 from hadar_slurm.runtime.config import (  # noqa: E402
     RuntimeConfig,
     signal_number,
@@ -73,6 +87,9 @@ _SOURCE = "hadar_slurm.runtime.emulate"
 _STARTED = time.monotonic()
 #: Sleep only when this far ahead of the pace (s): shorter sleeps cost more than they keep.
 _MIN_SLEEP_S = 0.005
+#: Look at the sharing file (and the partner's progress) at most this often (wall seconds): a
+#: stat per look, so cheap, and a quarter of a second late is nothing next to a round.
+CHECK_S = 0.25
 
 
 #: The bundled table, parsed once by a warm-start server (:func:`preload`) for all its payloads.
@@ -133,6 +150,19 @@ class Pace:
         """The next iteration is due one period from now (after a pause: no catching up)."""
         self._due = self._clock() + self.period
 
+    def set_rate(self, rate: float) -> None:
+        """Go on at ``rate`` from now on.  The wait for the iteration now under way is scaled
+        to the new period (the share of it already waited counts as done), so the change
+        neither bursts (steps owed at the old rate are not run at once at the new one: any
+        backlog is dropped) nor stalls (the next iteration is at most one new period away)."""
+        if rate <= 0:
+            raise ValueError("rate must be > 0")
+        period = 1.0 / rate
+        now = self._clock()
+        left = min(max(self._due - now, 0.0), self.period)
+        self._due = now + left * (period / self.period)
+        self.period = period
+
     def step(self) -> None:
         ahead = self._due - self._clock()
         if ahead > _MIN_SLEEP_S:
@@ -140,6 +170,96 @@ class Pace:
         elif ahead < -1.0:
             self._due = self._clock()  # (stalled: do not run fast to catch up)
         self._due += self.period
+
+
+class SharingWatch:
+    """The rate (steps/s, compressed) this payload must advance at, from its tracker dir's
+    sharing file: the co-located rate while it shares its GPU with a job that has not finished,
+    its isolated rate otherwise.  :meth:`poll`, called every step, looks at most every
+    :data:`CHECK_S` seconds (``clock``'s), re-reads the file only when it changed (its stat),
+    and re-reads the partner's progress at each look (it completes without the file changing).
+
+    With several GPU types (a job over nodes of several types) only the shared type's rate
+    changes: the job advances at the slowest of the pair's rate and the other types'.
+    """
+
+    def __init__(self, tracker_dir: Path, table: ThroughputTable, job_type: str, gpus: int,
+                 gpu_types: Sequence[str], compression: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = tracker_dir / SHARING_FILE
+        self._tracker_dir = tracker_dir
+        self._table = table
+        self._job_type = job_type
+        self._gpus = gpus
+        self._types = list(gpu_types)
+        self._compression = compression
+        self._clock = clock
+        self.isolated = emulated_rate(table, job_type, gpus, gpu_types) * compression
+        #: The rate now (compressed), and the partner it is shared with (None: alone).
+        self.rate = self.isolated
+        self.partner: int | None = None
+        self._next = clock()
+        self._stat: tuple[int, int, int] | None = None
+        self._sharing: Sharing | None = None
+        self._warned: Sharing | None = None
+
+    def poll(self) -> float | None:
+        """The new rate when it changed since the last look (a line says so), else None (also
+        when no look is due yet)."""
+        if self._clock() < self._next:
+            return None
+        return self.check()
+
+    def check(self) -> float | None:
+        """:meth:`poll` now, whatever the time (the next look is then due :data:`CHECK_S`
+        from now)."""
+        self._next = self._clock() + CHECK_S
+        try:
+            st = os.stat(self.path)
+            stat: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            stat = None
+        if stat != self._stat:
+            self._stat = stat
+            self._sharing = None if stat is None else read_sharing(self._tracker_dir)
+        sharing = self._sharing
+        rate, partner = self.isolated, None
+        if sharing is not None and not partner_done(sharing):
+            shared = self._shared_rate(sharing)
+            if shared is not None:
+                rate, partner = shared, sharing.partner
+        if rate == self.rate and partner == self.partner:
+            return None
+        self.rate, self.partner = rate, partner
+        if sharing is not None and partner is not None:
+            print(f"emulate: sharing GPU with job {partner} ({sharing.partner_type}): "
+                  f"{rate:.3f} steps/s", flush=True)
+        else:
+            print(f"emulate: alone again: {rate:.3f} steps/s", flush=True)
+        return rate
+
+    def _shared_rate(self, sharing: Sharing) -> float | None:
+        """The compressed rate while sharing as ``sharing`` says; None (with one warning per
+        sharing) where it cannot be had: the pair is forbidden or not in the table, or the
+        shared GPU is not of a type this job runs on."""
+        own = 0.0
+        if sharing.gpu_type in self._types:
+            own = self._table.pairs.pair_rate(self._job_type, sharing.partner_type,
+                                              self._gpus, sharing.gpu_type)[0]
+        if own <= 0:
+            if self._warned != sharing:
+                self._warned = sharing
+                why = (f"it runs on {'/'.join(self._types)}, not {sharing.gpu_type}"
+                       if sharing.gpu_type not in self._types else
+                       "the table forbids or lacks the pair")
+                print(f"emulate: warning: sharing GPU with job {sharing.partner} "
+                      f"({sharing.partner_type}) on {self._gpus} GPU(s) of {sharing.gpu_type}: "
+                      f"{why}; keeping the isolated rate {self.isolated:.3f} steps/s",
+                      file=sys.stderr, flush=True)
+            return None
+        others = [self._table.rate(self._job_type, self._gpus, t) for t in self._types
+                  if t != sharing.gpu_type]
+        return min([own, *others]) * self._compression
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,7 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"emulate: {args.job_type} on {args.gpus} GPU(s) of {'/'.join(types)}: "
           f"{rate:.3f} steps/s ({args.compression:g}x), copy {config.index} of "
           f"{config.copies}", flush=True)
+    # (a forked copy ignores sharing: its copies share one tracker dir, not one GPU)
+    watch = (SharingWatch(config.tracker_dir, table, args.job_type, args.gpus, types,
+                          args.compression) if config.copies == 1 else None)
     with JobRuntime(model, None, config) as rt:
+        if watch is not None:
+            watch.check()  # (sharing from the start: its first step at the shared rate)
+            rate = watch.rate
         pace = Pace(rate)
         current = -1
         for _ in rt.steps():
@@ -199,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     time.sleep(consolidate_s)  # (what one consolidation costs, compressed)
                 current = rt.round
                 pace.restart()
+            if watch is not None and (changed := watch.poll()) is not None:
+                pace.set_rate(changed)
             pace.step()
         summary = rt.finish()
     # The work is done and saved: a preemption signal from now on (the sidecar moving a job

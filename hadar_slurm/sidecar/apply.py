@@ -33,7 +33,10 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.logs import log_event
 from hadar_slurm.loop import ApplyReport, Change, ChangeKind, Rows
 from hadar_slurm.rates.store import StoreDamagedError
+from hadar_slurm.runtime import colocation
+from hadar_slurm.runtime.colocation import Sharing
 from hadar_slurm.sidecar import fork as hadare
+from hadar_slurm.sidecar import shard
 from hadar_slurm.sidecar.fork import CopyGroup, ForkError
 from hadar_slurm.sidecar.observe import (
     GroupEnd,
@@ -46,10 +49,11 @@ from hadar_slurm.sidecar.observe import (
     rows_text,
 )
 from hadar_slurm.sidecar.record import JobRecord, decode
-from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmTimeoutError
+from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.slurm.api import SlurmApi
 from hadar_slurm.slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
+from hadar_slurm.slurm.version import SlurmVersion
 
 logger = logging.getLogger("hadar_slurm.sidecar")
 
@@ -114,6 +118,10 @@ class SlurmApplier:
         #: forked.
         self.watch: set[int] = set()
         self._done: set[tuple[int, int, str, int]] = set()  # keys applied (this epoch)
+        #: GPU sharing: nodes where a pair was placed this epoch, and what each job was last
+        #: told of its mate (:meth:`_tell_mates`; 0: alone).
+        self._shard_nodes: set[str] = set()
+        self._told: dict[int, int] = {}
         #: When a moved job was seen back in the queue (its last run ended before), by job.
         self._left: dict[int, float] = {}
         self._done_epoch = -1
@@ -156,6 +164,10 @@ class SlurmApplier:
         self.watch = {j.job_id for j in seen.jobs if j.state in RUNNING_STATES
                       and gpu_nodes.intersection(j.node_names) and j.job_id not in stopping}
         epoch = seen.epoch if not todo else todo[0].epoch
+        # GPU sharing: the PLACE changes of pairs, by job, and the jobs already placed so
+        pair_places = {c.job_id: c for c in todo if c.kind is ChangeKind.PLACE and c.mate}
+        paired: set[int] = set()
+        self._shard_nodes = set()
         stopped = False
         grace: _Grace | None = None
         for c in todo:
@@ -184,7 +196,13 @@ class SlurmApplier:
                     self._guard("keep_fork", job_id, self._keep_fork, view, c.epoch)
                 elif not view.running:  # placed, not started: what a crash left undone
                     self.watch.add(job_id)
-                    self._guard("place", job_id, self._place, view, c.copies[0], c.epoch)
+                    self._guard("place", job_id, self._place, view, c.copies[0], c.epoch,
+                                "", c.mate)
+            elif c.kind is ChangeKind.PLACE and c.mate:
+                self.watch.add(job_id)
+                if job_id not in paired:
+                    self._guard("place", job_id, self._place_shared, view, c, pair_places,
+                                paired)
             elif c.kind is ChangeKind.PLACE:
                 self.watch.add(job_id)
                 if c.nofork:
@@ -201,6 +219,7 @@ class SlurmApplier:
                 self._guard("wait", job_id, self._keep_waiting, view, c.epoch)
         if grace is not None:
             self._grace(grace)
+        self._guard("sharing", 0, self._tell_mates)
         seen.stats.apply_s = time.perf_counter() - t0
         seen.stats.commands_apply = self.api.commands - before
         return report
@@ -244,23 +263,32 @@ class SlurmApplier:
         self.report.applied.append(entry)
         log_event(logger, "action", logging.INFO, **entry)
 
-    def _place(self, view: JobView, rows: Rows, epoch: int, why: str = "") -> None:
+    def _place(self, view: JobView, rows: Rows, epoch: int, why: str = "", mate: int = 0,
+               release: bool = True) -> bool:
         """Place a pending job on ``rows`` (equal GPU counts per node: reconcile checked), or
-        only release it when its record says it is placed there already."""
+        only release it when its record says it is placed there already.  ``mate``: the job
+        it shares its one GPU with (it then asks for one shard of it, not a GPU).  With
+        ``release=False`` it is left held (the caller releases it).  False when Slurm did not
+        take the placement."""
         place = rows_text(self.seen.node_names, rows)
         counts = {c for _, c in place}
         job_id = view.job_id
         rec = view.record
         types = sorted({self.seen.node_type_names[k] for k, _ in rows})
-        already = rec.state == "placed" and rec.place == place and not why
+        already = rec.state == "placed" and rec.place == place and rec.mate == mate and not why
         if not already:
             if not self._take_hold(view):
-                return
+                return False
             per_node = counts.pop()
             fields: dict[str, str] = {}
-            if (len(place) > 1 or len(rec.place) > 1 or view.repair
+            if mate:
+                # one shard of one GPU (24.11+; the observer offers sharing only there)
+                fields["NumNodes"] = "1"
+                fields["TresPerNode"] = f"{shard.gres_prefix(self._version())}shard:1"
+            elif (len(place) > 1 or len(rec.place) > 1 or view.repair
                     or view.job.gpus_per_node != per_node):
-                # (22.05 ignores an update of Gres=; TresPerNode= works)
+                # (22.05 ignores an update of Gres=; TresPerNode= works; a job that last ran
+                # as a shard asks for no GPU, and gets its GPUs back here)
                 fields["NumNodes"] = str(len(place))
                 fields["TresPerNode"] = f"gres:gpu:{per_node}"
             fields["NodeList"] = ",".join(n for n, _ in place)
@@ -277,13 +305,142 @@ class SlurmApplier:
                 fields["StartTime"] = start_time(self._left.get(job_id, now), now)
             fields["AdminComment"] = rec.with_(
                 epoch=epoch, state="placed", place=place, gpus=view.gpus, group=0, copies=0,
-                why=why or (rec.why if rec.nofork else "")).encode()
+                mate=mate, why=why or (rec.why if rec.nofork else "")).encode()
+            extra: dict[str, object] = {"mate": mate} if mate else {}
             if not self._write("place", job_id, self.api.update_job, fields,
                                nodes=[n for n, _ in place], gpu_type="|".join(types),
-                               gpus=view.gpus):
-                return
-        if view.held:
+                               gpus=view.gpus, **extra):
+                return False
+        if view.held and release:
             self._write("release", job_id, self.api.release)
+        return True
+
+    def _version(self) -> SlurmVersion:
+        version = self.seen.slurm_version
+        if version is None:
+            version = self.seen.slurm_version = self.api.slurm_version()
+        return version
+
+    def _place_shared(self, view: JobView, change: Change, places: Mapping[int, Change],
+                      paired: set[int]) -> None:
+        """Place a job of a pair (``change.mate``: its mate) on one GPU, each with one shard:
+        both pending (placed together, then released together), or beside its mate running
+        alone on that GPU's shards.  Slurm cannot be told which GPU a shard job gets, only
+        foreseen to give the lowest-index one with a free shard (docs/sharing.md), so the
+        placement goes ahead only where that lands the two together, with no other shard job
+        waiting for the node and no other pair placed on it this epoch; otherwise the earlier
+        job is placed alone (as a GPU job) and the later one waits, with the reason."""
+        seen = self.seen
+        rows = change.copies[0]
+        node_name = seen.node_names[rows[0][0]]
+        node = next((n for n in seen.nodes if n.name == node_name), None)
+        mate = seen.views.get(change.mate)
+        both = [view] if mate is None or mate.running else sorted(
+            [view, mate], key=lambda v: v.job_id)
+        paired.update(v.job_id for v in both)
+        why = self._pair_refused(node, [v.job_id for v in both], mate)
+        if mate is None or why:
+            # (of two that wait, the earlier runs alone; beside a running mate, none does)
+            later = both[1:] if len(both) == 2 else [view]
+            if len(both) == 2:
+                self._place(both[0], rows, change.epoch)
+            for v in later:
+                text = f"waits: cannot share a GPU with job {change.mate} now ({why})"
+                self.report.detail[v.job_id] = text
+                self._keep_waiting(v, change.epoch)
+            log_event(logger, "share_refused", logging.INFO, epoch=change.epoch,
+                      job=view.job_id, mate=change.mate, node=node_name, why=why)
+            return
+        self._shard_nodes.add(node_name)
+        if len(both) == 1:
+            self._place(view, rows, change.epoch, "", change.mate)
+            return
+        a, b = both
+        took = [v for v in both if self._place(v, rows, change.epoch, "", (b if v is a else a)
+                                                .job_id, release=False)]
+        for v in took:  # (both placed: released one after the other, same pass)
+            if v.held:
+                self._write("release", v.job_id, self.api.release)
+
+    def _tell_mates(self) -> None:
+        """Each job of a pair is told whom it shares its GPU with, and a job whose mate left
+        that it runs alone again: its tracker dir's sharing file
+        (:mod:`hadar_slurm.runtime.colocation`; an emulated payload then advances at the
+        pair's co-located rate).  Written as the job's owner, once per change: for the jobs
+        placed beside a mate this epoch, and the running ones whose mate (as read) is not
+        what they were last told."""
+        seen = self.seen
+        if not seen.share:
+            return
+        want: dict[int, tuple[int, str]] = {}  # job -> (mate, the node they share)
+        for v in seen.views.values():
+            if (v.shard_gpu is not None or v.job_id in self._told) and v.job.node_names:
+                want[v.job_id] = (v.mate, v.job.node_names[0])
+        for entry in self.report.applied:
+            job, nodes = entry.get("job"), entry.get("nodes")
+            if entry.get("action") == "place" and isinstance(job, int) and isinstance(
+                    nodes, list) and nodes:
+                want[job] = (int(str(entry.get("mate") or 0)), str(nodes[0]))
+        self._told = {j: m for j, m in self._told.items() if j in seen.views}
+        types = dict(zip(seen.node_names, seen.node_type_names, strict=True))
+        for job_id, (mate, node) in sorted(want.items()):
+            if self._told.get(job_id, 0) == mate:
+                continue
+            view = seen.views.get(job_id)
+            if view is None:
+                continue
+            other = seen.views.get(mate)
+            try:
+                tracker = hadare.tracker_dir(view.job, None)
+                owner = hadare.owner_of(view.job)
+            except ForkError as exc:
+                log_event(logger, "share_untold", logging.WARNING, job=job_id, mate=mate,
+                          why=str(exc))
+                self._told[job_id] = mate
+                continue
+            partner_tracker = ""
+            if other is not None:
+                try:
+                    partner_tracker = hadare.tracker_dir(other.job, None)
+                except ForkError:
+                    pass
+            text = colocation.sharing_text(None if other is None or not mate else Sharing(
+                partner=mate, partner_type=other.hints.job_type,
+                gpu_type=types.get(node, "") or "?", scale=1,
+                partner_tracker=partner_tracker, since=time.time()))
+            try:
+                self.api.write_files(owner, tracker, {colocation.SHARING_FILE: text})
+            except SlurmError as exc:
+                log_event(logger, "action_failed", logging.WARNING, epoch=seen.epoch,
+                          job=job_id, action="tell_mate", error=str(exc))
+                continue
+            self._did("tell_mate", job_id, mate=mate)
+            self._told[job_id] = mate
+
+    def _pair_refused(self, node: SlurmNode | None, placing: Sequence[int],
+                      mate: JobView | None) -> str:
+        """Why a pair cannot be placed on ``node`` now ("" when it can): see
+        :meth:`_place_shared`."""
+        if node is None or mate is None:
+            return "its mate or its node is not in the last read"
+        if node.name in self._shard_nodes:
+            return f"another pair is placed on {node.name} this epoch"
+        others = [j for j in self.seen.jobs if j.job_id not in placing]
+        waiting = [j.job_id for j in others if j.state in PENDING_STATES and not j.held
+                   and any(g.name == "shard" for g in j.gres)]
+        if waiting:
+            return f"shard jobs {waiting} wait; which GPU each gets cannot be foreseen"
+        gpus = shard.node_gpus(node, others)
+        if mate.running:
+            got = shard.first_fit(gpus, 1)
+            if got != mate.shard_gpu:
+                return (f"Slurm would give it GPU {got} of {node.name}, not GPU "
+                        f"{mate.shard_gpu}, where job {mate.job_id} runs")
+            return ""
+        if shard.pair_gpu(gpus, 1) is None:
+            free = {g.index: g.free for g in gpus}
+            return (f"no GPU of {node.name} would take both (free shards by GPU {free})")
+        return ""
 
     def _take_hold(self, view: JobView) -> bool:
         """Before the sidecar writes its record on a job held with a user hold (the plugin's at

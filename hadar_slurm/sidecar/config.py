@@ -432,6 +432,16 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_factor,
     ),
     ConfigKey(
+        "scheduler", "share", "bool", "false",
+        "GPU sharing: let the policy (hadar, hadare) run two 1-GPU jobs on one GPU where the "
+        "throughput table's co-located rates say the pair does more than taking turns. It "
+        "needs Slurm 24.11 or later, the cli backend, a table with co-located rates (Gavel's "
+        "JSON) and nodes whose GPUs are split into shards (gres/shard, 2 or more per GPU; "
+        "only those nodes share). Jobs with the hint share=no never share. See "
+        "docs/sharing.md.",
+        check=_bool,
+    ),
+    ConfigKey(
         "hadare", "tracker_root", "path", '""',
         "Where the job trackers of forked jobs (hint fork=N) live: job J's is "
         "<root>/.hadar-tracker/J, a directory the nodes share; the copies' progress, J's saved "
@@ -516,6 +526,7 @@ class SidecarConfig:
     policy: str
     epoch_seconds: float
     reschedule_on_finish: bool
+    share: bool
     finish_poll_s: float
     preempt_grace_s: float
     restart_s: float

@@ -52,7 +52,7 @@ from hadar_slurm.core.info import core_kind
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import log_event, log_exception, setup_logging
 from hadar_slurm.loop import EpochLoop, EpochRecord
-from hadar_slurm.policy import make_policy
+from hadar_slurm.policy import REGISTRY, make_policy, policy_settings
 from hadar_slurm.policy.base import Decision, Reason, Snapshot
 from hadar_slurm.rates.learn import Knowledge
 from hadar_slurm.rates.store import Entry, Key, StoreDamagedError, ThroughputStore
@@ -239,7 +239,7 @@ class Sidecar:
         self.api: SlurmApi = DryRunApi(api) if config.dry_run else api
         # What Slurm allows (one node per copy) and what a move costs reach the policy
         # through the backend's snapshots, not as settings.
-        self.policy = make_policy(config.policy)
+        self.policy = make_policy(config.policy, **share_setting(config))
         table = load_table_for(config)
         self.store: SidecarStore | None = open_store(config, self.logger)
         self.backend = SlurmBackend(
@@ -250,7 +250,7 @@ class Sidecar:
             tracker_root=config.tracker_root,
             knowledge=Knowledge(table, self.store, learn=config.learn_throughputs,
                                 optimism=config.estimate_optimism),
-            migration_s=config.move_cost_s, restart_s=config.restart_s,
+            migration_s=config.move_cost_s, restart_s=config.restart_s, share=config.share,
         )
         clock = StopClock(self.stop, wake=self._job_ended if config.reschedule_on_finish
                           else None, poll_s=config.finish_poll_s)
@@ -328,6 +328,7 @@ class Sidecar:
         if refused is not None:
             raise InputError(refused, source=c.source, field=UNTESTED_FIELD, fix=UNTESTED_FIX)
         self.slurm_version = version
+        self.backend.slurm_version = version
         self._slurm_checked = True
         self.metrics.slurm(version.release, tested=version.tested)
 
@@ -465,6 +466,20 @@ class Sidecar:
                           path=self.config.state_dir, error=str(exc))
 
 
+def share_setting(config: SidecarConfig) -> dict[str, object]:
+    """The policy's ``share`` setting from ``[scheduler] share``: ``{"share": True}`` when it is
+    on (an :class:`InputError` when the policy cannot share), ``{}`` when it is off."""
+    if not config.share:
+        return {}
+    if "share" not in policy_settings(config.policy):
+        sharing = sorted(n for n in REGISTRY if "share" in policy_settings(n))
+        raise InputError(f"policy {config.policy!r} does not share GPUs", source=config.source,
+                         field="[scheduler] share",
+                         fix=f"set share = false, or use a policy that shares: "
+                             f"{', '.join(sharing)}")
+    return {"share": True}
+
+
 def _no_wait(seconds: float) -> None:
     """Grace periods of a dry run: nothing was signalled, nothing to wait for."""
 
@@ -473,7 +488,9 @@ def _job_info(view: JobView, snapshot: Snapshot, rows: Sequence[tuple[int, int]]
               remaining: float, *, reason: str, reason_text: str, component: str,
               detail: str) -> dict[str, object]:
     """What status/explain show of one job: its hints, estimates, rates, where it is placed
-    (``rows``: (node index, GPUs)) and why."""
+    (``rows``: (node index, GPUs)) and why; and, with GPU sharing, the GPU index whose shards
+    it holds as the read found it (``shard_gpu``, None: none) and the job holding that GPU's
+    other shards (``mate``, 0: none)."""
     return {
         "model": view.hints.model, "batch_size": view.hints.batch_size,
         "job_type": view.hints.job_type, "gpus": view.gpus, "steps": view.hints.steps,
@@ -487,6 +504,7 @@ def _job_info(view: JobView, snapshot: Snapshot, rows: Sequence[tuple[int, int]]
         "gpu_type": "|".join(sorted({snapshot.gpu_types[snapshot.node_type[k]]
                                      for k, _ in rows})),
         "slurm_state": view.job.state, "running": view.running,
+        "mate": view.mate, "shard_gpu": view.shard_gpu,
     }
 
 
@@ -494,9 +512,14 @@ def epoch_state(
     config: SidecarConfig, backend: SlurmBackend, snapshot: Snapshot, decision: Decision,
     *, slurm_version: SlurmVersion | None = None,
 ) -> dict[str, object]:
-    """What ``status``/``explain`` show about the last epoch, JSON-ready."""
+    """What ``status``/``explain`` show about the last epoch, JSON-ready.  GPU sharing:
+    ``sharing`` is ``"on"`` or why it is not offered, ``share`` whether the config turned it
+    on, ``shards`` the shards per GPU of the nodes that have them, and each job's
+    ``shares_with`` the job the decision puts on the same GPU (``decision.packed``; None)."""
     placed = decision.placement.by_job_sorted()
     copies_of = decision.placement.by_job_copies()
+    partner = {int(a): int(b) for a, b in decision.packed} | {
+        int(b): int(a) for a, b in decision.packed}
     jobs: dict[str, object] = {}
     for i, job_id in enumerate(snapshot.job_ids.tolist()):
         view = backend.views[job_id]
@@ -509,7 +532,8 @@ def epoch_state(
         info.update(max_copies=view.max_copies, fork_blocked=view.fork_blocked,
                     copies=len(cp), placed_copies=[[c, snapshot.node_names[k], n]
                                                    for c, cr in sorted(cp.items())
-                                                   for k, n in cr])
+                                                   for k, n in cr],
+                    shares_with=partner.get(job_id))
         jobs[str(job_id)] = info
         if view.group is not None:
             info["forked"] = {
@@ -531,12 +555,15 @@ def epoch_state(
             view, snapshot, list(view.rows), max(0.0, view.hints.steps - view.done),
             reason="PINNED", component="hints",
             reason_text="runs where it was placed until it ends (preempt=never)", detail="")
-        info.update(max_copies=1, fork_blocked="", copies=0, placed_copies=[], pinned=True)
+        info.update(max_copies=1, fork_blocked="", copies=0, placed_copies=[], pinned=True,
+                    shares_with=partner.get(job_id))
         jobs[str(job_id)] = info
     return {
         "epoch": decision.epoch, "time": snapshot.now, "policy": config.policy,
         "dry_run": config.dry_run, "epoch_seconds": config.epoch_seconds,
         "slurm_version": None if slurm_version is None else slurm_version.release,
+        "sharing": backend.share_off or "on", "share": backend.share,
+        "shards": {n: s for n, s in sorted(backend.shards.items()) if s},
         "gpu_types": list(snapshot.gpu_types),
         "nodes": [{"name": n, "gpu_type": snapshot.gpu_types[int(snapshot.node_type[k])],
                    "gpus_for_hadar": int(snapshot.node_gpus[k])}

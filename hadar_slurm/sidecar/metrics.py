@@ -19,6 +19,13 @@ so that tests can make several)::
     hadar_gpus_busy{gpu_type}           gauge      GPUs in use in Slurm (any job) at the read
     hadar_gpus_total{gpu_type}          gauge      GPUs of the nodes of that type
     hadar_gpus_hadar{gpu_type}          gauge      GPUs the last decision gave hadar jobs
+    hadar_shared_gpus{gpu_type}         gauge      GPUs two hadar jobs share at the read (one
+                                                   shard each: the observer's pairs)
+    hadar_sharing_jobs                  gauge      hadar jobs sharing a GPU at the read
+    hadar_sharing_offered               gauge      1 while GPU sharing is offered to the
+                                                   policy, else 0 (off in the config, or not
+                                                   possible: the sharing log event and
+                                                   state.json's "sharing" say why)
     hadar_actions_total{action}         counter    changes made to Slurm (place, release, ...)
     hadar_last_epoch_actions            gauge      changes made in the last epoch
     hadar_jobs_placed_total             counter    placements (``place`` and ``fork`` actions)
@@ -165,6 +172,11 @@ class EpochSummary:
     gpus_hadar: Mapping[str, int]  # GPU type -> GPUs the decision gives hadar jobs
     actions: Mapping[str, int]  # action -> count, this epoch
     finished: tuple[JobFinish, ...] = ()
+    #: GPU sharing at the read: GPU type -> GPUs two hadar jobs share, the jobs sharing one,
+    #: and whether sharing was offered to the policy
+    shared_gpus: Mapping[str, int] = field(default_factory=dict)
+    sharing_jobs: int = 0
+    sharing_offered: bool = False
 
     @property
     def queue(self) -> int:
@@ -182,6 +194,7 @@ class EpochSummary:
             "queue": self.queue, "job_states": dict(self.jobs),
             "placements": self.placements, "gpus_busy": dict(self.gpus_busy),
             "gpus_total": dict(self.gpus_total), "gpus_hadar": dict(self.gpus_hadar),
+            "shared_gpus": dict(self.shared_gpus), "sharing_jobs": self.sharing_jobs,
             "finished": [f.to_log() for f in self.finished],
         }
 
@@ -209,6 +222,14 @@ def summarize_epoch(
             busy[node.gpu_type] = busy.get(node.gpu_type, 0) + node.gpus_used
             total[node.gpu_type] = total.get(node.gpu_type, 0) + node.gpus
     hadar = dict.fromkeys(total, 0)
+    # a pair holds one GPU of its node (1-GPU jobs, one shard each)
+    type_of = {n.name: n.gpu_type for n in backend.nodes if n.gpu_type}
+    shared = dict.fromkeys(total, 0)
+    for a, _b in backend.pairs:
+        held = backend.views.get(a)
+        t = type_of.get(held.job.node_names[0]) if held and held.job.node_names else None
+        if t:
+            shared[t] = shared.get(t, 0) + 1
     if decision is not None and snapshot is not None:
         p = decision.placement
         for k, c in zip(p.node.tolist(), p.count.tolist(), strict=True):
@@ -221,7 +242,9 @@ def summarize_epoch(
     return EpochSummary(
         epoch=record.epoch, start=record.start, duration_s=duration_s,
         decision_s=record.decision_s, jobs=states, gpus_busy=busy, gpus_total=total,
-        gpus_hadar=hadar, actions=dict(sorted(actions.items())), finished=tuple(finished))
+        gpus_hadar=hadar, actions=dict(sorted(actions.items())), finished=tuple(finished),
+        shared_gpus=shared, sharing_jobs=len({j for pair in backend.pairs for j in pair}),
+        sharing_offered=not backend.share_off)
 
 
 class _ErrorCounter(logging.Handler):
@@ -276,6 +299,15 @@ class SidecarMetrics:
                                 ["gpu_type"], registry=r)
         self.gpus_hadar = Gauge("hadar_gpus_hadar", "GPUs the last decision gave hadar jobs",
                                 ["gpu_type"], registry=r)
+        self.shared_gpus = Gauge(
+            "hadar_shared_gpus", "GPUs two hadar jobs share (one shard each) at the last read",
+            ["gpu_type"], registry=r)
+        self.sharing_jobs = Gauge("hadar_sharing_jobs",
+                                  "Hadar jobs that share a GPU with another at the last read",
+                                  registry=r)
+        self.sharing_offered = Gauge(
+            "hadar_sharing_offered", "1 while GPU sharing is offered to the policy, else 0 "
+            "(off in the config, or not possible here)", registry=r)
         self.actions = Counter("hadar_actions", "Changes made to Slurm, by action",
                                ["action"], registry=r)
         self.last_actions = Gauge("hadar_last_epoch_actions",
@@ -322,12 +354,15 @@ class SidecarMetrics:
         self.last_epoch_time.set(s.start)
         for state in JOB_STATES:
             self.jobs.labels(state=state).set(s.jobs.get(state, 0))
-        types = set(s.gpus_total) | set(s.gpus_busy) | set(s.gpus_hadar)
+        types = set(s.gpus_total) | set(s.gpus_busy) | set(s.gpus_hadar) | set(s.shared_gpus)
         for t in sorted(types | self._types):  # a type that is gone reads 0
             self.gpus_busy.labels(gpu_type=t).set(s.gpus_busy.get(t, 0))
             self.gpus_total.labels(gpu_type=t).set(s.gpus_total.get(t, 0))
             self.gpus_hadar.labels(gpu_type=t).set(s.gpus_hadar.get(t, 0))
+            self.shared_gpus.labels(gpu_type=t).set(s.shared_gpus.get(t, 0))
         self._types |= types
+        self.sharing_jobs.set(s.sharing_jobs)
+        self.sharing_offered.set(1 if s.sharing_offered else 0)
         for action, n in s.actions.items():
             self.actions.labels(action=action).inc(n)
         self.last_actions.set(sum(s.actions.values()))

@@ -35,11 +35,13 @@ from hadar_slurm.rates.learn import Knowledge, SlurmRun
 from hadar_slurm.rates.store import StoreDamagedError
 from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sidecar import fork as hadare
+from hadar_slurm.sidecar import shard
 from hadar_slurm.sidecar.fork import CopyGroup, ForkError, Progress
 from hadar_slurm.sidecar.record import MAX_ARGS_BYTES, JobRecord, decode, mark
 from hadar_slurm.slurm import SlurmJob, SlurmNode
 from hadar_slurm.slurm.api import SlurmApi
 from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES, RUNNING_STATES
+from hadar_slurm.slurm.version import SlurmVersion
 
 #: Node states (base) whose GPUs may be handed out, and flags that take a node out.
 NODE_USABLE = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
@@ -96,6 +98,11 @@ class JobView:
     # estimated; "" for no rate)
     rate_sources: tuple[str, ...] = ()
     parked: bool = False  # waits for the sidecar by its begin time (is_parked), not held
+    #: GPU sharing: the GPU index (on its one node) whose shards it holds while it runs as a
+    #: shard job (None: it holds whole GPUs, or does not run), and the job that holds the
+    #: other shards of that GPU (0: none, it runs alone there)
+    shard_gpu: int | None = None
+    mate: int = 0
 
     @property
     def job_id(self) -> int:
@@ -246,8 +253,12 @@ class SlurmObserver:
         self, api: SlurmApi, table: ThroughputTable, *, catalog: ModelCatalog | None = None,
         partition: str | None = None, tracker_root: str | None = None,
         knowledge: Knowledge | None = None, migration_s: float = 0.0, restart_s: float = 0.0,
+        share: bool = False,
     ) -> None:
-        """``table``: the base throughput table; ``knowledge``: what the sidecar knows over it
+        """``share``: offer the policy GPU sharing (``[scheduler] share``; pairs of 1-GPU jobs
+        on one GPU through ``gres/shard``, :mod:`hadar_slurm.sidecar.shard`), where Slurm and
+        the nodes allow it (:meth:`share_blocked`).
+        ``table``: the base throughput table; ``knowledge``: what the sidecar knows over it
         (a store, online learning, estimates; :mod:`hadar_slurm.rates.learn`), by default
         ``table`` with in-memory estimates; ``migration_s``: what a move costs a job (the
         config's ``[scheduler] migration_s``), told to the policy in every snapshot;
@@ -255,6 +266,16 @@ class SlurmObserver:
         config's ``[scheduler] restart_s``), for the estimate of its progress from its run
         time when its runtime reports none."""
         self.api = api
+        self.share = share
+        #: The Slurm release (the controller sets it once it has asked): 22.05 cannot turn a
+        #: job's GPU request into shards, so nothing is shared there.
+        self.slurm_version: SlurmVersion | None = None
+        #: Why GPU sharing is not offered this epoch ("" when it is; see share_blocked).
+        self.share_off = "not read yet"
+        #: Pairs of steered jobs that share a GPU (lower id, higher id), as the last read
+        #: found them, and each node's shards per GPU (0: none).
+        self.pairs: tuple[tuple[int, int], ...] = ()
+        self.shards: dict[str, int] = {}
         self.migration_s = migration_s
         self.restart_s = restart_s
         self.knowledge = knowledge if knowledge is not None else Knowledge(table)
@@ -401,15 +422,25 @@ class SlurmObserver:
         # started or ended between the reads (or asked for GPUs per job, not per node): the
         # smaller one wins, since over-counting free GPUs for an epoch is harmless (a released
         # job waits in Slurm) and under-counting them holds jobs for nothing.
+        # A node whose GPUs are split into shards is counted by GPU index instead: a GPU with
+        # shards in use is not in its count of used GPUs (``gpus_used`` counts gres/gpu only),
+        # and two jobs may hold one GPU.
+        self.shards = {n.name: shard.shards_per_gpu(n) for n in nodes}
+        ours = {j for j in views} | {c for c in self.copy_ids}
         gpus = np.zeros(len(nodes), dtype=np.int64)
         for k, n in enumerate(nodes):
-            if node_usable(n):
+            if not node_usable(n):
+                continue
+            if self.shards[n.name]:
+                foreign = self._foreign_by_index(n, ours)
+            else:
                 foreign = min(max(0, n.gpus_used - int(hadar_on_node[k])),
                               int(other_on_node[k]))
-                gpus[k] = max(0, n.gpus - foreign)
+            gpus[k] = max(0, n.gpus - foreign)
         node_type = np.array([types.index(n.gpu_type or "") for n in nodes], dtype=np.int64)
 
         ordered = list(views.values())
+        sharing = self._sharing(nodes, ordered)
         rate = np.array(
             [v.rates for v in ordered],
             dtype=np.float64).reshape(len(ordered), len(types))
@@ -451,7 +482,104 @@ class SlurmObserver:
             multi_node_copies=False, migration_s=self.migration_s,
             # and a job over several nodes has as many GPUs on each (a count per node)
             even_gangs=True,
+            **sharing,  # type: ignore[arg-type]
         )
+
+    def share_blocked(self) -> str:
+        """Why GPU sharing cannot be offered at all ("" when it can): off in the config, a
+        table without co-located rates, a backend that does not say which GPU a job holds, or
+        a Slurm that cannot turn a pending job's GPU request into shards (22.05)."""
+        if not self.share:
+            return "off ([scheduler] share = false)"
+        if not len(self.table.pairs):
+            return ("the throughput table has no co-located rates (pairs of jobs on one GPU: "
+                    "Gavel's JSON table has them)")
+        if "pyslurm" in self.api.name:
+            return (f"the {self.api.name} backend does not say which GPU a job holds (use the "
+                    "cli backend)")
+        if self.slurm_version is None:
+            try:
+                self.slurm_version = self.api.slurm_version()
+            except Exception as exc:  # (asked again next epoch)
+                return f"cannot tell the Slurm release ({error_text(exc)})"
+        v = self.slurm_version
+        if (v.major, v.minor) <= (22, 5):
+            return (f"Slurm {v.release} cannot turn a job's GPU request into shards (24.11 "
+                    "and later can; docs/sharing.md)")
+        return ""
+
+    def _sharing(self, nodes: Sequence[SlurmNode],
+                 ordered: Sequence[JobView]) -> dict[str, object]:
+        """What the snapshot says of GPU sharing (``Snapshot.colocated``, ``packed``,
+        ``may_share``, ``may_host``, ``may_join``, ``share_nodes``), and each running view's
+        shard GPU and mate.  A steered 1-GPU job that runs as shards on a GPU holds it with the
+        job on its other shards (a *pair*, ``packed``) or alone; one alone there, and one that
+        waits, may get a new partner; a job that waits may join one.  Only unforked 1-GPU jobs
+        whose hints allow it share (``share=no`` opts out), on nodes with two or more shards
+        per GPU."""
+        by_gpu: dict[tuple[str, int], list[JobView]] = {}
+        for v in ordered:
+            if v.running and v.group is None and len(v.job.node_names) == 1:
+                node = v.job.node_names[0]
+                held = shard.job_shards_on(v.job, node) if self.shards.get(node) else {}
+                if len(held) == 1:
+                    v.shard_gpu = next(iter(held))
+                    by_gpu.setdefault((node, v.shard_gpu), []).append(v)
+        pairs: list[tuple[int, int]] = []
+        for (_node, _gpu), held_by in by_gpu.items():
+            if len(held_by) == 2:
+                a, b = sorted(w.job_id for w in held_by)
+                pairs.append((a, b))
+                held_by[0].mate, held_by[1].mate = held_by[1].job_id, held_by[0].job_id
+        self.pairs = tuple(sorted(pairs))
+        off = self.share_blocked()
+        if self.share and off != self.share_off:
+            # (once, and when the reason changes: an admin who turned sharing on sees why
+            # nothing is shared)
+            log_event(logger, "sharing", logging.WARNING if off else logging.INFO,
+                      epoch=self.epoch, on=not off, why=off or "offered to the policy")
+        self.share_off = off
+        if self.share_off:
+            return {"packed": self.pairs}
+        share_nodes = np.array([self.shards.get(n.name, 0) >= 2 and node_usable(n)
+                                for n in nodes], dtype=np.bool_)
+        room: dict[tuple[str, int], int] = {}
+        for n in nodes:
+            if self.shards.get(n.name):
+                for g in shard.node_gpus(n, self.jobs):
+                    room[(n.name, g.index)] = g.free
+        may_share = np.array([
+            v.hints.share and v.gpus == 1 and v.hints.fork <= 1 and v.group is None
+            and (not v.running or v.shard_gpu is not None) for v in ordered], dtype=np.bool_)
+        waits = np.array([not v.running and v.group is None for v in ordered], dtype=np.bool_)
+        alone = np.array([v.shard_gpu is not None and not v.mate
+                          and room.get((v.job.node_names[0], v.shard_gpu), 0) >= 1
+                          for v in ordered], dtype=np.bool_)
+        return {"colocated": self.table.pairs, "packed": self.pairs,
+                "may_share": may_share, "may_host": may_share & (waits | alone),
+                "may_join": may_share & waits, "share_nodes": share_nodes}
+
+    def _foreign_by_index(self, node: SlurmNode, ours: set[int]) -> int:
+        """GPUs of ``node`` (one with shards) that jobs other than the steered ones hold, whole
+        or as shards, by index: the busy GPUs of the node's read less those the steered jobs
+        hold, and the GPUs the other running jobs hold in the jobs' read, whichever is fewer
+        (a job that started or ended between the two reads is in one of them only; see the
+        count of nodes without shards)."""
+        busy = shard.busy_gpus(node)
+        mine: set[int] = set()
+        theirs: set[int] = set()
+        for job in self.jobs:
+            if job.state not in shard.HOLDING_STATES or node.name not in job.node_names:
+                continue
+            held: set[int] = set()
+            for use in shard.job_gres_on(job, node.name):
+                if use.name in ("gpu", "shard"):
+                    held.update(use.indices)
+            if not held and job.gpus_per_node:  # (no index given: counted as GPUs, lowest)
+                held = set(range(job.gpus_per_node))
+            steered = job.job_id in ours and job.job_id not in self.pinned
+            (mine if steered else theirs).update(held)
+        return min(len(busy - mine), len(theirs - mine))
 
     def _sort_groups(self) -> dict[int, CopyGroup]:
         """The forks of the last read that the sidecar made (:meth:`_made_here`; a job that

@@ -37,6 +37,7 @@ def reconcile(observed: Observed, decision: Decision,
     ``reasons``: by job id, why the policy did not place it (what a ``STOP`` says)."""
     epoch = decision.epoch
     wanted = decision.placement.by_job_copies()
+    mates = _mates(observed, decision, wanted)
     first: list[Change] = [Change(epoch, ChangeKind.REQUEUE, j.job_id,
                                   why="it ended during a move without being requeued")
                            for j in observed.moves_left]
@@ -85,10 +86,15 @@ def reconcile(observed: Observed, decision: Decision,
             else:
                 keep.append(Change(epoch, ChangeKind.KEEP, job_id, cps))
             continue
+        mate = mates.get(job_id, 0)
         if not cps:
             change = Change(epoch, ChangeKind.WAIT, job_id)
+        elif mate < 0:
+            change = Change(epoch, ChangeKind.WAIT, job_id, why=(
+                f"the decision shares its GPU with job {-mate}, which Slurm cannot do here "
+                f"({_unpairable(view, observed.views.get(-mate), cps)}); it waits"))
         elif len(cps) == 1:
-            change = _place(epoch, view, cps[0], observed.node_names)
+            change = _place(epoch, view, cps[0], observed.node_names, mate=mate)
         elif view.fork_blocked:
             change = _place(epoch, view, cps[0], observed.node_names,
                             why=f"not forked: {view.fork_blocked}", nofork=True)
@@ -106,17 +112,65 @@ def reconcile(observed: Observed, decision: Decision,
 
 
 def _place(epoch: int, view: JobView, rows: Rows, node_names: Sequence[str], *,
-           why: str = "", nofork: bool = False) -> Change:
-    """PLACE ``view`` on ``rows``, KEEP when its record already places it there, or WAIT when
-    one Slurm job cannot express ``rows`` (unequal GPU counts per node)."""
+           why: str = "", nofork: bool = False, mate: int = 0) -> Change:
+    """PLACE ``view`` on ``rows`` (beside ``mate`` on its GPU, when given), KEEP when its
+    record already places it there, or WAIT when one Slurm job cannot express ``rows``
+    (unequal GPU counts per node)."""
     if not even(rows):
         return Change(epoch, ChangeKind.WAIT, view.job_id, why=(
             _uneven(rows, node_names) + "; it waits for an even placement"))
     place = rows_text(node_names, rows)
     rec = view.record
-    if rec.state == "placed" and rec.place == place and not why:
-        return Change(epoch, ChangeKind.KEEP, view.job_id, (rows,))
-    return Change(epoch, ChangeKind.PLACE, view.job_id, (rows,), why=why, nofork=nofork)
+    if rec.state == "placed" and rec.place == place and rec.mate == mate and not why:
+        return Change(epoch, ChangeKind.KEEP, view.job_id, (rows,), mate=mate)
+    return Change(epoch, ChangeKind.PLACE, view.job_id, (rows,), why=why, nofork=nofork,
+                  mate=mate)
+
+
+def _mates(observed: Observed, decision: Decision,
+           wanted: Mapping[int, Mapping[int, list[tuple[int, int]]]]) -> dict[int, int]:
+    """The pending jobs the decision puts beside another job on one GPU (``Decision.packed``),
+    with that job: its id where Slurm can do it (both wait and are placed on the same one GPU,
+    or the other runs alone on that GPU's shards), minus its id where it cannot (the job then
+    waits; of two pending jobs, the later one), and nothing for a pair that runs already
+    (both are kept where they are, or moved, as any job)."""
+    out: dict[int, int] = {}
+    for a, b in decision.packed:
+        va, vb = observed.views.get(a), observed.views.get(b)
+        if va is None or vb is None:
+            continue  # (a job of the pair is not steered: each is placed as decided alone)
+        if va.running and vb.running:
+            continue
+        rows_a = tuple(sorted(wanted.get(a, {}).get(0, ())))
+        rows_b = tuple(sorted(wanted.get(b, {}).get(0, ())))
+        waiting, other = (vb, va) if va.running or (not vb.running and a < b) else (va, vb)
+        ok = (rows_a == rows_b and len(rows_a) == 1 and rows_a[0][1] == 1
+              and len(wanted.get(a, {})) == 1 and len(wanted.get(b, {})) == 1
+              and waiting.group is None and other.group is None
+              and (not other.running or (other.shard_gpu is not None and not other.mate
+                                         and other.rows == rows_a)))
+        if ok:
+            out[waiting.job_id] = other.job_id
+            if not other.running:
+                out[other.job_id] = waiting.job_id
+        else:
+            out[waiting.job_id] = -other.job_id
+    return out
+
+
+def _unpairable(view: JobView, other: JobView | None, copies: Sequence[Rows]) -> str:
+    """Why the sidecar cannot put ``view`` beside ``other`` on one GPU."""
+    if other is None:
+        return "that job is not steered"
+    if len(copies) != 1 or len(copies[0]) != 1 or copies[0][0][1] != 1:
+        return "only two 1-GPU jobs share a GPU through Slurm's shards"
+    if view.group is not None or other.group is not None:
+        return "a forked job's copies do not share"
+    if other.running and other.shard_gpu is None:
+        return "it holds its GPU whole, and Slurm adds no job to a GPU given whole"
+    if other.running and other.mate:
+        return f"its GPU is shared with job {other.mate} already"
+    return "they are not placed on the same GPU"
 
 
 def _uneven(rows: Rows, node_names: Sequence[str]) -> str:

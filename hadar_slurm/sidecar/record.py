@@ -16,7 +16,8 @@ queue by ``deadline``; a restarted sidecar finishes the move, see
 heterogeneous job ``group`` on ``place``), ``forking`` (the sidecar is submitting such copies;
 ``group`` is then the newest earlier fork, 0 if none), or ``unsteered`` (released to Slurm's own
 scheduler because the sidecar cannot steer it; ``why`` says why, always last since it may hold
-spaces).  ``nofork=1`` marks a job that is not forked again (a fork of
+spaces).  ``mate=K`` (GPU sharing) names the job placed beside it on one GPU, each with one
+shard of it.  ``nofork=1`` marks a job that is not forked again (a fork of
 it failed, or its copies ended by themselves: it finishes unforked).
 ``args`` is the arguments the job's batch script was submitted with, as job_submit.lua recorded
 them at submit (:func:`encode_args`; Slurm 24.11+ keeps them nowhere else, and 22.05 only joined
@@ -61,6 +62,7 @@ class JobRecord:
     nofork: bool = False  # HadarE: never fork it again
     deadline: float = 0.0  # preempting: Unix time by which it must be back in the queue
     args: tuple[str, ...] | None = None  # the script's arguments (None: not recorded)
+    mate: int = 0  # GPU sharing: the job placed beside it on one GPU (0: none)
     why: str = ""
 
     @property
@@ -91,6 +93,8 @@ class JobRecord:
             parts.append("nofork=1")
         if self.deadline > 0:
             parts.append(f"deadline={self.deadline:.0f}")
+        if self.mate:
+            parts.append(f"mate={self.mate}")
         if self.args is not None:
             parts.append("args=" + encode_args(self.args))
         if self.why:
@@ -135,6 +139,7 @@ def decode(text: str) -> JobRecord:
             group=_whole(values.get("group", "0")), copies=_whole(values.get("copies", "0")),
             nofork=values.get("nofork", "0") == "1",
             deadline=_finite(values.get("deadline", "0")),
+            mate=_whole(values.get("mate", "0")),
             args=decode_args(values["args"]) if "args" in values else None,
             why=values.get("why", ""),
         )

@@ -3,12 +3,20 @@
 Both read Slurm live (one ``squeue --json``) and the sidecar's last epoch
 (``state_dir/state.json``, written by ``hadar-slurm run``), and print text for a person
 (``status --json`` for programs).  Neither changes anything.
+
+GPU sharing (``gres/shard``, docs/sharing.md): which jobs hold shards of which GPU is read from
+Slurm itself (each job's ``gres_detail``), never from the state file, so that both tell what
+runs now; a job whose ``gres_detail`` cannot be read is shown as if it held no shards.  The
+state file adds what the sidecar planned: its top-level ``sharing`` (``"on"``, or why sharing
+is not offered), ``share`` (whether the config turned it on), ``shards`` (shards per GPU of the
+nodes that have them) and each job's ``shares_with`` (the job the last decision pairs it with).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hadar_slurm.errors import InputError
@@ -16,8 +24,9 @@ from hadar_slurm.hints import is_hadar_comment, parse_hints
 from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sidecar.observe import held_by_user
 from hadar_slurm.sidecar.record import JobRecord, decode
-from hadar_slurm.slurm import SlurmJob
-from hadar_slurm.slurm.parse import ACTIVE_STATES
+from hadar_slurm.sidecar.shard import HOLDING_STATES, ShardError, job_gres_on, job_shards_on
+from hadar_slurm.slurm import SlurmJob, SlurmParseError
+from hadar_slurm.slurm.parse import ACTIVE_STATES, PENDING_STATES
 
 ACTIVE = ACTIVE_STATES
 
@@ -43,12 +52,111 @@ def _model(info: Mapping[str, Any] | None, job: SlurmJob) -> str:
     return f"{model}" + (f"/bs{bs}" if bs else "")
 
 
+@dataclass(frozen=True)
+class Held:
+    """Shards of one GPU that a job holds: ``shards`` of GPU ``gpu`` of ``node``, a GPU with
+    ``total`` shards (None: neither Slurm nor the state file says how many)."""
+
+    node: str
+    gpu: int
+    shards: int
+    total: int | None
+
+
+def _shards_of(state: Mapping[str, Any] | None) -> Mapping[str, int]:
+    """Node -> shards per GPU, from the state file (``shards``; {} without one)."""
+    shards = state.get("shards") if state else None
+    if not isinstance(shards, dict):
+        return {}
+    return {str(n): c for n, c in shards.items() if isinstance(c, int) and c > 0}
+
+
+def held_shards(job: SlurmJob, shards_of: Mapping[str, int] | None = None) -> list[Held]:
+    """The shards ``job`` holds while it runs, by node and GPU, from its ``gres_detail`` (24.11
+    and later print each GPU's shard count there; 22.05 does not, and ``shards_of`` fills it
+    in).  [] for a job that holds none, or whose ``gres_detail`` cannot be read."""
+    if job.state not in HOLDING_STATES:
+        return []
+    out: list[Held] = []
+    try:
+        for node in job.node_names:
+            totals: dict[int, int] = {}
+            for use in job_gres_on(job, node):
+                if use.name == "shard":
+                    totals.update(enumerate(use.totals))
+            for gpu, count in sorted(job_shards_on(job, node).items()):
+                total = totals.get(gpu) or (shards_of or {}).get(node) or None
+                out.append(Held(node, gpu, count, total))
+    except (SlurmParseError, ValueError, InputError, ShardError):
+        return []
+    return out
+
+
+def shard_map(jobs: Sequence[SlurmJob], shards_of: Mapping[str, int] | None = None,
+              ) -> tuple[dict[int, list[Held]], dict[tuple[str, int], list[tuple[int, int]]]]:
+    """What every job holds as shards (job id -> :func:`held_shards`), and each GPU's holders:
+    (node, GPU index) -> [(job id, shards)], by job id.  A job whose ``gres_detail`` cannot be
+    read is left out (never an error: ``status`` and ``explain`` go on without it)."""
+    by_job: dict[int, list[Held]] = {}
+    by_gpu: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        held = held_shards(job, shards_of)
+        if held:
+            by_job[job.job_id] = held
+        for h in held:
+            by_gpu.setdefault((h.node, h.gpu), []).append((job.job_id, h.shards))
+    return by_job, by_gpu
+
+
+def _jobs_text(ids: Sequence[int]) -> str:
+    return f"job {ids[0]}" if len(ids) == 1 else "jobs " + ", ".join(str(i) for i in ids)
+
+
+def _mates(job_id: int, held: Held,
+           by_gpu: Mapping[tuple[str, int], Sequence[tuple[int, int]]]) -> list[tuple[int, int]]:
+    return [(j, n) for j, n in by_gpu.get((held.node, held.gpu), ()) if j != job_id]
+
+
+def _shares_text(held: Held, mates: Sequence[tuple[int, int]]) -> str:
+    """``GPU 1 of node3 with job 412``: what a ``status`` row adds for a job sharing a GPU."""
+    return f"GPU {held.gpu} of {held.node} with {_jobs_text([j for j, _ in mates])}"
+
+
+def shard_gpus_text(job: SlurmJob, held: Sequence[Held], shards_of: Mapping[str, int],
+                    rec: JobRecord) -> str:
+    """The ``gpus`` cell of a job that asks for shards instead of GPUs: ``S/T`` (S shards of
+    a GPU with T; ``1/2`` is half a GPU), ``Nx`` before it on N nodes, ``S shards`` where T is
+    not known (22.05 with no state file, or a pending job not placed); "-" for no shards."""
+    shards = sum(g.count for g in job.gres if g.name == "shard")
+    if not shards:
+        return "-"
+    total = held[0].total if held else None
+    if total is None:
+        node = rec.place[0][0] if rec.place and job.state in PENDING_STATES else (
+            job.node_names[0] if job.node_names else "")
+        total = shards_of.get(node) or None
+    text = f"{shards}/{total}" if total else f"{shards} shard" + ("s" if shards > 1 else "")
+    nodes = len(job.node_names)
+    return f"{nodes}x{text}" if nodes > 1 else text
+
+
 def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
                 show_all: bool = False) -> list[dict[str, str]]:
-    """One row per job (active ones unless ``show_all``): where it runs and why."""
+    """One row per job (active ones unless ``show_all``): where it runs and why.
+
+    Columns: ``job``, ``name``, ``user``, ``state`` (Slurm's); ``model`` (the hints', "-" for a
+    job without); ``gpus``: the GPUs the job holds or asks for over all its nodes, or, for a
+    job that asks for shards of a GPU instead (``gres/shard``, GPU sharing), ``S/T``: S shards
+    of a GPU that has T (``1/2``: half of one GPU), ``Nx1/2`` on N nodes, ``1 shard`` where T
+    is not known; "-" for neither; ``type``: the GPU type (``*``: an estimated throughput);
+    ``nodes``; ``why``: where it runs and why, or why it waits.  A running job that shares a
+    GPU with another (read from Slurm) has ``; shares GPU i of NODE with job M`` added to its
+    ``why``."""
     info_of = _jobs_of(state)
     unsteered = state.get("unsteered", {}) if state else {}
     dry = bool(state and state.get("dry_run"))
+    shards_of = _shards_of(state)
+    held_by, holders = shard_map(jobs, shards_of)
     rows: list[dict[str, str]] = []
     for job in sorted(jobs, key=lambda j: j.job_id):
         if not show_all and job.state not in ACTIVE:
@@ -79,13 +187,19 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
         elif _user_held(job, state):
             why = "held by its user: hadar leaves it until it is released"
         elif job.state == "PENDING" and rec.state == "placed":
-            why = f"placed by epoch {rec.epoch}; Slurm starts it when its GPUs are free"
+            why = f"placed by epoch {rec.epoch}"
+            if rec.mate:
+                why += (f" to share one GPU of {rec.place[0][0] if rec.place else '?'} with "
+                        f"job {rec.mate}")
+            why += "; Slurm starts it when its GPUs are free"
         elif info is not None:
             why = str(info.get("reason_text", ""))
             placed = [f"{n}:{c}" for n, c in info.get("placed", [])]
             if placed and dry:
                 # shadow mode: nothing was placed in Slurm; say where it would have been
                 why = f"dry run: would be placed on {', '.join(placed)}"
+                if info.get("shares_with"):
+                    why += f", sharing one GPU with job {info['shares_with']}"
                 gpu_type = gpu_type or str(info.get("gpu_type", ""))
                 nodes = nodes or ",".join(n for n, _ in info.get("placed", []))
             if info.get("detail"):
@@ -94,10 +208,16 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
             why = "waits for the sidecar's next epoch"
         else:
             why = job.state.lower()
+        held = held_by.get(job.job_id, [])
+        for h in held:
+            mates = _mates(job.job_id, h, holders)
+            if mates:
+                why += "; shares " + _shares_text(h, mates)
         rows.append({
             "job": str(job.job_id), "name": job.name, "user": job.user, "state": job.state,
             "model": _model(info, job), "gpus": str(job.gpus_per_node * max(
-                1, len(job.node_names))) if job.gpus_per_node else "-",
+                1, len(job.node_names))) if job.gpus_per_node else shard_gpus_text(
+                    job, held, shards_of, rec),
             "type": (gpu_type or "-") + (ESTIMATE_MARK if _estimated(info, gpu_type) else ""),
             "nodes": nodes or "-", "why": why,
         })
@@ -230,6 +350,8 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
         where = ", ".join(f"{n}:{c}" for n, c in info.get("placed", []))
         verdict = (f"placed on {where} ({info.get('gpu_type')})" if where
                    else str(info.get("reason_text")))
+        if where and info.get("shares_with"):
+            verdict += f", sharing one GPU with job {info['shares_with']}"
         if int(info.get("copies", 0)) >= 2:
             verdict = f"forked into {info['copies']} copies, on {where} ({info.get('gpu_type')})"
         out.append(f"epoch {state.get('epoch')} ({age:.0f} s ago, policy {state.get('policy')}):"
@@ -274,6 +396,7 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
                        f" of {info.get('steps')} steps; about {info.get('remaining_est')} to go")
     if info is None:
         out.extend(_fork_lines(job, rec, {}, jobs))
+    out.extend(_sharing_lines(job, rec, info, jobs, state))
     if rec.decided:
         out.append(f"record in Slurm (AdminComment): {job.admin_comment}")
     if job.state == "PENDING" and rec.state == "placed":
@@ -309,4 +432,51 @@ def _fork_lines(job: SlurmJob, rec: JobRecord, info: Mapping[str, Any],
         out.append(f"not forked: {info.get('fork_blocked')}")
     elif int(info.get("max_copies", 1)) > 1 and rec.state != "forked":
         out.append(f"may be forked into up to {info.get('max_copies')} copies (hint fork)")
+    return out
+
+
+def _sharing_lines(job: SlurmJob, rec: JobRecord, info: Mapping[str, Any] | None,
+                   jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None) -> list[str]:
+    """What explain says about GPU sharing: the shards the job holds and who holds the GPU's
+    others (from Slurm: every job's ``gres_detail``), the partner its record names while it
+    waits to start beside it, its ``share=no`` hint, or (a 1-GPU job, nothing else to say)
+    why the sidecar does not offer sharing at all.  Never raises on text it cannot read."""
+    out: list[str] = []
+    shards_of = _shards_of(state)
+    if held_shards(job, shards_of):
+        held_by, holders = shard_map(jobs, shards_of)
+        for h in held_by.get(job.job_id, []):
+            mates = _mates(job.job_id, h, holders)
+            if mates:
+                counts = [h.shards, *(n for _, n in mates)]
+                each = ("one shard each" if set(counts) == {1} else
+                        f"shards: this job {h.shards}, "
+                        + ", ".join(f"job {j} {n}" for j, n in mates))
+                out.append(f"sharing {_shares_text(h, mates)} ({each})")
+            elif h.total is not None and h.shards < h.total:
+                out.append(f"runs alone on GPU {h.gpu} of {h.node} as a shard job (another job "
+                           "may join it)")
+            elif h.total is not None:
+                out.append(f"runs alone on GPU {h.gpu} of {h.node} as a shard job, on all "
+                           f"{h.total} of its shards")
+            else:
+                out.append(f"runs alone on GPU {h.gpu} of {h.node} as a shard job "
+                           f"({h.shards} shard{'s' if h.shards > 1 else ''})")
+    if not out and job.state in PENDING_STATES and rec.state == "placed" and rec.mate:
+        node = rec.place[0][0] if rec.place else "?"
+        out.append(f"placed to share one GPU of {node} with job {rec.mate} (one shard each)")
+    try:
+        share = parse_hints(job.comment).share
+    except InputError:
+        share = True
+    if not share:
+        out.append("never shares a GPU (hint share=no)")
+    elif not out and job.state in ACTIVE and state and state.get("share") is not False:
+        why = state.get("sharing")
+        gpus = info.get("gpus") if info else job.gpus_per_node
+        if isinstance(why, str) and why and why != "on" and gpus == 1 and len(
+                job.node_names) <= 1:
+            if why.startswith("off (") and why.endswith(")"):
+                why = why[len("off ("):-1]
+            out.append(f"GPU sharing: off ({why})")
     return out

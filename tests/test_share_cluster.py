@@ -1,0 +1,214 @@
+"""GPU sharing live (issue #16): the sidecar, with ``[scheduler] share = true``, runs emulated
+jobs on the dev cluster's k80 node alone (the other nodes drained for the test), two GPUs with
+two shards each, and Hadar pairs jobs where Gavel's table says the pair beats taking turns.
+
+Five 1-GPU jobs, 60x compressed (10 to 20 s each alone):
+
+* ``O``: LM (batch size 5), the shortest (10 s), with the hint ``share=no``;
+* ``P``: LM (batch size 5), 20 s, and ``Q``: Recommendation (batch size 4096), 15 s, which
+  together on a k80 keep 0.54 and 0.71 of their speeds (1.25 of one job's work per second);
+  with ``F`` and ``G`` waiting behind them, Hadar pairs them (a k80's pairs gain little: with
+  less waiting behind, it does not);
+* ``F``, ``G``: Transformer (batch size 256), 20 s each, whose pairs with ``P`` and with ``Q``
+  the table forbids (and with each other: they never share either).
+
+Asserted, from what Slurm said of every job every half second while they ran:
+
+* Slurm 24.11 and later: ``P`` and ``Q`` ran on one shard each of the same GPU at once, and
+  each advanced at the table's co-located rate while they did (its payload says so, and its
+  rounds' steps per second are within 25% of it, well below its rate alone); ``O`` never held
+  a shard; ``F`` never shared a GPU with ``P`` or ``Q``; every job completed once.
+* Slurm 22.05 (which cannot turn a job's GPU request into shards): nothing shares, the sidecar
+  logs why, and every job completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hadar_slurm.logs import JsonLinesReader
+from hadar_slurm.rates.table import default_table
+from hadar_slurm.sidecar.shard import job_gres_on, shards_per_gpu
+from hadar_slurm.slurm import SlurmJob, commands, parse_sinfo_json
+from hadar_slurm.slurm.parse import FINAL_STATES
+from tests.slurm_cluster import DevCluster, jobs, submit
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[1]
+NODE, GPU = "node3", "k80"
+COMPRESSION = 60.0
+TABLE = default_table()
+#: name -> (job type, seconds alone on a k80, compressed, extra hints)
+JOBS = {
+    "O": ("LM (batch size 5)", 10.0, " share=no"),
+    "P": ("LM (batch size 5)", 20.0, ""),
+    "Q": ("Recommendation (batch size 4096)", 15.0, ""),
+    "F": ("Transformer (batch size 256)", 20.0, ""),
+    "G": ("Transformer (batch size 256)", 20.0, ""),
+}
+PAYLOAD = """#!/bin/bash
+export PYTHONPATH=@REPO@ OMP_NUM_THREADS=1
+exec @PYTHON@ -m hadar_slurm.runtime.emulate --job-type "$1" --gpus 1 --steps "$2" \\
+    --compression "$3" --round-seconds 1
+"""
+
+
+def hints(job_type: str, steps: int, extra: str) -> str:
+    model, _, bs = job_type.partition(" (batch size ")
+    name = "".join(c for c in model.lower() if c.isalnum())
+    return (f"hadar: model={name}" + (f" bs={bs.rstrip(')')}" if bs else "")
+            + f" steps={steps} preempt=checkpoint" + extra)
+
+
+@pytest.fixture
+def k80_only(dev_cluster: DevCluster) -> Iterator[DevCluster]:
+    """Every node but node3 drained while the test runs (resumed after it)."""
+    out = dev_cluster.runner.run(commands.sinfo_json())
+    nodes = {n.name: n for n in parse_sinfo_json(out.stdout)}
+    if shards_per_gpu(nodes[NODE]) < 2:
+        pytest.fail(f"{NODE} has no shards: the tests' dev cluster configures 2 per GPU")
+    others = sorted(n for n in nodes if n != NODE)
+    dev_cluster.runner.run(["scontrol", "update", f"NodeName={','.join(others)}",
+                            "State=DRAIN", "Reason=test_share_cluster"])
+    try:
+        yield dev_cluster
+    finally:
+        dev_cluster.runner.run(["scontrol", "update", f"NodeName={','.join(others)}",
+                                "State=RESUME"], check=False)
+
+
+def holdings(job: SlurmJob) -> tuple[str, frozenset[int]] | None:
+    """What a running job holds on its node: ``("gpu"|"shard", GPU indices)``."""
+    if job.state != "RUNNING" or not job.node_names:
+        return None
+    for use in job_gres_on(job, job.node_names[0]):
+        if use.name in ("gpu", "shard"):
+            return use.name, frozenset(use.indices)
+    return None
+
+
+def rounds(tracker: Path) -> list[dict[str, Any]]:
+    path = tracker / "history.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def test_hadar_shares_a_gpu_live_where_the_table_says_the_pair_pays(
+        k80_only: DevCluster, tmp_path: Path) -> None:
+    cluster = k80_only
+    tmp_path.chmod(0o755)
+    old = cluster.version.split(".")[:2] == ["22", "05"]
+    conf = cluster.dir / "etc" / "slurm.conf"
+    payload = tmp_path / "payload.sh"
+    payload.write_text(PAYLOAD.replace("@REPO@", str(REPO)).replace("@PYTHON@", sys.executable))
+    payload.chmod(0o755)
+    log = tmp_path / "sidecar.log"
+    config = tmp_path / "sidecar.toml"
+    # the bundled table (Gavel's, with co-located rates), as the payloads use it, uncompressed:
+    # the policy sees 60x longer jobs and epochs than the wall's, which only scales its times
+    config.write_text(f"""
+[slurm]
+conf = "{conf}"
+[scheduler]
+policy = "hadar"
+share = true
+epoch_seconds = 4
+finish_poll_s = 1
+preempt_grace_s = 2
+learn_throughputs = false
+[sidecar]
+state_dir = "{tmp_path}/state"
+log_format = "json"
+log_file = "{log}"
+""")
+    ids: dict[str, int] = {}
+    steps: dict[str, int] = {}
+    for name, (job_type, secs, extra) in JOBS.items():
+        steps[name] = int(TABLE.rate(job_type, 1, GPU) * COMPRESSION * secs)
+        ids[name] = submit(cluster, script=str(payload), job_name=f"share-{name}",
+                           gres="gpu:1", comment=hints(job_type, steps[name], extra),
+                           output=str(tmp_path / f"{name}.out"), chdir=str(tmp_path),
+                           script_args=[job_type, str(steps[name]), f"{COMPRESSION:g}"])
+    env = dict(os.environ, SLURM_CONF=str(conf),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
+                             str(config)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "sidecar.err", "w"))
+    name_of = {j: n for n, j in ids.items()}
+    seen: list[dict[str, tuple[str, frozenset[int]]]] = []  # each poll: name -> holdings
+    try:
+        end = time.monotonic() + 300
+        while True:
+            now = jobs(cluster)
+            held = {name_of[j]: got for j, job in now.items() if j in name_of
+                    and (got := holdings(job)) is not None}
+            seen.append(held)
+            if all(now.get(j) is not None and now[j].state in FINAL_STATES
+                   for j in ids.values()):
+                break
+            assert proc.poll() is None, (tmp_path / "sidecar.err").read_text()[-3000:]
+            assert time.monotonic() < end, {n: (now[j].state, now[j].state_reason)
+                                            for n, j in ids.items() if j in now}
+            time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        left = [j for j, job in jobs(cluster).items()
+                if j in name_of and job.state not in FINAL_STATES]
+        if left:
+            cluster.runner.run(commands.scancel(left), check=False)
+    final = jobs(cluster)
+    assert {n: final[j].state for n, j in ids.items()} == dict.fromkeys(JOBS, "COMPLETED")
+    events = JsonLinesReader(log).read_new()
+    together = [h for h in seen if "P" in h and "Q" in h and h["P"] == h["Q"]
+                and h["P"][0] == "shard"]
+    shared_by = {n for h in seen for n, (kind, _) in h.items() if kind == "shard"}
+    if old:
+        assert not shared_by, seen
+        why = [e for e in events if e.get("event") == "sharing"]
+        assert why and "cannot turn" in str(why[0].get("why")), why
+        return
+    # P and Q shared one GPU, one shard each, at once; O (share=no) never held a shard
+    assert together, (seen, [e for e in events if e.get("event") in (
+        "sharing", "share_refused", "action", "job_error")][:30])
+    assert "O" not in shared_by, seen
+    # F and G never on a GPU with P, Q or each other (the table forbids those pairs)
+    for h in seen:
+        for a, b in (("F", "P"), ("F", "Q"), ("G", "P"), ("G", "Q"), ("F", "G")):
+            if a in h and b in h:
+                assert not h[a][1] & h[b][1], h
+    # each of P and Q advanced at the pair's co-located rate while they shared
+    rate_p, rate_q = TABLE.pairs.pair_rate(JOBS["P"][0], JOBS["Q"][0], 1, GPU)
+    for name, mate, rate in (("P", "Q", rate_p), ("Q", "P", rate_q)):
+        job_type = JOBS[name][0]
+        shared = rate * COMPRESSION
+        alone = TABLE.rate(job_type, 1, GPU) * COMPRESSION
+        out = (tmp_path / f"{name}.out").read_text()
+        line = f"emulate: sharing GPU with job {ids[mate]} ({JOBS[mate][0]}): {shared:.3f}"
+        assert line in out, out
+        # the rounds committed while the mate ran (it ends once, the tracker says when)
+        mine = rounds(tmp_path / ".hadar-tracker" / str(ids[name]))
+        theirs = rounds(tmp_path / ".hadar-tracker" / str(ids[mate]))
+        assert mine and theirs
+        mate_end = max(r["time"] for r in theirs)
+        during = [r for r in mine[1:] if r["time"] < mate_end - 1.0]
+        secs = sum(r["seconds"][0] for r in during)
+        assert secs >= 3.0, (mine, mate_end)
+        got = sum(r["iters"][0] for r in during) / secs
+        assert got == pytest.approx(shared, rel=0.25), (name, got, shared, during)
+        assert got < 0.85 * alone
+    places = [e for e in events if e.get("event") == "action" and e.get("action") == "place"
+              and e.get("mate")]
+    paired = {name_of.get(int(str(e["job"]))) for e in places}
+    assert paired and paired <= {"P", "Q"}, places
