@@ -14,7 +14,7 @@ import pytest
 from hadar_slurm.rates.table import ThroughputTable, parse_csv
 from hadar_slurm.slurm import commands
 from tests.helpers import TOY_CSV, trace_text
-from tests.slurm_cluster import SESSION, DevCluster, start_dev_cluster
+from tests.slurm_cluster import SESSION, SHARDS_PER_GPU, DevCluster, start_dev_cluster
 
 
 @pytest.fixture
@@ -93,6 +93,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def dev_cluster() -> Iterator[DevCluster]:
     """A real Slurm cluster (slurm_conf/dev-cluster.sh), one per test session, always stopped."""
     yield from start_dev_cluster()
+
+
+@pytest.fixture(scope="session")
+def shard_cluster(dev_cluster: DevCluster) -> Iterator[DevCluster]:
+    """A second real cluster whose GPUs are also shards (``SHARDS_PER_GPU`` each), for the GPU
+    sharing tests; started beside ``dev_cluster`` (which it asks for, so that its tests count
+    as real-cluster ones) the first time a test needs it, always stopped."""
+    yield from start_dev_cluster(shards=SHARDS_PER_GPU)
 
 
 @pytest.fixture

@@ -31,9 +31,12 @@ from hadar_slurm.slurm import (
 REPO = Path(__file__).resolve().parent.parent
 PRIVATE_PREFIX = "/tmp/hadar-devcluster-pytest."
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "unshare")
-#: gres/shard per GPU of the tests' dev cluster (HADAR_DEVCLUSTER_SHARDS; docs/sharing.md): every
-#: GPU is also 2 shards, so that tests/test_shard_cluster.py can put two jobs on one GPU.  Jobs
-#: that ask for GPUs (all the other tests') see the same cluster as without shards.
+#: gres/shard per GPU of the tests' second cluster, the session fixture ``shard_cluster``
+#: (docs/sharing.md): every GPU is also 2 shards, so that tests/test_shard_cluster.py and
+#: tests/test_share_cluster.py can put two jobs on one GPU.  The main cluster (``dev_cluster``)
+#: has none (``HADAR_DEVCLUSTER_SHARDS`` sets its count): Slurm 24.11 loses a node's shard count
+#: when slurmctld restarts (the node turns INVAL: "Attempt to change gres/shard Count on node
+#: node1 from 0 to 8 invalid with File configuration"), which tests that restart slurmctld do.
 SHARDS_PER_GPU = 2
 
 
@@ -91,8 +94,10 @@ def not_installed(msg: str) -> NoReturn:
     pytest.skip(msg)
 
 
-def start_dev_cluster() -> Iterator[DevCluster]:
-    """Generator behind the session fixture ``dev_cluster`` (tests/conftest.py)."""
+def start_dev_cluster(shards: int | None = None) -> Iterator[DevCluster]:
+    """Generator behind the session fixtures ``dev_cluster`` (``shards`` None: the count of
+    ``HADAR_DEVCLUSTER_SHARDS``, else 0) and ``shard_cluster`` (a private cluster of its own
+    with ``shards`` per GPU, whatever ``HADAR_DEVCLUSTER_DIR`` says) (tests/conftest.py)."""
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if os.geteuid() != 0:
         pytest.skip("Slurm integration tests need root (slurmd runs in private namespaces)")
@@ -102,9 +107,9 @@ def start_dev_cluster() -> Iterator[DevCluster]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HADAR_DEVCLUSTER_")}
     env["HADAR_DEVCLUSTER_LUA"] = "1"  # hints are validated at sbatch time by job_submit.lua
-    env["HADAR_DEVCLUSTER_SHARDS"] = os.environ.get("HADAR_DEVCLUSTER_SHARDS",
-                                                    str(SHARDS_PER_GPU))
-    explicit = os.environ.get("HADAR_DEVCLUSTER_DIR")
+    env["HADAR_DEVCLUSTER_SHARDS"] = (os.environ.get("HADAR_DEVCLUSTER_SHARDS", "0")
+                                      if shards is None else str(shards))
+    explicit = os.environ.get("HADAR_DEVCLUSTER_DIR") if shards is None else None
     if explicit:
         for key in ("HADAR_DEVCLUSTER_DIR", "HADAR_DEVCLUSTER_PORT"):
             if key in os.environ:
@@ -112,7 +117,9 @@ def start_dev_cluster() -> Iterator[DevCluster]:
         own = dev_script("status", env, timeout=30).returncode != 0
     else:
         _reap_stale(env)
-        env["HADAR_DEVCLUSTER_DIR"] = f"{PRIVATE_PREFIX}{os.getpid()}"
+        # (the shard cluster's name ends with the pid too, for _reap_stale)
+        env["HADAR_DEVCLUSTER_DIR"] = (f"{PRIVATE_PREFIX}{os.getpid()}" if shards is None
+                                       else f"{PRIVATE_PREFIX}shards.{os.getpid()}")
         env["HADAR_DEVCLUSTER_PORT"] = str(_free_port_base(2 + len(nodes_conf())))
         own = True
     cluster_dir = Path(env["HADAR_DEVCLUSTER_DIR"])

@@ -71,19 +71,19 @@ def hints(job_type: str, steps: int, extra: str) -> str:
 
 
 @pytest.fixture
-def k80_only(dev_cluster: DevCluster) -> Iterator[DevCluster]:
+def k80_only(shard_cluster: DevCluster) -> Iterator[DevCluster]:
     """Every node but node3 drained while the test runs (resumed after it)."""
-    out = dev_cluster.runner.run(commands.sinfo_json())
+    out = shard_cluster.runner.run(commands.sinfo_json())
     nodes = {n.name: n for n in parse_sinfo_json(out.stdout)}
     if shards_per_gpu(nodes[NODE]) < 2:
-        pytest.fail(f"{NODE} has no shards: the tests' dev cluster configures 2 per GPU")
+        pytest.fail(f"{NODE} has no shards: the tests' shard cluster configures 2 per GPU")
     others = sorted(n for n in nodes if n != NODE)
-    dev_cluster.runner.run(["scontrol", "update", f"NodeName={','.join(others)}",
+    shard_cluster.runner.run(["scontrol", "update", f"NodeName={','.join(others)}",
                             "State=DRAIN", "Reason=test_share_cluster"])
     try:
-        yield dev_cluster
+        yield shard_cluster
     finally:
-        dev_cluster.runner.run(["scontrol", "update", f"NodeName={','.join(others)}",
+        shard_cluster.runner.run(["scontrol", "update", f"NodeName={','.join(others)}",
                                 "State=RESUME"], check=False)
 
 
