@@ -190,6 +190,18 @@ end
 -- ---------------------------------------------------------------- hints (as hints.py)
 
 -- returns hints (a table) or nil and the message "PROBLEM (FIX)"
+-- A yes/no hint (sync, share): true when not given; nil and the message for a bad value.
+local function flag(given, key)
+  local text = given[key]
+  if text == nil then return true end
+  local value = SYNC[text:lower()]
+  if value == nil then
+    return nil, string.format(
+      "%s must be true or false, got '%s' (true/false, yes/no or 1/0)", key, quote(text))
+  end
+  return value
+end
+
 local function parse_hints(comment, gpus)
   if #comment > HADAR_LIMITS.comment_bytes then
     return nil, string.format("comment is longer than %d bytes (write only the hints, e.g. "
@@ -263,14 +275,8 @@ local function parse_hints(comment, gpus)
       HADAR_LIMITS.steps, quote(given.steps))
   end
 
-  local sync = true
-  if given.sync ~= nil then
-    sync = SYNC[given.sync:lower()]
-    if sync == nil then
-      return nil, string.format(
-        "sync must be true or false, got '%s' (true/false, yes/no or 1/0)", quote(given.sync))
-    end
-  end
+  local sync, bad_sync = flag(given, "sync")
+  if sync == nil then return nil, bad_sync end
 
   local weight = 1
   if given.weight ~= nil then
@@ -310,14 +316,8 @@ local function parse_hints(comment, gpus)
     end
   end
 
-  local share = true
-  if given.share ~= nil then
-    share = SYNC[given.share:lower()]
-    if share == nil then
-      return nil, string.format(
-        "share must be true or false, got '%s' (true/false, yes/no or 1/0)", quote(given.share))
-    end
-  end
+  local share, bad_share = flag(given, "share")
+  if share == nil then return nil, bad_share end
 
   local variant = entry.variants[bs or 0]
   if not contains(variant.gpus, gpus) then

@@ -182,6 +182,13 @@ class Placement:
         return {j: sorted(rows) for j, rows in self.by_job().items()}
 
 
+def _all_unless(mask: BoolArray | None, n: int) -> BoolArray:
+    """``mask`` as booleans, or ``n`` times True where it is None (every one may)."""
+    if mask is None:
+        return np.ones(n, dtype=np.bool_)
+    return np.asarray(mask, dtype=np.bool_)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything a policy may look at in one epoch, as arrays.
@@ -266,27 +273,19 @@ class Snapshot:
 
     def sharing_allowed(self) -> BoolArray:
         """Per job, whether it may share its GPUs (``may_share``, or True for all)."""
-        if self.may_share is None:
-            return np.ones(self.num_jobs, dtype=np.bool_)
-        return np.asarray(self.may_share, dtype=np.bool_)
+        return _all_unless(self.may_share, self.num_jobs)
 
     def hosting_allowed(self) -> BoolArray:
         """Per job, whether a new partner may join it (``may_host``, or True for all)."""
-        if self.may_host is None:
-            return np.ones(self.num_jobs, dtype=np.bool_)
-        return np.asarray(self.may_host, dtype=np.bool_)
+        return _all_unless(self.may_host, self.num_jobs)
 
     def joining_allowed(self) -> BoolArray:
         """Per job, whether it may join a new partner (``may_join``, or True for all)."""
-        if self.may_join is None:
-            return np.ones(self.num_jobs, dtype=np.bool_)
-        return np.asarray(self.may_join, dtype=np.bool_)
+        return _all_unless(self.may_join, self.num_jobs)
 
     def sharing_nodes(self) -> BoolArray:
         """Per node, whether its GPUs may be shared (``share_nodes``, or True for all)."""
-        if self.share_nodes is None:
-            return np.ones(self.node_gpus.shape[0], dtype=np.bool_)
-        return np.asarray(self.share_nodes, dtype=np.bool_)
+        return _all_unless(self.share_nodes, int(self.node_gpus.shape[0]))
 
     def capacity(self) -> IntArray:
         """GPUs per type, ``[H]``."""
