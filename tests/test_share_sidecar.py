@@ -110,7 +110,7 @@ def test_the_snapshot_offers_pairs_only_where_slurm_can_make_them() -> None:
     snap = b.snapshot(1, 2000.0, 60.0, None)
     ids = snap.job_ids.tolist()
     assert ids == [1, 2, 3, 4, 5, 6, 8]
-    assert snap.colocated is b.table.pairs and len(b.table.pairs) > 0
+    assert snap.colocated is b.table.colocated and len(b.table.pairs) > 0
     assert snap.packed == ((1, 2),) and b.pairs == ((1, 2),)
     assert b.views[1].shard_gpu == 0 and b.views[1].mate == 2 and b.views[3].mate == 0
 
