@@ -52,7 +52,7 @@ from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.slurm.api import SlurmApi
 from hadar_slurm.slurm.hetjob import CopySpec, ForkPlan, render_hetjob
-from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
+from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES, expand_hostlist
 from hadar_slurm.slurm.version import SlurmVersion
 
 logger = logging.getLogger("hadar_slurm.sidecar")
@@ -164,8 +164,7 @@ class SlurmApplier:
         self.watch = {j.job_id for j in seen.jobs if j.state in RUNNING_STATES
                       and gpu_nodes.intersection(j.node_names) and j.job_id not in stopping}
         epoch = seen.epoch if not todo else todo[0].epoch
-        # GPU sharing: the PLACE changes of pairs, by job, and the jobs already placed so
-        pair_places = {c.job_id: c for c in todo if c.kind is ChangeKind.PLACE and c.mate}
+        # GPU sharing: the jobs of pairs already placed (a pair is placed at its first job)
         paired: set[int] = set()
         self._shard_nodes = set()
         stopped = False
@@ -201,8 +200,7 @@ class SlurmApplier:
             elif c.kind is ChangeKind.PLACE and c.mate:
                 self.watch.add(job_id)
                 if job_id not in paired:
-                    self._guard("place", job_id, self._place_shared, view, c, pair_places,
-                                paired)
+                    self._guard("place", job_id, self._place_shared, view, c, paired)
             elif c.kind is ChangeKind.PLACE:
                 self.watch.add(job_id)
                 if c.nofork:
@@ -321,8 +319,7 @@ class SlurmApplier:
             version = self.seen.slurm_version = self.api.slurm_version()
         return version
 
-    def _place_shared(self, view: JobView, change: Change, places: Mapping[int, Change],
-                      paired: set[int]) -> None:
+    def _place_shared(self, view: JobView, change: Change, paired: set[int]) -> None:
         """Place a job of a pair (``change.mate``: its mate) on one GPU, each with one shard:
         both pending (placed together, then released together), or beside its mate running
         alone on that GPU's shards.  Slurm cannot be told which GPU a shard job gets, only
@@ -427,9 +424,11 @@ class SlurmApplier:
             return f"another pair is placed on {node.name} this epoch"
         others = [j for j in self.seen.jobs if j.job_id not in placing]
         waiting = [j.job_id for j in others if j.state in PENDING_STATES and not j.held
-                   and any(g.name == "shard" for g in j.gres)]
+                   and any(g.name == "shard" for g in j.gres)
+                   and (not j.required_nodes or node.name in expand_hostlist(j.required_nodes))]
         if waiting:
-            return f"shard jobs {waiting} wait; which GPU each gets cannot be foreseen"
+            return (f"shard jobs {waiting} wait for {node.name} too; which GPU each gets cannot "
+                    "be foreseen")
         gpus = shard.node_gpus(node, others)
         if mate.running:
             got = shard.first_fit(gpus, 1)
