@@ -110,7 +110,7 @@ def test_the_snapshot_offers_pairs_only_where_slurm_can_make_them() -> None:
     snap = b.snapshot(1, 2000.0, 60.0, None)
     ids = snap.job_ids.tolist()
     assert ids == [1, 2, 3, 4, 5, 6, 8]
-    assert snap.colocated is b.table.pairs and len(b.table.pairs) > 0
+    assert snap.colocated is b.table.colocated and len(b.table.pairs) > 0
     assert snap.packed == ((1, 2),) and b.pairs == ((1, 2),)
     assert b.views[1].shard_gpu == 0 and b.views[1].mate == 2 and b.views[3].mate == 0
 
@@ -311,3 +311,18 @@ def test_share_is_off_by_default_and_refused_for_a_policy_that_cannot_share() ->
     with pytest.raises(InputError) as err:
         share_setting(on.with_overrides(policy="gavel-las"))
     assert err.value.field == "[scheduler] share" and "hadar, hadare" in err.value.one_line()
+
+
+def test_only_shard_jobs_waiting_for_the_node_keep_a_pair_off_it() -> None:
+    # someone's shard job waits (not held) for node2: a pair on node1 goes ahead; one waiting
+    # for node1 (or for any node) keeps it off, since which GPU each gets cannot be foreseen
+    for required, placed in (("node2", True), ("node1", False), ("", False)):
+        other = dataclasses.replace(pending(9, comment=""), state_reason="Resources",
+                                    gres=(Gres("shard", None, 1),), required_nodes=required,
+                                    admin_comment="")
+        api = Recording([pending(1), pending(2), other], two_nodes())
+        b = sharing(api)
+        place(b, {1: [(0, 1)], 2: [(0, 1)]}, ((1, 2),))
+        assert (("release", 2) in api.log) is placed, (required, b.report.detail)
+        if not placed:
+            assert "wait for node1 too" in b.report.detail[2]

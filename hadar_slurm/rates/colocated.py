@@ -16,7 +16,8 @@ The table is symmetric by construction: a pair is stored in both orders.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hadar_slurm.model import GpuType
@@ -32,6 +33,12 @@ class ColocatedTable:
 
     rates: Mapping[PairKey, Mapping[GpuType, tuple[float, float]]] = field(default_factory=dict)
     source: str = "<pairs>"
+    #: The ``(pair, GPU type)`` entries that are estimates (:meth:`with_estimates`), not
+    #: measurements.
+    estimated: frozenset[tuple[PairKey, GpuType]] = frozenset()
+
+    def is_estimate(self, job_a: str, job_b: str, scale: int, gpu_type: GpuType) -> bool:
+        return ((job_a, job_b, scale), gpu_type) in self.estimated
 
     def pair_rate(self, job_a: str, job_b: str, scale: int,
                   gpu_type: GpuType) -> tuple[float, float]:
@@ -56,4 +63,50 @@ class ColocatedTable:
             k: dict(v) for k, v in self.rates.items()}
         for key, per_gpu in other.rates.items():
             out.setdefault(key, {}).update(per_gpu)
-        return ColocatedTable(out, f"{self.source}+{other.source}")
+        # (a measurement of other's replaces an estimate of ours; its estimates stay ones)
+        kept = {e for e in self.estimated if e[1] not in other.rates.get(e[0], {})}
+        return ColocatedTable(out, f"{self.source}+{other.source}",
+                              frozenset(kept | other.estimated))
+
+    def with_estimates(self, rate: Callable[[str, int, GpuType], float],
+                       gpu_types: Iterable[GpuType]) -> ColocatedTable:
+        """The table, with the pairs on ``gpu_types`` it has no measurement for estimated
+        (Gavel measured k80, p100 and v100 only: an a100 or h100 has no pair).
+
+        The estimate is conservative: each job keeps the smallest share of its own speed
+        (co-located rate / isolated rate, ``rate(job type, scale, GPU type)``) that it kept on
+        any measured type, times its isolated rate on the new type; a pair that some measured
+        type forbids (out of memory, or slower than taking turns) stays forbidden.  No estimate
+        where neither job has a measured type, or a job does not run on the new type.  The
+        estimates are listed in :attr:`estimated` (``explain`` and the logs say so)."""
+        out: dict[PairKey, dict[GpuType, tuple[float, float]]] = {
+            k: dict(v) for k, v in self.rates.items()}
+        guessed = set(self.estimated)
+        types = tuple(gpu_types)
+        for key, per_gpu in self.rates.items():
+            a, b, scale = key
+            if a > b:
+                continue  # (each pair once; the mirror is written with it)
+            missing = [g for g in types if g not in per_gpu
+                       and rate(a, scale, g) > 0 and rate(b, scale, g) > 0]
+            if not missing:
+                continue
+            share_a = share_b = math.inf
+            measured = 0
+            for g, (ca, cb) in per_gpu.items():
+                ra, rb = rate(a, scale, g), rate(b, scale, g)
+                if ra <= 0 or rb <= 0:
+                    continue
+                measured += 1
+                share_a, share_b = min(share_a, ca / ra), min(share_b, cb / rb)
+            if not measured:
+                continue
+            mirror = out.setdefault((b, a, scale), {})
+            for g in missing:
+                ra, rb = rate(a, scale, g), rate(b, scale, g)
+                got = ((share_a * ra, share_b * rb) if share_a > 0 and share_b > 0
+                       else (0.0, 0.0))
+                out[key][g] = got
+                mirror[g] = (got[1], got[0])
+                guessed.update({(key, g), ((b, a, scale), g)})
+        return ColocatedTable(out, self.source, frozenset(guessed))

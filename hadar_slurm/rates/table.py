@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import functools
 import json
 import math
 import re
@@ -70,6 +71,13 @@ class ThroughputTable:
 
     def job_keys(self) -> Iterator[JobKey]:
         return iter(self.rates)
+
+    @functools.cached_property
+    def colocated(self) -> ColocatedTable:
+        """:attr:`pairs`, with the pairs on this table's GPU types that were not measured
+        estimated (:meth:`ColocatedTable.with_estimates`): what the policy and the emulated
+        payload use."""
+        return self.pairs.with_estimates(self.rate, self.gpu_types())
 
     def merged(self, other: ThroughputTable) -> ThroughputTable:
         """Entries of ``other`` override ours, one ``(job, gpu)`` entry at a time."""

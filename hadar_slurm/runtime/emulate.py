@@ -25,8 +25,9 @@ seconds per round, divided by ``--compression``, consolidating: as the simulator
 
 While the sidecar has it share its GPU with another job (issue #16: the tracker dir's
 ``sharing.json``, :mod:`hadar_slurm.runtime.colocation`), it advances at the co-located rate the
-table gives for the pair (``table.pairs.pair_rate(job type, partner's type, GPUs, GPU type)``,
-times ``--compression``), and at its isolated rate again once the file is gone or the partner's
+table gives for the pair (``table.colocated.pair_rate(job type, partner's type, GPUs, GPU
+type)``, measured or, on a GPU type without measurements, estimated, times ``--compression``),
+and at its isolated rate again once the file is gone or the partner's
 ``progress.json`` says it is complete.  It looks at most every :data:`CHECK_S` seconds, and says
 so (one line) when its rate changes.  A pair the table forbids or lacks keeps the isolated rate,
 with a warning.  A forked copy ignores sharing: the file is for one unforked job's GPUs.
@@ -244,7 +245,7 @@ class SharingWatch:
         shared GPU is not of a type this job runs on."""
         own = 0.0
         if sharing.gpu_type in self._types:
-            own = self._table.pairs.pair_rate(self._job_type, sharing.partner_type,
+            own = self._table.colocated.pair_rate(self._job_type, sharing.partner_type,
                                               self._gpus, sharing.gpu_type)[0]
         if own <= 0:
             if self._warned != sharing:

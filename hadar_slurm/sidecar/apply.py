@@ -423,10 +423,10 @@ class SlurmApplier:
         if node.name in self._shard_nodes:
             return f"another pair is placed on {node.name} this epoch"
         others = [j for j in self.seen.jobs if j.job_id not in placing]
-        waiting = [j.job_id for j in others if j.state in PENDING_STATES and not j.held
-                   and any(g.name == "shard" for g in j.gres)]
+        waiting = shard.waiting_for(node, others)
         if waiting:
-            return f"shard jobs {waiting} wait; which GPU each gets cannot be foreseen"
+            return (f"shard jobs {waiting} wait for {node.name} too; which GPU each gets cannot "
+                    "be foreseen")
         gpus = shard.node_gpus(node, others)
         if mate.running:
             got = shard.first_fit(gpus, 1)

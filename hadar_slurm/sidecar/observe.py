@@ -536,8 +536,11 @@ class SlurmObserver:
         if self.share and off != self.share_off:
             # (once, and when the reason changes: an admin who turned sharing on sees why
             # nothing is shared)
+            guessed = sorted({g for (_key, g) in self.table.colocated.estimated
+                              if g in self.gpu_types}) if not off else []
             log_event(logger, "sharing", logging.WARNING if off else logging.INFO,
-                      epoch=self.epoch, on=not off, why=off or "offered to the policy")
+                      epoch=self.epoch, on=not off, why=off or "offered to the policy",
+                      estimated_on=guessed)
         self.share_off = off
         if self.share_off:
             return {"packed": self.pairs}
@@ -555,7 +558,7 @@ class SlurmObserver:
         alone = np.array([v.shard_gpu is not None and not v.mate
                           and room.get((v.job.node_names[0], v.shard_gpu), 0) >= 1
                           for v in ordered], dtype=np.bool_)
-        return {"colocated": self.table.pairs, "packed": self.pairs,
+        return {"colocated": self.table.colocated, "packed": self.pairs,
                 "may_share": may_share, "may_host": may_share & (waits | alone),
                 "may_join": may_share & waits, "share_nodes": share_nodes}
 

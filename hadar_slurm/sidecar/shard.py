@@ -116,6 +116,16 @@ def node_gpus(node: SlurmNode, jobs: Iterable[SlurmJob]) -> tuple[GpuShards, ...
     return tuple(GpuShards(i, total, used.get(i, 0), i in whole) for i in range(node.gpus))
 
 
+def waiting_for(node: SlurmNode, jobs: Iterable[SlurmJob]) -> list[int]:
+    """The shard jobs among ``jobs`` that Slurm may start on ``node`` at any moment (pending,
+    not held, asking for shards, and not kept off ``node`` by a node list): while one waits,
+    which GPU a new pair's jobs get there cannot be foreseen.  A shard job placed on another
+    node does not count."""
+    return [j.job_id for j in jobs if j.state in PENDING_STATES and not j.held
+            and any(g.name == "shard" for g in j.gres)
+            and (not j.required_nodes or node.name in expand_hostlist(j.required_nodes))]
+
+
 def busy_gpus(node: SlurmNode) -> frozenset[int]:
     """The GPU indices of ``node`` that are given to jobs, whole or as shards, from its
     ``gres_used`` alone (one ``sinfo --json``; every release prints the indices).  The rest of
@@ -197,9 +207,7 @@ def pair_commands(a: SlurmJob, b: SlurmJob, node: SlurmNode, jobs: Sequence[Slur
                 f"job {job.job_id} asks for whole GPUs ({job.gres}): Slurm {version} cannot "
                 "turn that into shards (submit sharing jobs as shards: docs/sharing.md)")
     others = [j for j in jobs if j.job_id not in (a.job_id, b.job_id)]
-    waiting = [j.job_id for j in others if j.state in PENDING_STATES and not j.held
-               and any(g.name == "shard" for g in j.gres)
-               and (not j.required_nodes or node.name in expand_hostlist(j.required_nodes))]
+    waiting = waiting_for(node, others)
     if waiting:
         raise ShardError(f"shard jobs {waiting} wait for {node.name} too: which GPU each pair "
                          "job gets cannot be foreseen")

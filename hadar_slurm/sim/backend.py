@@ -177,8 +177,9 @@ class SimulatedCluster:
         self.learn_rates = learn_rates and policy_table is not None
         #: GPU sharing: the true co-located rates (progress) and those the policy is told
         #: (None: sharing is not offered, see the module docstring).
-        self.pairs: ColocatedTable = table.pairs
-        told = (table if policy_table is None else policy_table).pairs
+        # (measured, and estimated on GPU types without measurements: ThroughputTable.colocated)
+        self.pairs: ColocatedTable = table.colocated
+        told = (table if policy_table is None else policy_table).colocated
         self.offered_pairs: ColocatedTable | None = (
             told if gpu_sharing and len(told) > 0 else None)
         self._partner: dict[int, int] = {}  # job id -> the job it shares its GPUs with
