@@ -166,6 +166,19 @@ def simulate(
                                multi_node_copies=multi_node_copies,
                                wake_delay_s=wake_delay_s, seed=seed, even_gangs=even_gangs,
                                gpu_sharing=gpu_sharing)
+    return run_backend(backend, policy, round_s=round_s, on_epoch=on_epoch)
+
+
+def run_backend(
+    backend: SimulatedCluster,
+    policy: Policy,
+    *,
+    round_s: float = 360.0,
+    on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
+) -> SimResult:
+    """Run ``policy`` on a simulator built by the caller (:func:`simulate` builds the plain one;
+    :mod:`hadar_slurm.studies.sim` one whose trials stop early) and measure the schedule."""
+    jobs, cluster = backend.jobs, backend.cluster
     start = float(backend.arrival.min()) if len(jobs) else 0.0
     hook = None if on_epoch is None else (lambda rec: on_epoch(rec, backend))
     loop = EpochLoop(backend, policy, SimClock(start), round_s=round_s, on_epoch=hook)

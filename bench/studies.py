@@ -1,0 +1,235 @@
+"""Tuning studies (issue #17): water-filled trials against a static allocation.
+
+    python -m bench.studies [--json OUT] [--only NAME ...]
+
+Each case is one study (its spec and the seed of its trials' learning curves,
+:mod:`hadar_slurm.studies.curves`) on Gavel's 4 V100 : 4 P100 : 4 K80 cluster, run:
+
+* **alone**: the study is the cluster's only work;
+* **mixed**: the study arrives two hours into a Poisson trace of other jobs (seeded, offered
+  load 0.7, :mod:`hadar_slurm.sim.generate`).
+
+and scheduled:
+
+* ``array``: Slurm's plain job array: every trial to the end, one GPU each, first fit
+  (:class:`~hadar_slurm.studies.static.StaticTrialsPolicy`);
+* ``static-asha`` / ``static-sh``: the same static allocation, with asynchronous / synchronous
+  successive halving;
+* ``ours-asha`` / ``ours-sh``: the same rules, trials scheduled with the other jobs by HadarE
+  with GPU sharing (``make_policy("hadare", share=True)``): the trials get the GPU types where
+  they run fastest, idle GPUs as forked copies once few trials remain, and shared GPUs where the
+  table says a pair gains.
+
+In ``mixed``, a static allocation gives the study half of each GPU type's nodes while it lives
+and the other jobs are scheduled on the rest by the policy of ours (so that the difference in
+their JCT is the study's allocation alone); ours schedules everything on the whole cluster.  A
+``no study`` row gives the other jobs' average JCT without the study.
+Moves and starts cost what they cost live (:class:`~hadar_slurm.costs.LiveCosts`); epochs are
+brought forward by finishes and reports as the sidecar's are.
+
+Per run: the time until the study's best configuration is known, the trial found best and its
+metric after the full budget (noise-free), the trial an exhaustive search would pick, the trials
+stopped per rung and (mixed) the other jobs' average JCT.  The summary gives, per case, the
+speed-ups the issue asks for (goals: ours-asha 1.3x shorter than static-asha, ours-sh 2x shorter
+than static-sh, the same best configuration as the static run of the same rule, the other jobs'
+average JCT within 5 % of the static runs').  Rows go to ``--json OUT`` when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bench.report import write_rows
+from hadar_slurm.costs import LiveCosts
+from hadar_slurm.model import ClusterSpec, Job
+from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import Policy
+from hadar_slurm.rates.table import ThroughputTable, default_table
+from hadar_slurm.sim.generate import WorkloadSpec, generate
+from hadar_slurm.studies.curves import LearningCurves
+from hadar_slurm.studies.sim import StudyRun, simulate_studies
+from hadar_slurm.studies.spec import Rule, StudySpec
+from hadar_slurm.studies.static import StaticTrialsPolicy
+
+GOAL_ASHA = 1.3
+GOAL_SH = 2.0
+GOAL_OTHERS = 1.05
+MIXED_ARRIVAL_S = 7200.0
+FIRST_TRIAL_ID = 100_000
+
+
+@dataclass(frozen=True)
+class Case:
+    """A study: model, trials, hours of a full trial on a V100, rungs, eta, curve seed."""
+
+    name: str
+    job_type: str
+    trials: int
+    full_hours: float
+    rungs: int
+    eta: float
+    seed: int
+
+    def spec(self, table: ThroughputTable, rule: Rule) -> StudySpec:
+        steps = table.rate(self.job_type, 1, "v100") * self.full_hours * 3600
+        return StudySpec(self.name, self.job_type, self.trials, steps, rungs=self.rungs,
+                         eta=self.eta, rule=rule)
+
+
+CASES = (
+    Case("resnet18-64", "ResNet-18 (batch size 64)", 64, 2.0, 4, 3.0, 1),
+    Case("transformer-81", "Transformer (batch size 64)", 81, 4.0, 5, 3.0, 2),
+    Case("lm-32", "LM (batch size 20)", 32, 3.0, 3, 4.0, 3),
+    Case("resnet50-27", "ResNet-50 (batch size 32)", 27, 6.0, 4, 3.0, 4),
+    Case("recsys-48", "Recommendation (batch size 1024)", 48, 1.5, 3, 4.0, 5),
+)
+#: (label, halving rule, allocation)
+RUNS = (("array", Rule.NONE, "static"), ("static-asha", Rule.ASHA, "static"),
+        ("static-sh", Rule.SH, "static"), ("ours-asha", Rule.ASHA, "ours"),
+        ("ours-sh", Rule.SH, "ours"))
+
+
+def cluster() -> ClusterSpec:
+    return ClusterSpec.uniform([("v100", 4), ("p100", 4), ("k80", 4)])
+
+
+def others(cl: ClusterSpec, table: ThroughputTable, seed: int) -> list[Job]:
+    return generate(WorkloadSpec(seed=seed, jobs=40, arrivals="poisson", load=0.7,
+                                 multi_gpu=0.2), cl, table)
+
+
+def half_of_each_type(cl: ClusterSpec) -> list[int]:
+    """Half the nodes of each GPU type (rounded up): the static partition of ``mixed``."""
+    pool: list[int] = []
+    for gpu_type in cl.gpu_types:
+        nodes = [n for n, nd in enumerate(cl.nodes) if nd.gpu_type == gpu_type]
+        pool += nodes[: (len(nodes) + 1) // 2]
+    return pool
+
+
+def ours() -> Policy:
+    """The policy of the ``ours`` runs (and of the other jobs in the static runs)."""
+    return make_policy("hadare", share=True)
+
+
+def run_case(case: Case, scenario: str) -> list[dict[str, Any]]:
+    table = default_table()
+    cl = cluster()
+    costs = LiveCosts()
+    background = others(cl, table, case.seed) if scenario == "mixed" else []
+    arrival = MIXED_ARRIVAL_S if scenario == "mixed" else 0.0
+    rows = []
+    if background:  # (the other jobs without the study: what the study costs them)
+        res = simulate_studies(background, [], cl, table, ours(), migration_cost_s=costs.move_s,
+                               start_cost_s=costs.start_s)
+        rows.append({"case": case.name, "scenario": scenario, "run": "no study",
+                     "others_avg_jct_s": round(res.others_avg_jct_s, 1),
+                     "others_completed": res.others_completed})
+    for label, rule, allocation in RUNS:
+        run = StudyRun(case.spec(table, rule), LearningCurves(case.trials, seed=case.seed),
+                       first_job_id=FIRST_TRIAL_ID, arrival_s=arrival)
+        policy: Policy
+        if allocation == "static":
+            policy = StaticTrialsPolicy(
+                run.job_ids, pool=half_of_each_type(cl) if background else None,
+                inner=ours() if background else None)
+        else:
+            policy = ours()
+        t0 = time.perf_counter()
+        res = simulate_studies(background, [run], cl, table, policy,
+                               migration_cost_s=costs.move_s, start_cost_s=costs.start_s)
+        out = res.studies[0]
+        rows.append({"case": case.name, "scenario": scenario, "run": label,
+                     "model": case.job_type, **out.row(),
+                     "others_avg_jct_s": (round(res.others_avg_jct_s, 1) if background
+                                          else None),
+                     "others_completed": res.others_completed if background else None,
+                     "wall_s": round(time.perf_counter() - t0, 2)})
+    return rows
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case and scenario: the speed-ups and checks of the issue's goals."""
+    out = []
+    groups: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["case"], r["scenario"]), {})[r["run"]] = r
+    for (case, scenario), by in groups.items():
+        t = {k: v["time_to_best_s"] for k, v in by.items() if k != "no study"}
+        v: dict[str, Any] = {
+            "case": case, "scenario": scenario,
+            "asha_speedup": round(t["static-asha"] / t["ours-asha"], 3),
+            "sh_speedup": round(t["static-sh"] / t["ours-sh"], 3),
+            "array_over_ours_sh": round(t["array"] / t["ours-sh"], 3),
+            "same_best_asha": by["ours-asha"]["best_trial"] == by["static-asha"]["best_trial"],
+            "same_best_sh": by["ours-sh"]["best_trial"] == by["static-sh"]["best_trial"],
+        }
+        if scenario == "mixed":
+            for rule in ("asha", "sh"):
+                v[f"others_jct_ratio_{rule}"] = round(
+                    by[f"ours-{rule}"]["others_avg_jct_s"]
+                    / by[f"static-{rule}"]["others_avg_jct_s"], 3)
+        v["met"] = (v["asha_speedup"] >= GOAL_ASHA and v["sh_speedup"] >= GOAL_SH
+                    and v["same_best_sh"]
+                    and all(v.get(f"others_jct_ratio_{r}", 1.0) <= GOAL_OTHERS
+                            for r in ("asha", "sh")))
+        out.append(v)
+    return out
+
+
+def table_text(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
+    lines = [f"{'case':16s} {'scenario':8s} {'run':12s} {'to best (h)':>11s} {'best':>5s} "
+             f"{'its final':>9s} {'oracle':>6s} {'others JCT (h)':>14s}  stopped per rung"]
+    for r in rows:
+        jct = r["others_avg_jct_s"]
+        if r["run"] == "no study":
+            lines.append(f"{r['case']:16s} {r['scenario']:8s} {r['run']:12s} {'':11s} {'':5s} "
+                         f"{'':9s} {'':6s} {jct / 3600:14.2f}")
+            continue
+        lines.append(
+            f"{r['case']:16s} {r['scenario']:8s} {r['run']:12s} "
+            f"{r['time_to_best_s'] / 3600:11.2f} {r['best_trial']!s:>5s} "
+            f"{r['best_final']:9.4f} {r['oracle_trial']:6d} "
+            f"{'' if jct is None else f'{jct / 3600:.2f}':>14s}  {r['stopped_at']}")
+    lines.append("")
+    lines.append(f"{'case':16s} {'scenario':8s} {'asha x':>7s} {'sh x':>6s} {'array/ours':>10s} "
+                 f"{'same best (asha, sh)':>21s} {'others JCT (asha, sh)':>22s}  goals met")
+    for v in checks:
+        jct = ("" if v["scenario"] != "mixed" else
+               f"{v['others_jct_ratio_asha']:.3f}, {v['others_jct_ratio_sh']:.3f}")
+        lines.append(f"{v['case']:16s} {v['scenario']:8s} {v['asha_speedup']:7.2f} "
+                     f"{v['sh_speedup']:6.2f} {v['array_over_ours_sh']:10.2f} "
+                     f"{(v['same_best_asha'], v['same_best_sh'])!s:>21s} {jct:>22s}  "
+                     f"{'yes' if v['met'] else 'NO'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.studies", description=__doc__.split(
+        "\n\n")[0])
+    ap.add_argument("--json", metavar="OUT", help="write the rows (and checks) here")
+    ap.add_argument("--only", nargs="*", metavar="NAME", help="only these cases")
+    ap.add_argument("--scenario", choices=("alone", "mixed", "both"), default="both")
+    args = ap.parse_args(argv)
+    cases = [c for c in CASES if not args.only or c.name in args.only]
+    if not cases:
+        print(f"no case named {args.only}; cases: {[c.name for c in CASES]}", file=sys.stderr)
+        return 2
+    scenarios = ("alone", "mixed") if args.scenario == "both" else (args.scenario,)
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        for scenario in scenarios:
+            rows += run_case(case, scenario)
+    checks = verdicts(rows)
+    print(table_text(rows, checks))
+    if args.json:
+        write_rows(rows + [{"check": True, **v} for v in checks], args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Tuning studies in the simulator (issue #17): spec checks, the halving rules worked by hand,
+the synthetic curves, the study controller's mechanics and the static baseline."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hadar_slurm.errors import InputError
+from hadar_slurm.model import ClusterSpec, Job
+from hadar_slurm.policy import make_policy
+from hadar_slurm.rates.table import ThroughputTable
+from hadar_slurm.studies.curves import LearningCurves
+from hadar_slurm.studies.halving import Verdict, best_trial, cohorts, verdicts
+from hadar_slurm.studies.sim import StudyCluster, StudyRun, simulate_studies
+from hadar_slurm.studies.spec import Rule, StudySpec
+from hadar_slurm.studies.static import StaticTrialsPolicy
+
+MODEL = "toy"
+
+
+def table(fast: float = 10.0, slow: float = 2.0) -> ThroughputTable:
+    return ThroughputTable({(MODEL, 1): {"fast": fast, "slow": slow},
+                            (MODEL, 2): {"fast": 2 * fast, "slow": 2 * slow}})
+
+
+def spec(rule: Rule = Rule.SH, trials: int = 4, max_steps: float = 800.0, rungs: int = 3,
+         eta: float = 2.0, mode: str = "max") -> StudySpec:
+    return StudySpec("s", MODEL, trials, max_steps, rungs=rungs, eta=eta, rule=rule, mode=mode)
+
+
+# -- spec ---------------------------------------------------------------------------------------
+
+def test_rungs_are_geometric_up_to_the_full_budget() -> None:
+    s = StudySpec("s", MODEL, 27, 81.0, rungs=4, eta=3.0)
+    assert s.rung_steps == pytest.approx((3.0, 9.0, 27.0, 81.0))
+    assert [s.survivors(n) for n in (27, 9, 3, 2, 1)] == [9, 3, 1, 1, 1]
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"trials": 0}, "trials"), ({"eta": 1.5}, "eta"), ({"rungs": 0}, "rungs"),
+    ({"rungs": 11}, "rungs"), ({"mode": "up"}, "mode"), ({"max_steps": -1.0}, "max_steps"),
+    ({"max_steps": float("nan")}, "max_steps"), ({"name": "a b"}, "study"),
+    ({"metric": ""}, "metric"), ({"max_steps": 8.0, "rungs": 5, "eta": 3.0}, "rungs"),
+])
+def test_a_bad_study_names_its_field(kwargs: dict[str, object], field: str) -> None:
+    args: dict[str, object] = {"name": "s", "job_type": MODEL, "trials": 4, "max_steps": 100.0}
+    args.update(kwargs)
+    with pytest.raises(InputError) as err:
+        StudySpec(**args)  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert err.value.fix
+
+
+def test_an_unknown_rule_lists_the_rules() -> None:
+    with pytest.raises(InputError, match=r"asha.*sh.*none"):
+        Rule.parse("hyperband")
+    assert Rule.parse(" ASHA ") is Rule.ASHA
+
+
+# -- halving, worked by hand --------------------------------------------------------------------
+
+def test_asha_ranks_each_report_among_those_before_it() -> None:
+    s = spec(Rule.ASHA, trials=4, eta=2.0)
+    reports = [{0: 0.5, 1: 0.7, 2: 0.6, 3: 0.4}, {}, {}]
+    got = verdicts(s, range(4), reports, {0: 0, 1: 0, 2: 0, 3: 0})
+    # t0: alone, the best of 1 -> go; t1: best of {.5,.7} keeps 1 -> go; t2: {.5,.7,.6} keeps
+    # 1 (.7) -> stop; t3: four reports keep 2 (.7, .6) -> stop
+    assert got == {0: Verdict.GO, 1: Verdict.GO, 2: Verdict.STOP, 3: Verdict.STOP}
+
+
+def test_asha_with_a_loss_keeps_the_lowest() -> None:
+    s = spec(Rule.ASHA, trials=2, eta=2.0, mode="min")
+    got = verdicts(s, range(2), [{0: 0.5, 1: 0.7}, {}, {}], {1: 0})
+    assert got == {1: Verdict.STOP}
+
+
+def test_sh_waits_for_the_cohort_then_keeps_the_best_half() -> None:
+    s = spec(Rule.SH, trials=4, eta=2.0)
+    reports: list[dict[int, float]] = [{0: 0.5, 1: 0.7, 2: 0.6}, {}, {}]
+    assert verdicts(s, range(4), reports, {0: 0, 1: 0, 2: 0}) == {
+        0: Verdict.WAIT, 1: Verdict.WAIT, 2: Verdict.WAIT}
+    reports[0][3] = 0.1
+    assert verdicts(s, range(4), reports, {0: 0, 1: 0, 2: 0, 3: 0}) == {
+        0: Verdict.STOP, 1: Verdict.GO, 2: Verdict.GO, 3: Verdict.STOP}
+    assert cohorts(s, range(4), reports) == [[0, 1, 2, 3], [1, 2]]
+    reports[1] = {2: 0.8, 1: 0.75}
+    assert verdicts(s, range(4), reports, {1: 1, 2: 1}) == {1: Verdict.STOP, 2: Verdict.GO}
+    reports[2] = {2: 0.9}
+    assert verdicts(s, range(4), reports, {2: 2}) == {2: Verdict.DONE}
+    assert best_trial(s, reports) == 2
+
+
+def test_none_never_stops() -> None:
+    s = spec(Rule.NONE, trials=2)
+    reports = [{0: 0.1, 1: 0.9}, {0: 0.2}, {}]
+    assert verdicts(s, range(2), reports, {0: 1, 1: 0}) == {0: Verdict.GO, 1: Verdict.GO}
+
+
+def test_a_verdict_needs_the_report() -> None:
+    with pytest.raises(ValueError, match="no report"):
+        verdicts(spec(), range(4), [{}, {}, {}], {0: 0})
+
+
+# -- curves -------------------------------------------------------------------------------------
+
+def test_curves_are_seeded_and_reports_do_not_depend_on_order() -> None:
+    a, b = LearningCurves(16, seed=3), LearningCurves(16, seed=3)
+    assert a.configs == b.configs
+    late = [b.report(t, 1, 0.25) for t in reversed(range(16))][::-1]
+    assert [a.report(t, 1, 0.25) for t in range(16)] == late
+    assert LearningCurves(16, seed=4).configs != a.configs
+
+
+def test_a_curve_starts_at_chance_and_rises_to_its_final() -> None:
+    c = LearningCurves(8, seed=0, noise=0.0)
+    for t in range(8):
+        assert c.mean(t, 0.0) == pytest.approx(0.10)
+        values = [c.mean(t, f) for f in (0.01, 0.1, 0.5, 1.0)]
+        assert values == sorted(values)
+        assert c.report(t, 3, 1.0) == c.final(t)
+    assert c.final(c.best_trial()) == max(c.final(t) for t in range(8))
+
+
+# -- the study controller -----------------------------------------------------------------------
+
+def one_gpu() -> ClusterSpec:
+    return ClusterSpec.uniform([("fast", 1)])
+
+
+def test_synchronous_halving_on_one_gpu_worked_by_hand() -> None:
+    # 2 trials, rungs at 400 and 800 steps, 10 steps/s on the one GPU: both first rungs take
+    # 80 s (trial 0, then trial 1), the survivor 40 s more: 120 s.  The survivor was the last
+    # to report if it is trial 1 (it never stopped: no restart cost), else it waited and
+    # restarts (50 s).
+    curves = LearningCurves(2, seed=5, noise=0.0)
+    s = spec(Rule.SH, trials=2, max_steps=800.0, rungs=2, eta=2.0)
+    run = StudyRun(s, curves, first_job_id=10)
+    res = simulate_studies([], [run], one_gpu(), table(), StaticTrialsPolicy(run.job_ids),
+                           migration_cost_s=50.0)
+    out = res.studies[0]
+    first = {t: curves.report(t, 0, 0.5) for t in range(2)}
+    survivor = max(range(2), key=lambda t: (first[t], -t))
+    assert out.best_trial == survivor
+    assert out.stopped_at == [1, 0]
+    assert out.time_to_best_s == pytest.approx(120.0 + (50.0 if survivor == 0 else 0.0))
+    assert out.best_final == curves.final(survivor)
+
+
+def test_asha_promotion_in_place_costs_no_restart() -> None:
+    curves = LearningCurves(1, seed=1)
+    s = spec(Rule.ASHA, trials=1, max_steps=800.0, rungs=3, eta=2.0)
+    run = StudyRun(s, curves, first_job_id=1)
+    res = simulate_studies([], [run], one_gpu(), table(), StaticTrialsPolicy(run.job_ids),
+                           migration_cost_s=50.0)
+    # three rungs (200, 400, 800 steps) at 10 steps/s, promoted in place twice: 80 s
+    assert res.studies[0].time_to_best_s == pytest.approx(80.0)
+    assert [len(r) for r in res.studies[0].reports] == [1, 1, 1]
+
+
+def test_a_stopped_trial_frees_its_gpu_for_the_next() -> None:
+    # ASHA, eta 2, 3 trials on one GPU: whatever the reports, trial 0 goes on (first at its
+    # rung), and at most one more; each rung-0 run takes 20 s (200 steps at 10/s)
+    curves = LearningCurves(3, seed=2, noise=0.0)
+    s = spec(Rule.ASHA, trials=3, max_steps=400.0, rungs=2, eta=2.0)
+    run = StudyRun(s, curves, first_job_id=1)
+    res = simulate_studies([], [run], one_gpu(), table(), StaticTrialsPolicy(run.job_ids))
+    out = res.studies[0]
+    go = sum(1 for t in range(3) if t in out.reports[1])
+    assert 0 in out.reports[1] and 1 <= go <= 2
+    assert out.time_to_best_s == pytest.approx(3 * 20.0 + go * 20.0)
+
+
+def test_static_trials_take_one_gpu_each_first_fit_and_keep_it() -> None:
+    cl = ClusterSpec.uniform([("slow", 2), ("fast", 2)])  # slow nodes first, as listed
+    curves = LearningCurves(3, seed=0)
+    run = StudyRun(spec(Rule.NONE, trials=3), curves, first_job_id=1)
+    backend = StudyCluster([], [run], cl, table())
+    policy = StaticTrialsPolicy(run.job_ids)
+    snap = backend.snapshot(0, 0.0, 360.0, None)
+    d = policy.allocate(snap)
+    assert sorted(zip(d.placement.job.tolist(), d.placement.node.tolist(),
+                      d.placement.count.tolist(), strict=True)) == [(1, 0, 1), (2, 1, 1), (3, 2, 1)]
+    backend.apply(backend.reconcile(snap, d), 0.0)
+    snap2 = backend.snapshot(1, 5.0, 360.0, None)
+    assert policy.allocate(snap2).placement.by_job() == d.placement.by_job()
+
+
+def test_the_static_pool_is_the_studys_only_while_it_lives() -> None:
+    cl = ClusterSpec.uniform([("fast", 2)])
+    run = StudyRun(spec(Rule.NONE, trials=1, max_steps=8.0, rungs=1), LearningCurves(1),
+                   first_job_id=50)
+    other = Job(1, MODEL, 2, 1000.0, 0.0)
+    policy = StaticTrialsPolicy(run.job_ids, pool=[0], inner=make_policy("hadar"))
+    res = simulate_studies([other], [run], cl, table(), policy)
+    # the trial (0.8 s on node 0) first; the 2-GPU job (20 steps/s) needs both nodes: after
+    assert res.others_completed == 1
+    assert res.others_avg_jct_s == pytest.approx(0.8 + 1000.0 / 20.0, abs=1e-6)
+
+
+def test_few_live_trials_may_fork_over_the_cluster() -> None:
+    cl = ClusterSpec.uniform([("fast", 6)])
+    run = StudyRun(spec(Rule.NONE, trials=4), LearningCurves(4), first_job_id=1)
+    backend = StudyCluster([], [run], cl, table())
+    snap = backend.snapshot(0, 0.0, 360.0, None)
+    assert snap.max_copies is not None and snap.max_copies.tolist() == [2, 2, 2, 2]
+    res = simulate_studies([], [StudyRun(spec(Rule.NONE, trials=1), LearningCurves(1),
+                                         first_job_id=1)], cl, table(), make_policy("hadare"))
+    assert res.result.max_copies > 1  # one trial, six GPUs: HadarE forks it
+
+
+def test_trial_ids_must_not_collide() -> None:
+    run = StudyRun(spec(trials=2), LearningCurves(2), first_job_id=1)
+    with pytest.raises(ValueError, match="collide"):
+        StudyCluster([Job(2, MODEL, 1, 10.0, 0.0)], [run], one_gpu(), table())
+
+
+def test_study_run_needs_one_curve_per_trial() -> None:
+    with pytest.raises(ValueError, match="curves"):
+        StudyRun(spec(trials=3), LearningCurves(2), first_job_id=1)
+
+
+# -- the benchmark ------------------------------------------------------------------------------
+
+def test_bench_studies_writes_every_run_and_its_checks(tmp_path: Path) -> None:
+    from bench import studies
+
+    out = tmp_path / "studies.json"
+    assert studies.main(["--only", "lm-32", "--scenario", "alone", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    runs = [r["run"] for r in rows if "run" in r]
+    assert runs == ["array", "static-asha", "static-sh", "ours-asha", "ours-sh"]
+    check = next(r for r in rows if r.get("check"))
+    assert check["same_best_sh"] is True  # synchronous halving decides on reports alone
+    by = {r["run"]: r for r in rows if "run" in r}
+    assert by["array"]["stopped_at"] == [0, 0, 0]
+    assert by["array"]["best_trial"] == by["array"]["oracle_trial"]
+    assert all(math.isfinite(r["time_to_best_s"]) for r in by.values())
+    assert np.isclose(check["sh_speedup"],
+                      by["static-sh"]["time_to_best_s"] / by["ours-sh"]["time_to_best_s"],
+                      rtol=1e-2)
