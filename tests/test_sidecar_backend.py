@@ -24,7 +24,7 @@ from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
 from hadar_slurm.slurm.api import UPDATE_FIELDS, DryRunApi, SlurmApi
-from hadar_slurm.slurm.parse import FINAL_STATES, Gres
+from hadar_slurm.slurm.parse import FINAL_STATES, Gres, expand_array_tasks
 from hadar_slurm.slurm.runner import write_files_as
 from hadar_slurm.slurm.version import SlurmVersion, parse_version
 
@@ -102,6 +102,19 @@ class FakeSlurm:
             eligible_time=None if fields.get("StartTime") == "now" else j.eligible_time,
             state_reason="None" if fields.get("StartTime") == "now"
             and j.state_reason == "BeginTime" else j.state_reason)
+
+    def split_array_task(self, array_job_id: int, task_id: int, admin_comment: str) -> None:
+        """As Slurm: the task gets the next job id; the array's record keeps the rest (and is
+        the last task itself once one is left)."""
+        self._do("split", task_id)
+        meta = self.jobs[array_job_id]
+        left = [t for t in expand_array_tasks(meta.array_tasks) if t != task_id]
+        new = max(self.jobs) + 1
+        self.jobs[new] = replace(meta, job_id=new, array_task_id=task_id, array_tasks="",
+                                 admin_comment=admin_comment)
+        self.jobs[array_job_id] = replace(
+            meta, array_task_id=left[0] if len(left) == 1 else None,
+            array_tasks="" if len(left) == 1 else ",".join(map(str, left)))
 
     def hold(self, job_id: int) -> None:
         self._do("hold", job_id)
@@ -836,3 +849,38 @@ def test_a_running_jobs_progress_goes_on_from_its_trackers_last_round(tmp_path: 
     # a finished tracker, or one close to the work, is not extrapolated past it
     assert done_at(updated_at=1970.0, done=40000, complete=True) == 40000
     assert done_at(updated_at=1000.0, done=39990) == 40000
+
+
+def test_a_hadar_job_array_is_split_into_tasks_then_each_is_placed_on_its_own() -> None:
+    # one record stands for the pending tasks 0-3 (as squeue lists an array not started yet)
+    array = replace(job(1), array_job_id=1, array_tasks="0-3")
+    api = FakeSlurm([array], NODES)
+    b = backend(api)
+    snap = b.snapshot(0, 2000.0, 60.0, None)
+    assert snap.num_jobs == 0  # (the array's record is no job to place)
+    b.apply(b.reconcile(snap, Decision(0, Placement.empty(), np.zeros(0, dtype=np.int8))),
+            2000.0)
+    # tasks 0, 1 and 2 get records of their own; the array's record is task 3 then
+    assert api.log == [("split", 0), ("split", 1), ("split", 2)]
+    assert sorted((j.job_id, j.array_task_id, j.array_tasks) for j in api.jobs.values()) == [
+        (1, 3, ""), (2, 0, ""), (3, 1, ""), (4, 2, "")]
+    assert all(j.admin_comment == array.admin_comment for j in api.jobs.values())
+    api.log.clear()
+    _, actions = decide(b, {2: [(0, 1)], 4: [(1, 1)]}, epoch=1)
+    b.apply(actions, 2001.0)
+    assert ("release", 2) in api.log and ("release", 4) in api.log
+    assert not any(what == "release" and j in (1, 3) for what, j in api.log)
+    assert {a.job_id: a.kind for a in actions}[1] is ChangeKind.WAIT
+
+
+def test_a_big_array_is_split_a_bounded_number_of_tasks_per_epoch() -> None:
+    from hadar_slurm.sidecar.apply import MAX_SPLITS
+
+    api = FakeSlurm([replace(job(1), array_job_id=1, array_tasks=f"0-{MAX_SPLITS + 9}")], NODES)
+    b = backend(api)
+    snap = b.snapshot(0, 2000.0, 60.0, None)
+    b.apply(b.reconcile(snap, Decision(0, Placement.empty(), np.zeros(0, dtype=np.int8))),
+            2000.0)
+    assert len(api.log) == MAX_SPLITS
+    assert expand_array_tasks(api.jobs[1].array_tasks) == tuple(
+        range(MAX_SPLITS, MAX_SPLITS + 10))  # (the rest at the next epochs)

@@ -316,7 +316,7 @@ def test_argv_builders() -> None:
         lambda: commands.sbatch(wrap="echo a\necho b"),
         lambda: commands.scancel([]),
         lambda: commands.scontrol_hold(0),
-        lambda: commands.scontrol_hold("3"),  # type: ignore[arg-type]
+        lambda: commands.scontrol_hold("3"),  # (a name other than A_T)
         lambda: commands.scontrol_update_job(3, {}),
         lambda: commands.scontrol_update_job(3, {"JobId": "4"}),
         lambda: commands.scontrol_update_job(3, {"Node List": "x"}),

@@ -52,10 +52,12 @@ from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.slurm.api import SlurmApi
 from hadar_slurm.slurm.hetjob import CopySpec, ForkPlan, render_hetjob
-from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES
+from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES, expand_array_tasks
 from hadar_slurm.slurm.version import SlurmVersion
 
 logger = logging.getLogger("hadar_slurm.sidecar")
+#: The most tasks of job arrays given a record of their own per epoch (an update each).
+MAX_SPLITS = 256
 
 #: The order in which kinds of change are applied: stops and ends of forks share one grace
 #: period, begun first; the pending jobs' places are written while it runs (a job placed on
@@ -218,6 +220,8 @@ class SlurmApplier:
         if grace is not None:
             self._grace(grace)
         self._guard("sharing", 0, self._tell_mates)
+        for job in seen.arrays:
+            self._guard("split", job.job_id, self._split_array, job, epoch)
         seen.stats.apply_s = time.perf_counter() - t0
         seen.stats.commands_apply = self.api.commands - before
         return report
@@ -413,6 +417,26 @@ class SlurmApplier:
                 continue
             self._did("tell_mate", job_id, mate=mate)
             self._told[job_id] = mate
+
+    def _split_array(self, job: SlurmJob, epoch: int) -> None:
+        """Give each pending task of the job array ``job`` stands for a record of its own, up
+        to :data:`MAX_SPLITS` per epoch (the last task is the array's record itself once the
+        others are split): from the next read on, each is a job the policy places (a study's
+        trial, or any task of a hadar array), which Slurm would otherwise start all at once
+        when the array is released."""
+        array = job.array_job_id if job.array_job_id is not None else job.job_id
+        tasks = expand_array_tasks(job.array_tasks, limit=MAX_SPLITS + 1)
+        done: list[int] = []
+        try:
+            for task in tasks[:-1][:MAX_SPLITS]:
+                self.api.split_array_task(array, task, job.admin_comment)
+                done.append(task)
+        except SlurmError as exc:
+            log_event(logger, "action_failed", level=logging.WARNING, epoch=epoch,
+                      job=job.job_id, action="split", task=f"{array}_{task}", error=str(exc))
+        if done:
+            self._did("split", job.job_id, array=array, tasks=len(done),
+                      first=done[0], last=done[-1], were=job.array_tasks)
 
     def _pair_refused(self, node: SlurmNode | None, placing: Sequence[int],
                       mate: JobView | None) -> str:

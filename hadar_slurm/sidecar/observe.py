@@ -296,6 +296,10 @@ class SlurmObserver:
         #: Slurm without ``RequeueExitHold=75``): requeued this epoch.
         self.moves_left: list[SlurmJob] = []
         self.user_held: list[int] = []  # hadar jobs their users hold
+        #: Records of hadar job arrays that stand for several pending tasks: each task gets a
+        #: record of its own (the applier splits them), and is a job like any other from the
+        #: next epoch on.
+        self.arrays: list[SlurmJob] = []
         #: Per-job errors of the last epoch (reading and applying): ``(stage, job, error)``.
         self.job_errors: list[tuple[str, int, str]] = []
         self.node_names: tuple[str, ...] = ()
@@ -362,6 +366,7 @@ class SlurmObserver:
         self.pinned = {}
         self.moves_left = []
         self.user_held = []
+        self.arrays = []
         active = self._sort_groups()
         hadar_on_node = np.zeros(len(nodes), dtype=np.int64)
         other_on_node = np.zeros(len(nodes), dtype=np.int64)
@@ -389,6 +394,9 @@ class SlurmObserver:
             if held_by_user(job):
                 self.user_held.append(job.job_id)
                 continue  # the user holds it: not ours to start
+            if job.array_tasks and job.state in PENDING_STATES:
+                self.arrays.append(job)  # (several tasks in one record: split, not placed)
+                continue
             try:
                 view = self._view(job, now, node_index, active.get(job.job_id))
             except StoreDamagedError:

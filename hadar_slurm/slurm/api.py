@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from hadar_slurm.logs import log_event
@@ -73,6 +73,11 @@ class SlurmApi(Protocol):
 
     def release(self, job_id: int) -> None: ...
 
+    def split_array_task(self, array_job_id: int, task_id: int, admin_comment: str) -> None:
+        """Give a pending task of a job array a job record of its own (its admin comment
+        unchanged): :func:`~hadar_slurm.slurm.commands.scontrol_split_array_task`."""
+        ...
+
     def requeue_hold(self, job_id: int) -> None:
         """Stop a running job and put it back in the queue, held by the operator: ``scontrol
         requeue``, then ``scontrol hold`` (``JobHeldAdmin``).  Not ``scontrol requeuehold``:
@@ -117,6 +122,15 @@ class SlurmApi(Protocol):
         ...
 
 
+def task_refs(jobs: Iterable[SlurmJob]) -> dict[int, str]:
+    """``{job id: "A_T"}`` for the array tasks among ``jobs`` whose record keeps the array's
+    job id (Slurm reuses the array's record for its last pending task): a command on that id
+    alone would act on every task of the array (``scontrol release 41`` releases them all,
+    ``scontrol update JobId=41 NodeList=...`` is refused: "Job resizing not supported")."""
+    return {j.job_id: f"{j.array_job_id}_{j.array_task_id}" for j in jobs
+            if j.array_job_id == j.job_id and j.array_task_id is not None}
+
+
 class CliApi:
     """:class:`SlurmApi` over the Slurm command line tools (tested with Slurm 22.05, 24.11 and
     26.05)."""
@@ -127,6 +141,12 @@ class CliApi:
     def __init__(self, runner: SlurmRunner) -> None:
         self.runner = runner
         self.commands = 0
+        #: Array tasks whose record keeps the array's job id, by that id: they are named
+        #: ``A_T`` (:data:`~hadar_slurm.slurm.commands.JobRef`), refreshed by every read.
+        self.task_refs: dict[int, str] = {}
+
+    def _ref(self, job_id: int) -> commands.JobRef:
+        return self.task_refs.get(job_id, job_id)
 
     def _run(self, argv: list[str]) -> str:
         self.commands += 1
@@ -136,7 +156,10 @@ class CliApi:
         return parse_version(self._run(scontrol_version()))
 
     def read_jobs(self) -> list[SlurmJob]:
-        return list(parse_squeue_json(self._run(commands.squeue_json()), source="squeue --json"))
+        jobs = list(parse_squeue_json(self._run(commands.squeue_json()),
+                                      source="squeue --json"))
+        self.task_refs = task_refs(jobs)
+        return jobs
 
     def read_nodes(self) -> list[SlurmNode]:
         return list(parse_sinfo_json(self._run(commands.sinfo_json()), source="sinfo --json"))
@@ -148,29 +171,32 @@ class CliApi:
         unknown = set(fields) - set(UPDATE_FIELDS)
         if unknown:
             raise ValueError(f"update_job: unsupported fields {sorted(unknown)}")
-        self._run(commands.scontrol_update_job(job_id, fields))
+        self._run(commands.scontrol_update_job(self._ref(job_id), fields))
 
     def hold(self, job_id: int) -> None:
-        self._run(commands.scontrol_hold(job_id))
+        self._run(commands.scontrol_hold(self._ref(job_id)))
 
     def release(self, job_id: int) -> None:
-        self._run(commands.scontrol_release(job_id))
+        self._run(commands.scontrol_release(self._ref(job_id)))
+
+    def split_array_task(self, array_job_id: int, task_id: int, admin_comment: str) -> None:
+        self._run(commands.scontrol_split_array_task(array_job_id, task_id, admin_comment))
 
     def requeue_hold(self, job_id: int) -> None:
-        self._run(commands.scontrol_requeue(job_id))
+        self._run(commands.scontrol_requeue(self._ref(job_id)))
         self.hold(job_id)
 
     def signal(self, job_id: int, signal: str) -> None:
-        self._run(commands.scancel(job_id, signal=signal, full=True))
+        self._run(commands.scancel(self._ref(job_id), signal=signal, full=True))
 
     def cancel(self, job_id: int) -> None:
-        self._run(commands.scancel(job_id))
+        self._run(commands.scancel(self._ref(job_id)))
 
     def signal_steps(self, job_id: int, signal: str) -> None:
-        self._run(commands.scancel(job_id, signal=signal))
+        self._run(commands.scancel(self._ref(job_id), signal=signal))
 
     def batch_script(self, job_id: int) -> str:
-        return self._run(commands.scontrol_write_batch_script(job_id))
+        return self._run(commands.scontrol_write_batch_script(self._ref(job_id)))
 
     def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
         write_files_as(owner, directory, files)
@@ -246,6 +272,9 @@ class DryRunApi(ApiWrapper):
     def release(self, job_id: int) -> None:
         self.would.append(("release", job_id, ""))
 
+    def split_array_task(self, array_job_id: int, task_id: int, admin_comment: str) -> None:
+        self.would.append(("split", array_job_id, f"task {task_id}"))
+
     def requeue_hold(self, job_id: int) -> None:
         self.would.append(("requeuehold", job_id, ""))
 
@@ -284,6 +313,9 @@ class PassThroughApi(ApiWrapper):
 
     def release(self, job_id: int) -> None:
         self._change(self.inner.release, job_id)
+
+    def split_array_task(self, array_job_id: int, task_id: int, admin_comment: str) -> None:
+        self._change(self.inner.split_array_task, array_job_id, task_id, admin_comment)
 
     def requeue_hold(self, job_id: int) -> None:
         self._change(self.inner.requeue_hold, job_id)

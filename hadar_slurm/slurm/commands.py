@@ -19,7 +19,18 @@ from hadar_slurm.slurm.parse import SQUEUE_LIVE_STATES
 _UPDATE_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 
 
-def _job_id(job_id: int) -> str:
+#: A job as the commands name it: its job id, or ``"A_T"``, task ``T`` of the job array
+#: ``A``: the one name of the array task whose record keeps the array's job id (Slurm's last
+#: pending task; ``A`` alone there names every task of the array).
+JobRef = int | str
+_TASK_REF = re.compile(r"[1-9][0-9]{0,9}_[0-9]{1,10}")
+
+
+def _job_id(job_id: JobRef) -> str:
+    if isinstance(job_id, str):
+        if _TASK_REF.fullmatch(job_id):
+            return job_id
+        raise ValueError(f"job id must be a positive int or ARRAY_TASK, got {job_id!r}")
     if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
         raise ValueError(f"job id must be a positive int, got {job_id!r}")
     return str(job_id)
@@ -97,11 +108,11 @@ def sbatch(
 
 
 def scancel(
-    job_ids: int | Iterable[int], *, signal: str | None = None, full: bool = False,
+    job_ids: JobRef | Iterable[JobRef], *, signal: str | None = None, full: bool = False,
 ) -> list[str]:
     """``scancel`` (or, with ``signal``, send a signal).  ``full``: to the batch script and
     every step too (without it, a signal reaches only the steps, not a batch script)."""
-    ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
+    ids = [job_ids] if isinstance(job_ids, int | str) else list(job_ids)
     if not ids:
         raise ValueError("scancel needs at least one job id")
     argv = ["scancel"]
@@ -113,11 +124,11 @@ def scancel(
     return argv
 
 
-def scontrol_hold(job_id: int) -> list[str]:
+def scontrol_hold(job_id: JobRef) -> list[str]:
     return ["scontrol", "hold", _job_id(job_id)]
 
 
-def scontrol_release(job_id: int) -> list[str]:
+def scontrol_release(job_id: JobRef) -> list[str]:
     return ["scontrol", "release", _job_id(job_id)]
 
 
@@ -130,12 +141,12 @@ def scontrol_release_jobs(job_ids: Iterable[int]) -> list[str]:
     return ["scontrol", "release", ",".join(_job_id(j) for j in ids)]
 
 
-def scontrol_requeue(job_id: int, *, hold: bool = False) -> list[str]:
+def scontrol_requeue(job_id: JobRef, *, hold: bool = False) -> list[str]:
     """``requeue`` (back to pending), or ``requeuehold`` (pending and held)."""
     return ["scontrol", "requeuehold" if hold else "requeue", _job_id(job_id)]
 
 
-def scontrol_update_job(job_id: int, fields: Mapping[str, object]) -> list[str]:
+def scontrol_update_job(job_id: JobRef, fields: Mapping[str, object]) -> list[str]:
     """``scontrol update JobId=ID Key=Value ...``, e.g. ``{"NodeList": "node2",
     "Features": "p100", "AdminComment": "hadar:epoch=3"}``; one argv element per field."""
     if not fields:
@@ -148,20 +159,32 @@ def scontrol_update_job(job_id: int, fields: Mapping[str, object]) -> list[str]:
     return argv
 
 
-def scontrol_write_batch_script(job_id: int) -> list[str]:
+def scontrol_split_array_task(array_job_id: int, task_id: int, admin_comment: str) -> list[str]:
+    """Give the pending task ``task_id`` of the job array ``array_job_id`` a job record of its
+    own: ``scontrol update JobId=A_T AdminComment=...`` with the array's admin comment as it
+    is.  Any update of one pending task splits it off the array's record (Slurm 22.05, 24.11
+    and 26.05), as Slurm does itself when a task starts; the new record keeps the array's
+    settings and gets the next job id."""
+    if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 0:
+        raise ValueError(f"array task id must be an int >= 0, got {task_id!r}")
+    return ["scontrol", "update", f"JobId={_job_id(array_job_id)}_{task_id}",
+            f"AdminComment={_value('AdminComment', admin_comment)}"]
+
+
+def scontrol_write_batch_script(job_id: JobRef) -> list[str]:
     """The batch script of a job (pending ones too), to stdout: ``scontrol write batch_script
     ID -`` (Slurm 22.05 has it; root, SlurmUser or the job's owner may ask)."""
     return ["scontrol", "write", "batch_script", _job_id(job_id), "-"]
 
 
-def scontrol_show_job_details(job_id: int) -> list[str]:
+def scontrol_show_job_details(job_id: JobRef) -> list[str]:
     """``scontrol --details --oneliner show job ID``: as :func:`scontrol_show_job`, plus what
     the job holds on each node (``Nodes=node1 CPU_IDs=0 Mem=256 GRES=shard:1(IDX:0)``; 24.11+:
     ``GRES=shard:1(1/2,0/2)``), the GPU indices of its gres."""
     return ["scontrol", "--details", "--oneliner", "show", "job", _job_id(job_id)]
 
 
-def scontrol_show_job(job_id: int) -> list[str]:
+def scontrol_show_job(job_id: JobRef) -> list[str]:
     """``scontrol --oneliner show job ID``: one line of ``Key=Value`` (no ``--json`` in
     22.05); read it with :func:`hadar_slurm.slurm.parse.parse_scontrol_show`."""
     return ["scontrol", "--oneliner", "show", "job", _job_id(job_id)]

@@ -135,6 +135,12 @@ class SlurmJob:
     cpus_per_node: int | None = None  # CPUs asked per node (--cpus-per-task x tasks per node)
     #: when a pending job may start at the earliest (its begin time; None: unset / 0)
     eligible_time: int | None = None
+    #: a job array's id (the first task's job id; None: not an array), this record's task index
+    #: (None: a record of several pending tasks, listed in ``array_tasks``, e.g. ``"0-2,5"``:
+    #: Slurm gives a task a record of its own when it starts or is updated on its own)
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_tasks: str = ""
     #: what it holds on each of its nodes (``node_names`` order), as squeue's ``gres_detail``
     #: prints it: ``gpu:v100:2(IDX:0-1)``, ``shard:1(IDX:0)`` (22.05), ``shard:1(1/2,0/2)``
     #: (24.11+); read with :func:`parse_gres_use`.  () while pending, and from readers that
@@ -452,6 +458,36 @@ def parse_gres_use(text: str, *, source: str = "gres", field: str = "gres_detail
 _HOSTLIST_GROUP = re.compile(r"\[([^\]]*)\]")
 
 
+_ARRAY_ITEM = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9})(?::([0-9]{1,9}))?)?")
+
+
+def expand_array_tasks(text: str, limit: int | None = None) -> tuple[int, ...]:
+    """The task indices of a job array's task string as squeue prints it (``array_task_string``:
+    ``0-2,5``, ``0-31:2``, ``0-63%4``: the ``%N`` limit on running tasks is not a task),
+    ascending as written; at most ``limit`` of them when given.  Raises
+    :class:`SlurmParseError` on anything else."""
+    body = text.strip().split("%", 1)[0]
+    out: list[int] = []
+    if not body:
+        return ()
+    for item in body.split(","):
+        m = _ARRAY_ITEM.fullmatch(item.strip())
+        if m is None:
+            raise SlurmParseError("squeue --json", "array_task_string",
+                                  f"cannot read task list {text!r}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        step = int(m.group(3)) if m.group(3) else 1
+        if hi < lo or step < 1:
+            raise SlurmParseError("squeue --json", "array_task_string",
+                                  f"bad range {item!r} in {text!r}")
+        for task in range(lo, hi + 1, step):
+            if limit is not None and len(out) >= limit:
+                return tuple(out)
+            out.append(task)
+    return tuple(out)
+
+
 def expand_hostlist(text: str) -> tuple[str, ...]:
     """Expand a Slurm hostlist: ``node[1-3,5],gpu[01-02]`` -> ``node1 node2 node3 node5 gpu01
     gpu02`` (zero padding kept; several bracket groups in one name are expanded in turn)."""
@@ -575,8 +611,26 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
         # (22.05 reports cpus_per_task as null even when asked; this one it fills in)
         cpus_per_node=f.number("minimum_cpus_per_node") or None,
         eligible_time=f.number("eligible_time") or None,
+        **array_fields(f.number("array_job_id"), f.number("array_task_id"),
+                        f.text("array_task_string")),
         gres_detail=f.strings("gres_detail"),
     )
+
+
+def array_fields(array_job_id: int | None, task_id: int | None,
+                  tasks: str) -> dict[str, Any]:
+    """``array_job_id``, ``array_task_id`` and ``array_tasks`` of a job record: none for a job
+    that is not an array (22.05: ``0`` and ``null``; 24.11+: ``"set": false``).  A record of
+    one pending task is that task: 26.05 lists the last task left in the array's record as
+    ``"array_task_string": "2"`` without a task id, where 22.05 and 24.11 give the id."""
+    if not array_job_id:
+        return {"array_job_id": None, "array_task_id": None, "array_tasks": ""}
+    if task_id is None and tasks:
+        one = expand_array_tasks(tasks, limit=2)
+        if len(one) == 1:
+            task_id, tasks = one[0], ""
+    return {"array_job_id": array_job_id, "array_task_id": task_id,
+            "array_tasks": "" if task_id is not None else tasks}
 
 
 def _exit_status(value: object) -> int | None:

@@ -66,7 +66,7 @@ import signal as _signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hadar_slurm.slurm.api import UPDATE_FIELDS, CliApi, SlurmApi
+from hadar_slurm.slurm.api import UPDATE_FIELDS, CliApi, SlurmApi, task_refs
 from hadar_slurm.slurm.errors import (
     SlurmCommandError,
     SlurmConfigError,
@@ -78,6 +78,7 @@ from hadar_slurm.slurm.parse import (
     Gres,
     SlurmJob,
     SlurmNode,
+    array_fields,
     expand_hostlist,
     parse_gres,
 )
@@ -217,6 +218,9 @@ class PyslurmApi:
         self._errors = _error_types(self._pyslurm)
         self._fork_runner = fork_runner
         self._cli: CliApi | None = None
+        #: Array tasks named ``A_T`` (:func:`~hadar_slurm.slurm.api.task_refs`): pyslurm's
+        #: ``Job(id)`` would name the whole array, so their actions go through the CLI.
+        self.task_refs: dict[int, str] = {}
 
     @property
     def commands(self) -> int:
@@ -237,6 +241,14 @@ class PyslurmApi:
         if self._cli is None:
             self._cli = CliApi(self._fork_runner())
         return self._cli
+
+    def _task_cli(self, job_id: int) -> CliApi | None:
+        """The CLI for an action on ``job_id`` when it is an array task named ``A_T``."""
+        if job_id not in self.task_refs:
+            return None
+        cli = self._fork_cli(f"array task {self.task_refs[job_id]}")
+        cli.task_refs = self.task_refs
+        return cli
 
     def _call(self, what: tuple[str, ...], fn: Callable[[], Any]) -> Any:
         self._calls += 1
@@ -268,7 +280,9 @@ class PyslurmApi:
 
     def read_jobs(self) -> list[SlurmJob]:
         jobs = self._call((SOURCE, "Jobs.load"), lambda: self._pyslurm.Jobs.load())
-        return [_job(j) for j in _values(jobs)]
+        out = [_job(j) for j in _values(jobs)]
+        self.task_refs = task_refs(out)
+        return out
 
     def read_nodes(self) -> list[SlurmNode]:
         nodes = self._call((SOURCE, "Nodes.load"), lambda: self._pyslurm.Nodes.load())
@@ -281,6 +295,8 @@ class PyslurmApi:
     # actions
 
     def update_job(self, job_id: int, fields: Mapping[str, str]) -> None:
+        if (cli := self._task_cli(job_id)) is not None:
+            return cli.update_job(job_id, fields)
         jid = _job_id(job_id)
         unknown = set(fields) - set(UPDATE_FIELDS)
         if unknown:
@@ -308,19 +324,33 @@ class PyslurmApi:
         self._call(what, lambda: self._pyslurm.Job(job_id).modify(desc))
 
     def hold(self, job_id: int) -> None:
+        if (cli := self._task_cli(job_id)) is not None:
+            return cli.hold(job_id)
         # pyslurm's default is an admin hold (priority 0, JobHeldAdmin), as `scontrol hold`
         # run by the operator.
         self._job_action(job_id, "hold", lambda job: job.hold())
 
     def release(self, job_id: int) -> None:
+        if (cli := self._task_cli(job_id)) is not None:
+            return cli.release(job_id)
         self._job_action(job_id, "release", lambda job: job.release())
 
+    def split_array_task(self, array_job_id: int, task_id: int, admin_comment: str) -> None:
+        # (pyslurm's Job(id) takes an int: a task of an unsplit array has no id of its own yet,
+        # so this goes through the CLI, as forks do)
+        self._fork_cli(f"split array task {array_job_id}_{task_id}").split_array_task(
+            array_job_id, task_id, admin_comment)
+
     def requeue_hold(self, job_id: int) -> None:
+        if (cli := self._task_cli(job_id)) is not None:
+            return cli.requeue_hold(job_id)
         # (a plain requeue, then the operator's hold: SlurmApi.requeue_hold says why)
         self._job_action(job_id, "requeue", lambda job: job.requeue(hold=False), "hold=False")
         self.hold(job_id)
 
     def signal(self, job_id: int, signal: str) -> None:
+        if (cli := self._task_cli(job_id)) is not None:
+            return cli.signal(job_id, signal)
         sig = _signal_name(signal)
         # steps="all" is KILL_FULL_JOB: the batch script and every step (`scancel --full`).
         self._job_action(
@@ -328,9 +358,13 @@ class PyslurmApi:
             "steps=all")
 
     def cancel(self, job_id: int) -> None:
+        if (cli := self._task_cli(job_id)) is not None:
+            return cli.cancel(job_id)
         self._job_action(job_id, "cancel", lambda job: job.cancel())
 
     def signal_steps(self, job_id: int, signal: str) -> None:
+        if (cli := self._task_cli(job_id)) is not None:
+            return cli.signal_steps(job_id, signal)
         sig = _signal_name(signal)
         # steps="children": every step but the batch step (`scancel --signal` without --full).
         self._job_action(
@@ -338,7 +372,8 @@ class PyslurmApi:
             "steps=children")
 
     def batch_script(self, job_id: int) -> str:
-        return self._fork_cli(f"batch_script {job_id}").batch_script(job_id)
+        cli = self._task_cli(job_id) or self._fork_cli(f"batch_script {job_id}")
+        return cli.batch_script(job_id)
 
     def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
         write_files_as(owner, directory, files)
@@ -564,6 +599,8 @@ def _job(job: Any) -> SlurmJob:
         mem_per_cpu_mb=r.number("memory_per_cpu") or None,
         cpus_per_node=r.number("min_cpus_per_node") or None,
         eligible_time=r.number("eligible_time") or None,
+        **array_fields(r.number("array_id"), r.number("array_task_id"),
+                        r.text("array_tasks_waiting")),
     )
 
 
