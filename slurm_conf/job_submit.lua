@@ -7,7 +7,8 @@
 -- job.  For it, at submit time:
 --   * the hints are checked with the rules of hadar_slurm/hints.py (same accept/refuse decisions,
 --     same messages; tests/test_submit_lua.py checks they agree).  A bad job is refused: sbatch
---     prints "sbatch: error: hadar: <what is wrong> (<how to fix it>)";
+--     prints "sbatch: error: hadar: <what is wrong> (<how to fix it>)".  A study (study=NAME)
+--     must be a job array (sbatch --array, job_desc.array_inx);
 --   * its GPU request is made steerable (Slurm 22.05 cannot change the GPU *type* of a pending
 --     job, SchedMD bug 17184): the count is read from --gres/--gpus-per-node (tres_per_node),
 --     --gpus (tres_per_job), --gpus-per-task (tres_per_task, times the tasks) or --gpus-per-socket
@@ -44,6 +45,9 @@ local HADAR_LIMITS = {
   weight_max = 1000.0,
   gpus = 9999,
   args_bytes = 2048,
+  rungs = 10,
+  eta_min = 2,
+  eta_max = 16,
 }
 local HADAR_MODEL_NAMES = {"a3c", "cyclegan", "lm", "recommendation", "resnet18", "resnet50", "transformer"}
 local HADAR_MODELS = {
@@ -112,12 +116,19 @@ local HADAR_MODELS = {
 -- END HADAR MODELS
 
 local HINT_PREFIX = "hadar:"
-local HINT_KEYS = {"model", "bs", "steps", "sync", "weight", "fork", "preempt", "share"}
+local HINT_KEYS = {"model", "bs", "steps", "sync", "weight", "fork", "preempt", "share",
+                   "study", "rule", "rungs", "eta", "metric", "mode"}
 local KEYS_TEXT = table.concat(HINT_KEYS, ", ")
 local VALUE_FORM = {model = "model=NAME", bs = "bs=N", steps = "steps=N", sync = "sync=true",
                     weight = "weight=W", fork = "fork=N", preempt = "preempt=checkpoint",
-                    share = "share=true"}
+                    share = "share=true", study = "study=NAME", rule = "rule=asha",
+                    rungs = "rungs=N", eta = "eta=N", metric = "metric=NAME", mode = "mode=max"}
 local PREEMPT_MODES = {checkpoint = true, requeue = true, never = true}
+-- the halving rules and metric modes of a study, the first of each the default
+local STUDY_RULES = {"asha", "sh", "none"}
+local STUDY_MODES = {"max", "min"}
+-- the hints that only a study (study=NAME) may have
+local STUDY_KEYS = {"rule", "rungs", "eta", "metric", "mode"}
 -- the values of sync and share
 local SYNC = {["true"] = true, yes = true, ["1"] = true,
               ["false"] = false, no = false, ["0"] = false}
@@ -202,7 +213,91 @@ local function flag(given, key)
   return value
 end
 
-local function parse_hints(comment, gpus)
+-- A whole-number hint (fork, rungs, eta) from least to most: default when not given; nil and
+-- the message for a bad value.
+local function whole_hint(given, key, default, least, most, fix)
+  local text = given[key]
+  if text == nil then return default end
+  local value = 0
+  if is_whole(text) then value = whole_value(text, most) end
+  if not (value >= least and value <= most) then
+    return nil, string.format("%s must be a whole number from %d to %d, got '%s' (%s)", key,
+                              least, most, quote(text), fix)
+  end
+  return value
+end
+
+-- A hint that is one of choices (rule, mode), exactly as written (lower case, as preempt): the
+-- first choice when not given; nil and the message for a bad value.
+local function choice(given, key, choices, fix)
+  local text = given[key]
+  if text == nil then return choices[1] end
+  if not contains(choices, text) then
+    return nil, string.format("%s must be %s, got '%s' (%s)", key, join(choices, " or "),
+                              quote(text), fix)
+  end
+  return text
+end
+
+-- A name hint (study, metric): ASCII letters, digits, _ . -, starting with a letter or digit
+-- (at most value_bytes, as every value): default when not given; nil and the message.
+local function name(given, key, default, fix)
+  local text = given[key]
+  if text == nil then return default end
+  if text:match("^[A-Za-z0-9][A-Za-z0-9_%.%-]*$") == nil then
+    return nil, string.format("%s must be letters, digits, '_', '.' or '-', starting with a "
+                              .. "letter or digit, got '%s' (%s)", key, quote(text), fix)
+  end
+  return text
+end
+
+-- The study hints (hints.py's _study): nil when there is no study=, false and the message for
+-- a bad one.  array: whether the job is a job array.
+local function study_hints(given, steps, array)
+  if given.study == nil then
+    for _, key in ipairs(STUDY_KEYS) do
+      if given[key] ~= nil then
+        return false, string.format("hint '%s' is only for a study (add study=NAME, or remove "
+                                    .. "%s=%s)", key, key, quote(given[key]))
+      end
+    end
+    return nil
+  end
+  local study, bad = name(given, "study", "", "e.g. study=lr-search")
+  if study == nil then return false, bad end
+  local rule
+  rule, bad = choice(given, "rule", STUDY_RULES, "asha: asynchronous successive halving; sh: "
+                     .. "synchronous successive halving; none: every trial trains to the end")
+  if rule == nil then return false, bad end
+  local rungs
+  rungs, bad = whole_hint(given, "rungs", 4, 1, HADAR_LIMITS.rungs,
+                          "e.g. rungs=4, three halvings")
+  if rungs == nil then return false, bad end
+  local eta
+  eta, bad = whole_hint(given, "eta", 3, HADAR_LIMITS.eta_min, HADAR_LIMITS.eta_max,
+                        "e.g. eta=3: the best third of the trials go on at each rung")
+  if eta == nil then return false, bad end
+  local metric
+  metric, bad = name(given, "metric", "accuracy", "e.g. metric=accuracy, what the trials report")
+  if metric == nil then return false, bad end
+  local mode
+  mode, bad = choice(given, "mode", STUDY_MODES, "max: higher is better, e.g. accuracy; min: "
+                     .. "lower is better, e.g. loss")
+  if mode == nil then return false, bad end
+  local need = 1  -- eta^(rungs-1), at most 16^9 = 2^36: exact in a double
+  for _ = 2, rungs do need = need * eta end
+  if steps < need then
+    return false, string.format(
+      "the first rung would train less than one step: steps=%.0f < eta^(rungs-1) = %d^%d = %.0f "
+      .. "(fewer rungs, a smaller eta or more steps)", steps, eta, rungs - 1, need)
+  end
+  if not array then
+    return false, "a study is a job array (submit with --array=0-N, one task per trial)"
+  end
+  return {name = study, rule = rule, rungs = rungs, eta = eta, metric = metric, mode = mode}
+end
+
+local function parse_hints(comment, gpus, array)
   if #comment > HADAR_LIMITS.comment_bytes then
     return nil, string.format("comment is longer than %d bytes (write only the hints, e.g. "
                               .. "'hadar: model=resnet50 bs=64 steps=40000')",
@@ -290,16 +385,9 @@ local function parse_hints(comment, gpus)
     end
   end
 
-  local fork = 1
-  if given.fork ~= nil then
-    fork = 0
-    if is_whole(given.fork) then fork = whole_value(given.fork, HADAR_MAX_COPIES) end
-    if not (fork >= 1 and fork <= HADAR_MAX_COPIES) then
-      return nil, string.format(
-        "fork must be a whole number from 1 to %d, got '%s' (e.g. fork=3, the most copies the "
-        .. "job may be forked into)", HADAR_MAX_COPIES, quote(given.fork))
-    end
-  end
+  local fork, bad_fork = whole_hint(given, "fork", 1, 1, HADAR_MAX_COPIES,
+                                    "e.g. fork=3, the most copies the job may be forked into")
+  if fork == nil then return nil, bad_fork end
 
   local preempt = ""
   if given.preempt ~= nil then
@@ -319,6 +407,9 @@ local function parse_hints(comment, gpus)
   local share, bad_share = flag(given, "share")
   if share == nil then return nil, bad_share end
 
+  local study, bad_study = study_hints(given, steps, array)
+  if study == false then return nil, bad_study end
+
   local variant = entry.variants[bs or 0]
   if not contains(variant.gpus, gpus) then
     local label = model
@@ -337,7 +428,7 @@ local function parse_hints(comment, gpus)
                               label, join(variant.gpus, " or "), plural, asked, fix)
   end
   return {model = model, bs = bs, steps = steps, sync = sync, weight = weight, fork = fork,
-          preempt = preempt, share = share, job_type = variant.job_type}
+          preempt = preempt, share = share, study = study, job_type = variant.job_type}
 end
 
 -- ---------------------------------------------------------------- the GPU request
@@ -423,7 +514,9 @@ end
 
 local function submit_hadar_job(job_desc, submit_uid)
   local gpus, others = gpu_request(job_desc)
-  local hints, message = parse_hints(job_desc.comment, gpus)
+  -- a job array: sbatch --array (array_inx, e.g. "0-63"; nil or "" for any other job)
+  local array = type(job_desc.array_inx) == "string" and job_desc.array_inx ~= ""
+  local hints, message = parse_hints(job_desc.comment, gpus, array)
   if hints == nil then
     slurm.log_info("hadar job_submit.lua: refused a job of uid %u: %s", submit_uid, message)
     slurm.log_user("%s", "hadar: " .. message)

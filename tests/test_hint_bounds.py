@@ -5,7 +5,11 @@ sidecar (SlurmBackend over the fake Slurm of tests/test_sidecar_backend.py), whi
 whose hints it cannot use to Slurm, unsteered, with the message as the reason.
 
 Each case names what the table expects (accepted, or the field of the error), so a reader that
-accepts what it should refuse fails here, not only a reader that disagrees with Python."""
+accepts what it should refuse fails here, not only a reader that disagrees with Python.
+
+A case may be a job array (sbatch --array): a study (``study=NAME``) must be one.  Only
+job_submit.lua and ``parse_hints(..., array=)`` know it; ``hints check`` and the sidecar do not,
+and skip that check (:attr:`Case.want_array_unknown`)."""
 
 from __future__ import annotations
 
@@ -46,6 +50,13 @@ class Case:
     want: str | None  # None: accepted; else the field of the HintError
     gpus: int = 1
     message: str | None = None  # the exact message, where the table pins it
+    array: bool = False  # submitted as a job array (sbatch --array)
+
+    @property
+    def want_array_unknown(self) -> str | None:
+        """What a reader that does not know whether the job is an array expects (``hints
+        check``, the sidecar): the same, but for the job-array check, which it skips."""
+        return None if self.want == "array" else self.want
 
     @property
     def argv_ok(self) -> bool:
@@ -63,6 +74,17 @@ WEIGHT = "weight must be a number from 0.001 to 1000, got '{}' (e.g. weight=2)"
 TOO_LONG = "hint '{}' has a value longer than 64 bytes (write {}=N)"
 COMMENT_LONG = ("comment is longer than 512 bytes (write only the hints, e.g. "
                 "'hadar: model=resnet50 bs=64 steps=40000')")
+RUNGS = "rungs must be a whole number from 1 to 10, got '{}' (e.g. rungs=4, three halvings)"
+ETA = ("eta must be a whole number from 2 to 16, got '{}' (e.g. eta=3: the best third of the "
+       "trials go on at each rung)")
+FIRST_RUNG = ("the first rung would train less than one step: steps={} < eta^(rungs-1) = {} "
+              "(fewer rungs, a smaller eta or more steps)")
+STUDY_NAME = ("study must be letters, digits, '_', '.' or '-', starting with a letter or digit, "
+              "got '{}' (e.g. study=lr-search)")
+# a comment with every key, each value at its longest usual spelling (295 bytes)
+EVERY_KEY = ("hadar: model=recommendation bs=8192 steps=1000000000000 sync=false weight=1000 "
+             "fork=16 preempt=checkpoint share=false study=" + "s" * 64 + " rule=asha "
+             "rungs=10 eta=16 metric=" + "m" * 64 + " mode=max")
 
 CASES: list[Case] = [
     # accepted, at the bounds
@@ -151,6 +173,40 @@ CASES: list[Case] = [
     Case("hadar: model=a3c steps=1 " + "z" * 1_000_000, "hints", message=COMMENT_LONG),
     # NUL: only stdin can carry it (and the sidecar, from a comment of another source)
     Case("hadar: model=a3c steps=1\0", "steps", message=STEPS.format("1\\x00")),
+    # studies: whole numbers bounded by their digits, eta^(rungs-1) up to 16^9 = 2^36 exactly,
+    # names of 64 bytes, a job array
+    Case(EVERY_KEY, None, array=True),
+    Case("hadar: model=a3c steps=68719476736 study=s rungs=10 eta=16", None, array=True),
+    Case("hadar: model=a3c steps=68719476735 study=s rungs=10 eta=16", "rungs", array=True,
+         message=FIRST_RUNG.format(68719476735, "16^9 = 68719476736")),
+    Case("hadar: model=a3c steps=1 study=s rungs=1 eta=16", None, array=True),
+    Case("hadar: model=a3c steps=26 study=s", "rungs", array=True,
+         message=FIRST_RUNG.format(26, "3^3 = 27")),
+    Case("hadar: model=a3c steps=1000 study=s rungs=0_4 eta=0_3", None, array=True),
+    Case("hadar: model=a3c steps=1000 study=s rungs=" + "9" * 30, "rungs", array=True,
+         message=RUNGS.format("9" * 30)),
+    Case("hadar: model=a3c steps=1000 study=s rungs=" + "0" * 63 + "4", None, array=True),
+    Case("hadar: model=a3c steps=1000 study=s rungs=" + "0" * 64, "rungs", array=True),
+    Case("hadar: model=a3c steps=1000 study=s eta=" + "9" * 64, "eta", array=True,
+         message=ETA.format("9" * 40 + "...")),
+    Case("hadar: model=a3c steps=1000 study=s eta=\u0663", "eta", array=True,
+         message=ETA.format("\\xd9\\xa3")),
+    Case("hadar: model=a3c steps=1000 study=s eta=1e1", "eta", array=True),
+    Case("hadar: model=a3c steps=1000 study=" + "S" * 64, None, array=True),
+    Case("hadar: model=a3c steps=1000 study=" + "S" * 65, "study", array=True,
+         message="hint 'study' has a value longer than 64 bytes (write study=NAME)"),
+    Case("hadar: model=a3c steps=1000 study=\u00e9t\u00e9", "study", array=True,
+         message=STUDY_NAME.format("\\xc3\\xa9t\\xc3\\xa9")),
+    Case(_bytes(b"hadar: model=a3c steps=1000 study=a\xff"), "study", array=True),
+    Case("hadar: model=a3c steps=1000 study=a\x1b[0m", "study", array=True),
+    Case("hadar: model=a3c steps=1000 study=s metric=-" + "m" * 63, "metric", array=True),
+    Case("hadar: model=a3c steps=1000 study=s rule=ASHA", "rule", array=True),
+    Case("hadar: model=a3c steps=1000 study=s mode=Min", "mode", array=True),
+    Case("hadar: model=a3c steps=1000 rungs=4", "rungs", array=True,
+         message="hint 'rungs' is only for a study (add study=NAME, or remove rungs=4)"),
+    Case("hadar: model=a3c steps=1000 study=s", "array",
+         message="a study is a job array (submit with --array=0-N, one task per trial)"),
+    Case("hadar: model=a3c steps=1000", None, array=True),  # any job may be an array
     # the GPU count is checked last
     Case("hadar: model=resnet50 bs=64 steps=1000000000000", "gpus", gpus=3),
     Case("hadar: model=a3c steps=1", "gpus", gpus=9999,
@@ -164,10 +220,11 @@ CASES: list[Case] = [
 IDS = [f"{i:02d}" for i in range(len(CASES))]
 
 
-def python_message(case: Case) -> tuple[str | None, str | None]:
-    """(field, message) of parse_hints, (None, None) when it accepts."""
+def python_message(case: Case, *, array_known: bool = True) -> tuple[str | None, str | None]:
+    """(field, message) of parse_hints, (None, None) when it accepts.  ``array_known``: told
+    whether the job is an array (as job_submit.lua knows), else not (hints check, sidecar)."""
     try:
-        parse_hints(case.comment, gpus=case.gpus)
+        parse_hints(case.comment, gpus=case.gpus, array=case.array if array_known else None)
     except HintError as exc:
         return exc.field, str(exc)
     return None, None
@@ -177,6 +234,7 @@ def python_message(case: Case) -> tuple[str | None, str | None]:
 def test_python_decides_as_the_table(case: Case) -> None:
     field, message = python_message(case)
     assert field == case.want, message
+    assert python_message(case, array_known=False)[0] == case.want_array_unknown
     if case.message is not None:
         assert message == case.message
     if message is not None:  # one short printable line, whatever the input
@@ -192,7 +250,8 @@ def test_the_bounds_are_the_documented_ones() -> None:
 
 
 def _hints_check(case: Case) -> subprocess.CompletedProcess[bytes]:
-    argv = [sys.executable, "-m", "hadar_slurm", "hints", "check", "--gpus", str(case.gpus)]
+    argv = [sys.executable, "-m", "hadar_slurm", "hints", "check", "--gpus", str(case.gpus),
+            *(["--array"] if case.array else [])]
     if case.argv_ok:
         return subprocess.run([*argv, case.comment], cwd=REPO, capture_output=True,
                               timeout=60, check=False)
@@ -202,7 +261,7 @@ def _hints_check(case: Case) -> subprocess.CompletedProcess[bytes]:
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_hints_check_decides_as_python(case: Case) -> None:
-    _, message = python_message(case)
+    _, message = python_message(case)  # (hints check --array says the job is an array)
     proc = _hints_check(case)
     out, err = proc.stdout.decode(), proc.stderr.decode()
     assert "Traceback" not in err, err
@@ -239,9 +298,9 @@ def test_sidecar_releases_unusable_hints_unsteered_and_finishes_the_snapshot() -
     _decision, actions = decide(b, {})  # the snapshot completes
     b.apply(actions, 2000.0)
     for i, case in enumerate(CASES):
-        _, message = python_message(case)
+        _, message = python_message(case, array_known=False)
         rec = decode(api.jobs[1000 + i].admin_comment)
-        if case.want is None:
+        if case.want_array_unknown is None:
             assert rec.state != "unsteered", (case.comment[:80], rec)
         else:
             assert ("release", 1000 + i) in api.log, case.comment[:80]
@@ -283,7 +342,7 @@ def test_lua_decides_as_python(dev_cluster: DevCluster, lua_jobs: list[int], tmp
     tmp_path.chmod(0o755)
     argv = ["sbatch", "--parsable", "--job-name=hadar-it-bounds",
             f"--chdir={tmp_path}", "--output=/dev/null", f"--gres=gpu:{case.gpus}",
-            f"--comment={case.comment}", "--wrap=sleep 1"]
+            f"--comment={case.comment}", "--wrap=sleep 1", *(["--array=0-1"] * case.array)]
     out = dev_cluster.runner.run(argv, check=False)
     if out.returncode == 0:
         lua_jobs.append(parse_sbatch_parsable(out.stdout))

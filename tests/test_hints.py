@@ -16,10 +16,13 @@ from hadar_slurm.hints import (
     LUA_BEGIN,
     LUA_END,
     MAX_COMMENT_BYTES,
+    MAX_ETA,
     MAX_GPUS,
+    MAX_RUNGS,
     MAX_STEPS,
     MAX_VALUE_BYTES,
     MAX_WEIGHT,
+    MIN_ETA,
     MIN_WEIGHT,
     HintError,
     Hints,
@@ -34,7 +37,8 @@ from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from tests.helpers import REPO
 
 KNOWN = "a3c, cyclegan, lm, recommendation, resnet18, resnet50, transformer"
-KEYS = "keys: model, bs, steps, sync, weight, fork, preempt, share"
+KEYS = ("keys: model, bs, steps, sync, weight, fork, preempt, share, study, rule, rungs, eta, "
+        "metric, mode")
 STEPS_MSG = "steps must be a whole number of iterations from 1 to 1000000000000, got "
 WEIGHT_MSG = "weight must be a number from 0.001 to 1000, got "
 FORK_MSG = ("fork must be a whole number from 1 to 16, got '{}' (e.g. fork=3, the most copies "
@@ -279,7 +283,8 @@ def test_gpu_count_is_checked() -> None:
 
 
 def test_docs_list_the_keys_and_the_default_models() -> None:
-    assert HINT_KEYS == ("model", "bs", "steps", "sync", "weight", "fork", "preempt", "share")
+    assert HINT_KEYS == ("model", "bs", "steps", "sync", "weight", "fork", "preempt", "share",
+                         "study", "rule", "rungs", "eta", "metric", "mode")
     text = (REPO / "docs" / "users.md").read_text()
     for key in HINT_KEYS:
         assert f"| `{key}` |" in text
@@ -316,7 +321,8 @@ def test_lua_block_carries_the_bounds() -> None:
     block = lua_catalog_block(ModelCatalog.default())
     for line in (f"  comment_bytes = {MAX_COMMENT_BYTES},", f"  value_bytes = {MAX_VALUE_BYTES},",
                  f"  steps = {MAX_STEPS},", f"  weight_min = {MIN_WEIGHT!r},",
-                 f"  weight_max = {MAX_WEIGHT!r},", f"  gpus = {MAX_GPUS},"):
+                 f"  weight_max = {MAX_WEIGHT!r},", f"  gpus = {MAX_GPUS},",
+                 f"  rungs = {MAX_RUNGS},", f"  eta_min = {MIN_ETA},", f"  eta_max = {MAX_ETA},"):
         assert line + "\n" in block, line
 
 
@@ -357,7 +363,7 @@ def test_cli_check_and_lua(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9 sync=no", "--json")
     assert json.loads(out) == {"model": "a3c", "batch_size": None, "steps": 9, "sync": False,
                                "weight": 1.0, "job_type": "A3C", "fork": 1,
-                               "preempt": "never", "share": True}
+                               "preempt": "never", "share": True, "study": None}
     out = run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9 share=No", "--json")
     assert json.loads(out)["share"] is False
     out = run_hints_cli(capsys, "hints", "check", "hadar: model=a3c steps=9 share=No")

@@ -145,6 +145,9 @@ def test_script_arguments_are_recorded(sub: Submitter, tmp_path: Path) -> None:
     assert job.admin_comment == ADMIN_COMMENT + " args=-" and decode(job.admin_comment).args is None
 
 
+STUDY = ("hadar: model=resnet18 bs=64 steps=40000 study=lr-search rule=sh rungs=4 eta=3 "
+         "metric=accuracy mode=max")
+
 # (comment, extra sbatch options, the GPU count job_submit.lua reads from them)
 PARITY: list[tuple[str, tuple[str, ...], int]] = [
     ("hadar: model=resnet50 bs=64 steps=40000 sync=true", ("--gres=gpu:v100:2",), 2),
@@ -204,15 +207,52 @@ PARITY: list[tuple[str, tuple[str, ...], int]] = [
     ("hadar: share=x preempt=x model=a3c steps=1", (), 1),
     ("hadar: share=x model=a3c steps=1", ("--gres=gpu:2",), 2),
     ("hadar: share=no model=a3c steps=1", ("--gres=gpu:2",), 2),
+    # studies (issue #17): a study is a job array (--array), one task per trial
+    (STUDY, ("--array=0-3", "--gres=gpu:1"), 1),
+    (STUDY, ("--gres=gpu:1",), 1),  # not an array: refused
+    (STUDY, ("--array=0-3", "--gres=gpu:2"), 2),
+    (STUDY, ("--gres=gpu:2",), 2),  # the array is checked before the GPU count
+    ("hadar: model=a3c steps=27 study=s", ("--array=1,3,5", "--gres=gpu:1"), 1),
+    ("hadar: model=a3c steps=26 study=s", ("--array=0-1", "--gres=gpu:1"), 1),
+    ("hadar: model=a3c steps=26 study=s", ("--gres=gpu:1",), 1),  # the first rung comes first
+    ("hadar: model=a3c steps=26 study=s rungs=1", ("--array=0-7%2", "--gres=gpu:1"), 1),
+    ("hadar: model=a3c steps=68719476735 study=s rungs=10 eta=16", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=68719476736 study=s rungs=10 eta=16",
+     ("--array=0-1", "--gres=gpu:1"), 1),
+    ("hadar: model=lm bs=5 steps=10000 fork=2 study=fork.ok mode=min metric=val_loss",
+     ("--array=0-1", "--gres=gpu:2"), 2),
+    ("hadar: model=a3c steps=1000 study=s rule=none rungs=0_2 eta=016",
+     ("--array=0-1", "--gres=gpu:1"), 1),
+    ("hadar: model=a3c steps=1000 study=-s", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s/t", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s rule=Sh", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s rule=hyperband", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s rungs=0", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s rungs=11", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s rungs=4.0", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s eta=1", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s eta=17", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s eta=" + "9" * 50, ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s metric=a+b", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s mode=MAX", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s mode=", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s study=t", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 study=s Rule=sh", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 mode=x rule=sh", ("--array=0-1",), 1),  # rule: key order
+    ("hadar: model=a3c steps=1000 eta=2", (), 1),
+    ("hadar: model=a3c steps=1000 metric=loss", ("--array=0-1",), 1),
+    ("hadar: share=x rule=x model=a3c steps=1", ("--array=0-1",), 1),
+    ("hadar: model=a3c steps=1000 mode=x eta=x rungs=x study=s", (), 1),
+    ("hadar: model=a3c steps=10", ("--array=0-1", "--gres=gpu:1"), 1),  # any job may be one
 ]
 
 
-def python_decision(comment: str, gpus: int) -> str | None:
-    """None when accepted, else the message."""
+def python_decision(comment: str, gpus: int, array: bool = False) -> str | None:
+    """None when accepted, else the message (``array``: a job array, sbatch --array)."""
     if not is_hadar_comment(comment):
         return None
     try:
-        parse_hints(comment, gpus=gpus)
+        parse_hints(comment, gpus=gpus, array=array)
     except HintError as exc:
         return str(exc)
     return None
@@ -222,7 +262,7 @@ def python_decision(comment: str, gpus: int) -> str | None:
                          ids=[f"{i:02d}" for i in range(len(PARITY))])
 def test_lua_decides_as_python(sub: Submitter, comment: str, options: tuple[str, ...],
                                gpus: int) -> None:
-    expect = python_decision(comment, gpus)
+    expect = python_decision(comment, gpus, any(o.startswith("--array") for o in options))
     job_id, stderr = sub.sbatch(comment, *options, hold=True)
     if expect is None:
         assert job_id is not None, f"Lua refused what Python accepts: {stderr}"

@@ -68,7 +68,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise InputError("'-' reads the comment from standard input, which is a terminal",
                          field="COMMENT", fix="pipe the comment in, or give it as an argument")
     comment = _stdin_comment() if args.comment == "-" else args.comment
-    hints = parse_hints(comment, ModelCatalog.default(), gpus=args.gpus)
+    hints = parse_hints(comment, ModelCatalog.default(), gpus=args.gpus, array=args.array)
     if args.json:
         data: dict[str, Any] = dataclasses.asdict(hints)
         data["preempt"] = hints.preempt_mode  # (the hint, or its default)
@@ -90,13 +90,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     hints = subparsers.add_parser(
         "hints", help="check job hints (the hadar: comment); print the job_submit.lua catalog",
         description="Job hints: sbatch --comment='hadar: model=NAME bs=N steps=N "
-        "[sync=true|false] [weight=W]'.")
+        "[sync=true|false] [weight=W] [fork=N] [preempt=MODE] [share=true|false] "
+        "[study=NAME rule=asha|sh|none rungs=N eta=N metric=NAME mode=max|min]'.")
     sub = hints.add_subparsers(dest="hints_command", required=True, metavar="{check,lua}")
     check = sub.add_parser("check", help="parse and check a comment as job_submit.lua will")
     check.add_argument("comment", help="the job's comment, e.g. 'hadar: model=a3c steps=1000'; "
                        "- reads it from standard input")
     check.add_argument("--gpus", type=_gpus, default=None,
                        help="the job's GPU count, checked against the model's GPU counts")
+    check.add_argument("--array", action="store_true",
+                       help="the job is a job array (sbatch --array), as a study must be")
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.set_defaults(func=cmd_check)
     lua = sub.add_parser("lua", help="print the model catalog block of slurm_conf/job_submit.lua")

@@ -666,7 +666,8 @@ class SlurmObserver:
         gpus = record.gpus or job.gpus_per_node * max(1, len(job.node_names) if running else 1)
         gpus = max(gpus, 1)
         try:
-            hints = parse_hints(job.comment, self.catalog, gpus=gpus)
+            hints = parse_hints(job.comment, self.catalog, gpus=gpus,
+                                array=job.array_job_id is not None)
         except InputError as exc:
             self._unsteer(job, record, now, f"bad hints: {exc.one_line()}")
             return None
