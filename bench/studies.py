@@ -167,6 +167,9 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "array_over_ours_sh": round(t["array"] / t["ours-sh"], 3),
             "same_best_asha": by["ours-asha"]["best_trial"] == by["static-asha"]["best_trial"],
             "same_best_sh": by["ours-sh"]["best_trial"] == by["static-sh"]["best_trial"],
+            # (ASHA's promotions depend on the order reports come in, hence on the schedule:
+            # where the best differs, how good each one found is)
+            "asha_best_final": [by["ours-asha"]["best_final"], by["static-asha"]["best_final"]],
         }
         if scenario == "mixed":
             for rule in ("asha", "sh"):

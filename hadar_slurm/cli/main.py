@@ -38,6 +38,7 @@ from hadar_slurm.cli import nvml as cli_nvml
 from hadar_slurm.cli import report as cli_report
 from hadar_slurm.cli import store as cli_store
 from hadar_slurm.cli import trace as cli_trace
+from hadar_slurm.cli import tune as cli_tune
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.core.info import core_line
 from hadar_slurm.costs import DEFAULT_RESTART_S, SLURM_MOVE_S, SLURM_START_S, LiveCosts
@@ -457,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_nvml.register(sub)
     cli_report.register(sub)
     cli_trace.register(sub)
+    cli_tune.register(sub)
     return parser
 
 

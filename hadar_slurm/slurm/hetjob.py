@@ -229,6 +229,18 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def check_shell_text(value: object, what: str) -> str:
+    """``value`` if it can be one argument of a command (a string without NUL bytes), else an
+    :class:`InputError` naming ``what``."""
+    return _check_shell_text(value, what)
+
+
+def template_environment() -> jinja2.Environment:
+    """The Jinja environment of the sbatch templates (``hadar_slurm/slurm/templates/``), with
+    the ``q`` (shell quoting) and ``sbatch(FIELD)`` filters: see templates/README.md."""
+    return _environment()
+
+
 def render_hetjob(plan: ForkPlan) -> str:
     """The heterogeneous sbatch script of ``plan`` (submit it with ``sbatch --parsable``)."""
     if not isinstance(plan, ForkPlan):
