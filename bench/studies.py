@@ -40,7 +40,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.report import write_rows
@@ -116,7 +116,18 @@ def ours() -> Policy:
     return make_policy("hadare", share=True)
 
 
-def run_case(case: Case, scenario: str) -> list[dict[str, Any]]:
+def run_case(case: Case, scenario: str, draw: int = 0) -> list[dict[str, Any]]:
+    """Every run of ``case`` in ``scenario``; ``draw`` > 0: other trials (curves) and, mixed,
+    other jobs, from seeds ``case.seed + 1000 * draw``."""
+    if draw:
+        case = replace(case, seed=case.seed + 1000 * draw)
+    rows = _run_case(case, scenario)
+    for r in rows:
+        r["draw"] = draw
+    return rows
+
+
+def _run_case(case: Case, scenario: str) -> list[dict[str, Any]]:
     table = default_table()
     cl = cluster()
     costs = LiveCosts()
@@ -155,13 +166,13 @@ def run_case(case: Case, scenario: str) -> list[dict[str, Any]]:
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case and scenario: the speed-ups and checks of the issue's goals."""
     out = []
-    groups: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, int], dict[str, dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["case"], r["scenario"]), {})[r["run"]] = r
-    for (case, scenario), by in groups.items():
+        groups.setdefault((r["case"], r["scenario"], r.get("draw", 0)), {})[r["run"]] = r
+    for (case, scenario, draw), by in groups.items():
         t = {k: v["time_to_best_s"] for k, v in by.items() if k != "no study"}
         v: dict[str, Any] = {
-            "case": case, "scenario": scenario,
+            "case": case, "scenario": scenario, "draw": draw,
             "asha_speedup": round(t["static-asha"] / t["ours-asha"], 3),
             "sh_speedup": round(t["static-sh"] / t["ours-sh"], 3),
             "array_over_ours_sh": round(t["array"] / t["ours-sh"], 3),
@@ -184,17 +195,21 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _label(row: dict[str, Any]) -> str:
+    return str(row["case"]) + (f"#{row['draw']}" if row.get("draw") else "")
+
+
 def table_text(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
     lines = [f"{'case':16s} {'scenario':8s} {'run':12s} {'to best (h)':>11s} {'best':>5s} "
              f"{'its final':>9s} {'oracle':>6s} {'others JCT (h)':>14s}  stopped per rung"]
     for r in rows:
         jct = r["others_avg_jct_s"]
         if r["run"] == "no study":
-            lines.append(f"{r['case']:16s} {r['scenario']:8s} {r['run']:12s} {'':11s} {'':5s} "
+            lines.append(f"{_label(r):16s} {r['scenario']:8s} {r['run']:12s} {'':11s} {'':5s} "
                          f"{'':9s} {'':6s} {jct / 3600:14.2f}")
             continue
         lines.append(
-            f"{r['case']:16s} {r['scenario']:8s} {r['run']:12s} "
+            f"{_label(r):16s} {r['scenario']:8s} {r['run']:12s} "
             f"{r['time_to_best_s'] / 3600:11.2f} {r['best_trial']!s:>5s} "
             f"{r['best_final']:9.4f} {r['oracle_trial']:6d} "
             f"{'' if jct is None else f'{jct / 3600:.2f}':>14s}  {r['stopped_at']}")
@@ -204,10 +219,27 @@ def table_text(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
     for v in checks:
         jct = ("" if v["scenario"] != "mixed" else
                f"{v['others_jct_ratio_asha']:.3f}, {v['others_jct_ratio_sh']:.3f}")
-        lines.append(f"{v['case']:16s} {v['scenario']:8s} {v['asha_speedup']:7.2f} "
+        lines.append(f"{_label(v):16s} {v['scenario']:8s} {v['asha_speedup']:7.2f} "
                      f"{v['sh_speedup']:6.2f} {v['array_over_ours_sh']:10.2f} "
                      f"{(v['same_best_asha'], v['same_best_sh'])!s:>21s} {jct:>22s}  "
                      f"{'yes' if v['met'] else 'NO'}")
+    return "\n".join(lines)
+
+
+def spread_text(checks: list[dict[str, Any]]) -> str:
+    """Per scenario, over every case and draw: the median and worst speed-ups, how often the
+    goals were met and the same best found."""
+    lines = [f"{'scenario':8s} {'runs':>4s} {'asha x (median, worst)':>23s} "
+             f"{'sh x (median, worst)':>21s} {'same best asha':>14s} {'goals met':>9s}"]
+    for scenario in sorted({v["scenario"] for v in checks}):
+        vs = [v for v in checks if v["scenario"] == scenario]
+        asha = sorted(v["asha_speedup"] for v in vs)
+        sh = sorted(v["sh_speedup"] for v in vs)
+        lines.append(
+            f"{scenario:8s} {len(vs):4d} {asha[len(asha) // 2]:14.2f}, {asha[0]:6.2f} "
+            f"{sh[len(sh) // 2]:12.2f}, {sh[0]:6.2f} "
+            f"{sum(v['same_best_asha'] for v in vs):10d}/{len(vs)} "
+            f"{sum(v['met'] for v in vs):6d}/{len(vs)}")
     return "\n".join(lines)
 
 
@@ -217,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="OUT", help="write the rows (and checks) here")
     ap.add_argument("--only", nargs="*", metavar="NAME", help="only these cases")
     ap.add_argument("--scenario", choices=("alone", "mixed", "both"), default="both")
+    ap.add_argument("--draws", type=int, default=1, metavar="N",
+                    help="run each case with N draws of trials (and other jobs): 1 (default) is "
+                         "the cases as listed; more shows how much the figures vary")
     args = ap.parse_args(argv)
     cases = [c for c in CASES if not args.only or c.name in args.only]
     if not cases:
@@ -226,9 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for case in cases:
         for scenario in scenarios:
-            rows += run_case(case, scenario)
+            for draw in range(max(1, args.draws)):
+                rows += run_case(case, scenario, draw)
     checks = verdicts(rows)
     print(table_text(rows, checks))
+    if args.draws > 1:
+        print()
+        print(spread_text(checks))
     if args.json:
         write_rows(rows + [{"check": True, **v} for v in checks], args.json)
     return 0
