@@ -7,9 +7,10 @@ whose hints it cannot use to Slurm, unsteered, with the message as the reason.
 Each case names what the table expects (accepted, or the field of the error), so a reader that
 accepts what it should refuse fails here, not only a reader that disagrees with Python.
 
-A case may be a job array (sbatch --array): a study (``study=NAME``) must be one.  Only
-job_submit.lua and ``parse_hints(..., array=)`` know it; ``hints check`` and the sidecar do not,
-and skip that check (:attr:`Case.want_array_unknown`)."""
+A case may be a job array (sbatch --array): a study (``study=NAME``) must be one.  Every reader
+is told: job_submit.lua by sbatch, ``hints check`` by ``--array``, the sidecar by the job's
+record (an array task), ``parse_hints`` by ``array=``; ``array=None`` (unknown) skips that check
+(:attr:`Case.want_array_unknown`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -291,16 +292,19 @@ def test_hints_check_stdin_keeps_bytes_and_drops_one_newline() -> None:
 # -- the sidecar: a job whose comment bypassed job_submit.lua ---------------------------------
 
 def test_sidecar_releases_unusable_hints_unsteered_and_finishes_the_snapshot() -> None:
-    # ids from 1; 1000 + i: a job with the case's comment and GPU count
-    api = FakeSlurm([job(1000 + i, comment=c.comment, gpus=c.gpus)
+    # ids from 1; 1000 + i: a job with the case's comment and GPU count (a task of a job
+    # array of its own where the case is submitted as one: the sidecar knows from its record)
+    api = FakeSlurm([replace(job(1000 + i, comment=c.comment, gpus=c.gpus),
+                             array_job_id=1000 + i if c.array else None,
+                             array_task_id=0 if c.array else None)
                      for i, c in enumerate(CASES)], NODES)
     b = backend(api)
     _decision, actions = decide(b, {})  # the snapshot completes
     b.apply(actions, 2000.0)
     for i, case in enumerate(CASES):
-        _, message = python_message(case, array_known=False)
+        _, message = python_message(case)
         rec = decode(api.jobs[1000 + i].admin_comment)
-        if case.want_array_unknown is None:
+        if case.want is None:
             assert rec.state != "unsteered", (case.comment[:80], rec)
         else:
             assert ("release", 1000 + i) in api.log, case.comment[:80]
