@@ -213,11 +213,13 @@ class Hints:
     def preempt_mode(self) -> str:
         """``checkpoint``, ``requeue`` or ``never``: the ``preempt`` hint, else ``checkpoint``
         for a job that may be forked (its copies train through the runtime, which checkpoints)
-        and ``never`` for any other (a job that cannot checkpoint is never stopped by hadar
-        unless its user says it may be)."""
+        or is a study's trial (it reports its rungs through the runtime, and waits at a rung
+        under synchronous halving: it is requeued to free its GPUs), and ``never`` for any
+        other (a job that cannot checkpoint is never stopped by hadar unless its user says it
+        may be)."""
         if self.preempt:
             return self.preempt
-        return "checkpoint" if self.fork > 1 else "never"
+        return "checkpoint" if self.fork > 1 or self.study is not None else "never"
 
     def to_comment(self) -> str:
         """The canonical comment, which :func:`parse_hints` reads back to these hints."""

@@ -69,6 +69,7 @@ class ChangeKind(enum.Enum):
     WAIT = "wait"  # pending without GPUs this epoch: kept from starting
     UNSTEER = "unsteer"  # given to Slurm's own scheduler (``why`` says why)
     REQUEUE = "requeue"  # a job a move left ended: requeued held
+    CANCEL = "cancel"  # a study's trial its halving rule stopped: cancelled (issue #17)
 
 
 Rows = tuple[tuple[int, int], ...]

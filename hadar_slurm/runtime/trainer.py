@@ -322,20 +322,35 @@ class JobRuntime:
         """The last committed state this copy has seen."""
         return self._state
 
-    def steps(self) -> Iterator[int]:
+    def stop_requested(self) -> bool:
+        """Whether the copies stop at the next iteration (a preemption signal came, or the
+        time limit passed): a caller waiting between rounds (a study's trial waiting for its
+        verdict) ends its wait, and :meth:`steps` then stops and exits as it says."""
+        return self.stopped is not None or self._stop_reason() is not None
+
+    def steps(self, until: int | None = None) -> Iterator[int]:
         """Yield once per iteration this copy must run, until the job's work is done (or a
         time limit / preemption stops the copies at a round boundary).  The value is the
         committed total at the start of the round plus this copy's iterations in it (exact
         global step for an unforked job).  Raises :class:`Preempted` (exit 75) after a
-        preemption signal and :class:`CopyLost` (exit 76) when a copy it needs is gone."""
+        preemption signal and :class:`CopyLost` (exit 76) when a copy it needs is gone.
+
+        ``until``: stop once the committed total reaches ``until`` iterations (of the work):
+        the rounds are cut so that one commits exactly there, which is then the checkpoint
+        (a study's trial trains to a rung, reports and waits, :mod:`hadar_slurm.studies.
+        reporter`).  Every copy must pass the same ``until``; it can be called again with a
+        later one."""
         cfg = self.config
-        self._t_steps = time.monotonic()
-        if cfg.time_limit_s is not None:
-            self._deadline = self._t_steps + cfg.time_limit_s
+        target = cfg.work if until is None else max(0, min(int(until), cfg.work))
+        if self._t_steps is None:
+            self._t_steps = time.monotonic()
+            if cfg.time_limit_s is not None:
+                self._deadline = self._t_steps + cfg.time_limit_s
+        t_call = time.monotonic()
         try:
-            while not self._state.complete and self.stopped is None:
+            while self._state.done < target and self.stopped is None:
                 state = self._state
-                quotas = self._plan(state)
+                quotas = self._plan(state, target)
                 quota = quotas[cfg.index]
                 self.round = state.round + 1
                 self._phase = "training"
@@ -356,7 +371,7 @@ class JobRuntime:
                 if self._state.stop is not None:
                     self.stopped = self._state.stop
         finally:
-            self._seconds = time.monotonic() - self._t_steps
+            self._seconds += time.monotonic() - t_call
         if self.stopped is not None and self.stopped.startswith("signal"):
             msg = (f"hadar: {self._label}: stopped ({self.stopped}) after round "
                    f"{self._state.round}: {self._state.done}/{cfg.work} iterations saved; "
@@ -485,10 +500,10 @@ class JobRuntime:
         return self.model.state_dict(), optim
 
     # -------------------------------------------------------------------- rounds
-    def _plan(self, state: CommittedState) -> tuple[int, ...]:
+    def _plan(self, state: CommittedState, target: int) -> tuple[int, ...]:
         cfg = self.config
         rates = state.rates if state.copies == cfg.copies else ()
-        return plan_round(state.work - state.done, cfg.copies, rates,
+        return plan_round(min(target, state.work) - state.done, cfg.copies, rates,
                           round_iters=cfg.round_iters, round_seconds=cfg.round_seconds,
                           probe_iters=cfg.probe_iters)
 

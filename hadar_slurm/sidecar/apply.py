@@ -49,11 +49,13 @@ from hadar_slurm.sidecar.observe import (
     rows_text,
 )
 from hadar_slurm.sidecar.record import JobRecord, decode
+from hadar_slurm.sidecar.studies import Note
 from hadar_slurm.slurm import SlurmError, SlurmJob, SlurmNode, SlurmTimeoutError
 from hadar_slurm.slurm.api import SlurmApi
 from hadar_slurm.slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from hadar_slurm.slurm.parse import PENDING_STATES, RUNNING_STATES, expand_array_tasks
 from hadar_slurm.slurm.version import SlurmVersion
+from hadar_slurm.studies.protocol import STUDY_SUBDIR
 
 logger = logging.getLogger("hadar_slurm.sidecar")
 #: The most tasks of job arrays given a record of their own per epoch (an update each).
@@ -63,7 +65,8 @@ MAX_SPLITS = 256
 #: period, begun first; the pending jobs' places are written while it runs (a job placed on
 #: GPUs still being freed waits in Slurm and starts when they are free), and the moved jobs'
 #: as each leaves; new forks and holds come after it.
-PHASES = (ChangeKind.REQUEUE, ChangeKind.UNSTEER, ChangeKind.KEEP, ChangeKind.STOP,
+PHASES = (ChangeKind.REQUEUE, ChangeKind.UNSTEER, ChangeKind.CANCEL, ChangeKind.KEEP,
+          ChangeKind.STOP,
           ChangeKind.MOVE, ChangeKind.END_FORK, ChangeKind.PLACE, ChangeKind.FORK,
           ChangeKind.WAIT)
 
@@ -166,6 +169,9 @@ class SlurmApplier:
         self.watch = {j.job_id for j in seen.jobs if j.state in RUNNING_STATES
                       and gpu_nodes.intersection(j.node_names) and j.job_id not in stopping}
         epoch = seen.epoch if not todo else todo[0].epoch
+        # studies: what the trials are told (verdicts first: a trial told to stop leaves its
+        # GPUs by itself, one told to go on trains on where it is)
+        self._guard("study", 0, self._tell_trials, epoch)
         # GPU sharing: the jobs of pairs already placed (a pair is placed at its first job)
         paired: set[int] = set()
         self._shard_nodes = set()
@@ -185,6 +191,8 @@ class SlurmApplier:
                     grace = self._preempt(stops, ends, epoch, now, stop_changes)
             elif c.kind is ChangeKind.REQUEUE and job_id in left:
                 self._guard("requeue", job_id, self._requeue_left, left[job_id], c.epoch)
+            elif c.kind is ChangeKind.CANCEL and view is not None:
+                self._guard("cancel", job_id, self._cancel_trial, view, c)
             elif c.kind is ChangeKind.UNSTEER and job_id in unsteered:
                 self._guard("unsteer", job_id, self._release_unsteered, unsteered[job_id],
                             c.epoch)
@@ -222,6 +230,7 @@ class SlurmApplier:
         self._guard("sharing", 0, self._tell_mates)
         for job in seen.arrays:
             self._guard("split", job.job_id, self._split_array, job, epoch)
+        seen.studies.save()
         seen.stats.apply_s = time.perf_counter() - t0
         seen.stats.commands_apply = self.api.commands - before
         return report
@@ -417,6 +426,44 @@ class SlurmApplier:
                 continue
             self._did("tell_mate", job_id, mate=mate)
             self._told[job_id] = mate
+
+    def _tell_trials(self, epoch: int) -> None:
+        """Write what the study book has for the trials (``steered.json``, verdicts;
+        :meth:`~hadar_slurm.sidecar.studies.StudyBook.to_tell`) into their study dirs, as
+        each trial's owner.  A trial whose owner cannot be acted for, or whose dir cannot be
+        written, is told nothing (logged): it trains on by itself (its wait for a verdict is
+        bounded), and the next epoch tries again."""
+        book = self.seen.studies
+        jobs = {j.job_id: j for j in self.seen.jobs}
+        by_trial: dict[int, list[Note]] = {}
+        for note in book.to_tell(time.time()):
+            by_trial.setdefault(note.job_id, []).append(note)
+        for job_id, notes in sorted(by_trial.items()):
+            job = jobs.get(job_id)
+            if job is None:
+                continue
+            try:
+                owner = hadare.owner_of(job)
+            except ForkError as exc:
+                log_event(logger, "trial_untold", logging.WARNING, epoch=epoch, job=job_id,
+                          files=[n.name for n in notes], why=str(exc))
+                continue
+            directory = os.path.join(book.tracker_of(notes[0]), STUDY_SUBDIR)
+            try:
+                self.api.write_files(owner, directory, {n.name: n.text for n in notes})
+            except SlurmError as exc:
+                log_event(logger, "action_failed", logging.WARNING, epoch=epoch, job=job_id,
+                          action="tell_trial", files=[n.name for n in notes], error=str(exc))
+                continue
+            for note in notes:
+                book.told(note, epoch)
+                if note.verdict:
+                    self._did("tell_trial", job_id, rung=note.rung, verdict=note.verdict)
+
+    def _cancel_trial(self, view: JobView, change: Change) -> None:
+        """End a trial its study stopped (its checkpoint at the rung stays in its tracker
+        dir): ``scancel``.  One that ended meanwhile is fine."""
+        self._write("cancel", view.job_id, self.api.cancel, why=change.why)
 
     def _split_array(self, job: SlurmJob, epoch: int) -> None:
         """Give each pending task of the job array ``job`` stands for a record of its own, up

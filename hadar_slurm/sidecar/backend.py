@@ -32,6 +32,7 @@ from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sidecar.apply import SlurmApplier
 from hadar_slurm.sidecar.observe import SlurmObserver
 from hadar_slurm.sidecar.reconcile import reconcile
+from hadar_slurm.sidecar.studies import StudyBook
 from hadar_slurm.slurm.api import SlurmApi
 
 
@@ -46,14 +47,15 @@ class SlurmBackend(SlurmObserver):
         preempt_signal: str = "USR1", sleep: Callable[[float], object] = time.sleep,
         should_stop: Callable[[], bool] = lambda: False, tracker_root: str | None = None,
         knowledge: Knowledge | None = None, migration_s: float = 0.0, restart_s: float = 0.0,
-        share: bool = False,
+        share: bool = False, studies: StudyBook | None = None,
     ) -> None:
         """``sleep`` waits out grace periods (the controller passes one that does not wait in
         a dry run, where nothing was signalled); ``should_stop``: whether the loop ends after
         this epoch.  The rest: :class:`~hadar_slurm.sidecar.observe.SlurmObserver`."""
         super().__init__(api, table, catalog=catalog, partition=partition,
                          tracker_root=tracker_root, knowledge=knowledge,
-                         migration_s=migration_s, restart_s=restart_s, share=share)
+                         migration_s=migration_s, restart_s=restart_s, share=share,
+                         studies=studies)
         self._should_stop = should_stop
         self.free_gpus = 0
         self.applier = SlurmApplier(api, self, preempt_grace_s=preempt_grace_s,
@@ -86,6 +88,12 @@ class SlurmBackend(SlurmObserver):
 
     def next_epoch_start(self, now: float, round_s: float) -> float | None:
         return None if self._should_stop() else now + round_s
+
+    def reported_since_epoch(self) -> list[int]:
+        """Running trials of a study that have reported the rung they trained for since the
+        last epoch (one ``stat`` each, no Slurm command): each waits for its verdict, which
+        is worth an epoch before the round is over (``[scheduler] reschedule_on_finish``)."""
+        return self.studies.reported_since(v.job_id for v in self.views.values() if v.running)
 
     def ended_since_epoch(self) -> list[int]:
         """The jobs of :attr:`watch` that have ended (one light ``squeue`` of the live jobs'

@@ -62,6 +62,7 @@ from hadar_slurm.sidecar.config import SidecarConfig, load_table_for
 from hadar_slurm.sidecar.metrics import FinishTracker, SidecarMetrics, summarize_epoch
 from hadar_slurm.sidecar.observe import JobView
 from hadar_slurm.sidecar.statedir import StateDirLock, is_unreachable, read_epoch, write_epoch
+from hadar_slurm.sidecar.studies import STUDIES_FILE, StudyBook, study_summary
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmParseError, SlurmRunner
 from hadar_slurm.slurm.api import DryRunApi, SlurmApi, with_drills
 from hadar_slurm.slurm.pyslurm_api import make_api
@@ -251,6 +252,8 @@ class Sidecar:
             knowledge=Knowledge(table, self.store, learn=config.learn_throughputs,
                                 optimism=config.estimate_optimism),
             migration_s=config.move_cost_s, restart_s=config.restart_s, share=config.share,
+            studies=StudyBook(Path(self.state_dir) / STUDIES_FILE,
+                              wait_s=max(300.0, 2 * config.epoch_seconds)),
         )
         clock = StopClock(self.stop, wake=self._job_ended if config.reschedule_on_finish
                           else None, poll_s=config.finish_poll_s)
@@ -263,9 +266,15 @@ class Sidecar:
         self._slurm_checked = False
 
     def _job_ended(self) -> bool:
-        """Whether a job that ran at the last epoch has ended since (its GPUs are free), or a
-        job arrived while the last epoch left GPUs free: then the next epoch starts now.  A
-        Slurm error only means no early epoch."""
+        """Whether a job that ran at the last epoch has ended since (its GPUs are free), a
+        job arrived while the last epoch left GPUs free, or a study's trial reported a rung
+        (it waits for its verdict): then the next epoch starts now.  A Slurm error only means
+        no early epoch."""
+        reported = self.backend.reported_since_epoch()
+        if reported:
+            log_event(self.logger, "trials_reported", jobs=reported, epoch=self.loop.epoch,
+                      early=True)
+            return True
         try:
             ended, arrived = self.backend.since_epoch()
         except SlurmError as exc:
@@ -549,6 +558,31 @@ def epoch_state(
                 "gpu_types": {str(c): t for c, t in sorted(p.gpu_types.items())},
                 "updated_at": p.updated_at, "tracker": view.tracker,
             }
+    in_snapshot = set(snapshot.job_ids.tolist())
+    for job_id, view in sorted(backend.views.items()):
+        # a study's trial that waits for its cohort or was stopped: not the policy's
+        st = view.study
+        if job_id in in_snapshot or st is None:
+            continue
+        info = _job_info(
+            view, snapshot, list(view.rows) if view.running else [],
+            max(0.0, st.target - view.done),
+            reason="STUDY_WAIT" if st.state == "wait" else "STUDY_STOPPED",
+            component="study.halving",
+            reason_text=("waits for the rest of its study's cohort (synchronous successive "
+                         "halving)" if st.state == "wait" else
+                         "stopped early by its study's halving rule"),
+            detail=backend.report.detail.get(job_id) or st.detail)
+        info.update(max_copies=1, fork_blocked="", copies=0, placed_copies=[],
+                    shares_with=None)
+        jobs[str(job_id)] = info
+    for job_id_s, entry in jobs.items():
+        seen = backend.views.get(int(job_id_s))
+        if seen is not None and seen.study is not None and isinstance(entry, dict):
+            st = seen.study
+            entry["study"] = {"name": st.study, "array": st.array, "task": st.task,
+                             "state": st.state, "rung": st.rung, "target": st.target,
+                             "detail": st.detail}
     for job_id, view in sorted(backend.pinned.items()):
         # running jobs hadar may not stop: not the policy's, but explain tells about them
         info = _job_info(
@@ -576,6 +610,7 @@ def epoch_state(
         "user_held": sorted(backend.user_held),
         "copy_jobs": sorted(backend.copy_ids),
         "actions": backend.stats.applied,
+        "studies": [study_summary(s) for _, s in sorted(backend.studies.studies.items())],
     }
 
 

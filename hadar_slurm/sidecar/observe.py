@@ -38,10 +38,12 @@ from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar import shard
 from hadar_slurm.sidecar.fork import CopyGroup, ForkError, Progress
 from hadar_slurm.sidecar.record import MAX_ARGS_BYTES, JobRecord, decode, mark
+from hadar_slurm.sidecar.studies import StudyBook, TrialStatus
 from hadar_slurm.slurm import SlurmJob, SlurmNode
 from hadar_slurm.slurm.api import SlurmApi
 from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES, RUNNING_STATES
 from hadar_slurm.slurm.version import SlurmVersion
+from hadar_slurm.studies.spec import copies_cap
 
 #: Node states (base) whose GPUs may be handed out, and flags that take a node out.
 NODE_USABLE = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
@@ -103,6 +105,8 @@ class JobView:
     #: other shards of that GPU (0: none, it runs alone there)
     shard_gpu: int | None = None
     mate: int = 0
+    #: A study's trial (issue #17): what its study makes of it this epoch (None: not a trial)
+    study: TrialStatus | None = None
 
     @property
     def job_id(self) -> int:
@@ -253,9 +257,11 @@ class SlurmObserver:
         self, api: SlurmApi, table: ThroughputTable, *, catalog: ModelCatalog | None = None,
         partition: str | None = None, tracker_root: str | None = None,
         knowledge: Knowledge | None = None, migration_s: float = 0.0, restart_s: float = 0.0,
-        share: bool = False,
+        share: bool = False, studies: StudyBook | None = None,
     ) -> None:
-        """``share``: offer the policy GPU sharing (``[scheduler] share``; pairs of 1-GPU jobs
+        """``studies``: the book of the tuning studies it steers (issue #17,
+        :mod:`hadar_slurm.sidecar.studies`; by default one kept in memory only).
+        ``share``: offer the policy GPU sharing (``[scheduler] share``; pairs of 1-GPU jobs
         on one GPU through ``gres/shard``, :mod:`hadar_slurm.sidecar.shard`), where Slurm and
         the nodes allow it (:meth:`share_blocked`).
         ``table``: the base throughput table; ``knowledge``: what the sidecar knows over it
@@ -267,6 +273,7 @@ class SlurmObserver:
         time when its runtime reports none."""
         self.api = api
         self.share = share
+        self.studies = studies if studies is not None else StudyBook()
         #: The Slurm release (the controller sets it once it has asked): 22.05 cannot turn a
         #: job's GPU request into shards, so nothing is shared there.
         self.slurm_version: SlurmVersion | None = None
@@ -423,6 +430,7 @@ class SlurmObserver:
             views[job.job_id] = view
         self.views = views
         self.knowledge.forget(j.job_id for j in self.jobs)
+        self._observe_studies(now, epoch)
 
         # GPUs the policy may hand out: a usable node's GPUs minus those other jobs hold.  The
         # node's count of used GPUs less the hadar jobs' is the other jobs' use; so is the sum
@@ -447,7 +455,10 @@ class SlurmObserver:
             gpus[k] = max(0, n.gpus - foreign)
         node_type = np.array([types.index(n.gpu_type or "") for n in nodes], dtype=np.int64)
 
-        ordered = list(views.values())
+        # a study's trial that waits for its cohort, or that its study stopped, is not the
+        # policy's: the changes stop it or keep it held (reconcile)
+        ordered = [v for v in views.values() if v.study is None or v.study.offered]
+        self._cap_trial_copies(ordered, int(gpus.sum()))
         sharing = self._sharing(nodes, ordered)
         rate = np.array(
             [v.rates for v in ordered],
@@ -455,8 +466,10 @@ class SlurmObserver:
         attained = np.array(
             [[v.attained.get(t, 0.0) for t in types] for v in ordered],
             dtype=np.float64).reshape(len(ordered), len(types))
-        total = np.array([float(v.hints.steps) for v in ordered], dtype=np.float64)
-        done = np.array([v.done for v in ordered], dtype=np.float64)
+        # (a trial's work ends at the rung it trains toward, as the simulator's trials')
+        total = np.array([float(v.hints.steps if v.study is None else v.study.target)
+                          for v in ordered], dtype=np.float64)
+        done = np.minimum(np.array([v.done for v in ordered], dtype=np.float64), total)
         remaining = np.maximum(total - done, np.maximum(1.0, 1e-3 * total))
         cur_job: list[int] = []
         cur_node: list[int] = []
@@ -592,6 +605,46 @@ class SlurmObserver:
             (mine if steered else theirs).update(held)
         return min(len(busy - mine), len(theirs - mine))
 
+    def _observe_studies(self, now: float, epoch: int) -> None:
+        """The study book's turn (:meth:`StudyBook.observe`): every job of the read that is a
+        task of a hadar array with study hints (running, waiting, ended, or the array's
+        record of tasks not split yet), and what it makes of each trial, on its view."""
+        views = {**self.views, **self.pinned}
+        hints: dict[int, Hints] = {}
+        for job in self.jobs:
+            if job.array_job_id is None or not is_hadar_comment(job.comment) or (
+                    self.partition is not None and job.partition != self.partition):
+                continue
+            view = views.get(job.job_id)
+            if view is not None:
+                hints[job.job_id] = view.hints
+                continue
+            try:
+                hints[job.job_id] = parse_hints(job.comment, self.catalog,
+                                                gpus=max(1, job.gpus_per_node), array=True)
+            except InputError:
+                continue  # (unsteered: released to Slurm with the reason)
+        if not any(h.study is not None for h in hints.values()) and not self.studies.studies:
+            self.studies.status = {}
+            return
+        status = self.studies.observe(self.jobs, hints, now, epoch)
+        for job_id, st in status.items():
+            view = views.get(job_id)
+            if view is not None:
+                view.study = st
+
+    def _cap_trial_copies(self, ordered: Sequence[JobView], gpus: int) -> None:
+        """Water-filling (issue #17): a trial may run as at most as many copies as the
+        cluster's GPUs over its study's trials offered this epoch (:func:`copies_cap`, as in
+        the simulator), and never more than its ``fork`` hint allows."""
+        live: dict[int, int] = {}
+        for v in ordered:
+            if v.study is not None:
+                live[v.study.array] = live.get(v.study.array, 0) + 1
+        for v in ordered:
+            if v.study is not None and v.max_copies > 1:
+                v.max_copies = min(v.max_copies, copies_cap(gpus, live[v.study.array]))
+
     def _sort_groups(self) -> dict[int, CopyGroup]:
         """The forks of the last read that the sidecar made (:meth:`_made_here`; a job that
         only carries a ``hadar-copy-of=`` comment is an ordinary job): each job's live one (the
@@ -682,7 +735,7 @@ class SlurmObserver:
         if record.state in ("forked", "forking") and group is None:
             record = self._fork_gone(job, record)
         tracker, progress = "", None
-        if hints.fork > 1 or group is not None:
+        if hints.fork > 1 or group is not None or hints.study is not None:
             try:
                 tracker = hadare.tracker_dir(job, self.tracker_root)
             except ForkError:

@@ -7,6 +7,7 @@ every job, in the order they are applied (:mod:`hadar_slurm.sidecar.apply` execu
 
 1. ``REQUEUE``: jobs a move left ended (failed in their grace period) are requeued held;
 2. ``UNSTEER``: jobs the sidecar will not steer go to Slurm's own scheduler, with the reason;
+   ``CANCEL``: trials their study stopped (below);
 3. ``KEEP``: jobs already where the decision wants them (a running job; a fork whose copies
    run or wait as the decision's; a pending job already placed there, whose release a crash may
    have left undone);
@@ -16,6 +17,12 @@ every job, in the order they are applied (:mod:`hadar_slurm.sidecar.apply` execu
    period;
 5. ``PLACE`` and ``FORK`` for pending jobs;
 6. ``WAIT`` for pending jobs without GPUs this epoch.
+
+A study's trial that its study does not offer to the policy this epoch
+(:class:`~hadar_slurm.sidecar.studies.TrialStatus`) is not the decision's: one that waits for
+its cohort is stopped (``STOP``, or ``END_FORK`` of its copies) or kept waiting (``WAIT``); one
+its halving rule stopped is ``CANCEL``-led when the book says so (pending, or still running an
+epoch after it was told), and otherwise left to exit by itself (``KEEP``).
 
 Where the decision cannot be carried out as it stands, the change says so in ``why``: a
 placement over nodes with unequal GPU counts (one Slurm job cannot express it) waits; a fork of
@@ -50,6 +57,23 @@ def reconcile(observed: Observed, decision: Decision,
     wait: list[Change] = []
     for view in observed.views.values():
         job_id = view.job_id
+        trial = view.study
+        if trial is not None and not trial.offered:
+            if trial.state == "stopped" and trial.cancel:
+                first.append(Change(epoch, ChangeKind.CANCEL, job_id, why=trial.detail))
+            if view.group is not None:
+                stop.append(Change(epoch, ChangeKind.END_FORK, job_id, why=trial.detail,
+                                   group=view.group.leader))
+            elif trial.state == "stopped":
+                if not trial.cancel:
+                    keep.append(Change(epoch, ChangeKind.KEEP, job_id,
+                                       (view.rows,) if view.running else (),
+                                       why=trial.detail + "; it exits by itself"))
+            elif view.running:
+                stop.append(Change(epoch, ChangeKind.STOP, job_id, why=trial.detail))
+            else:
+                wait.append(Change(epoch, ChangeKind.WAIT, job_id, why=trial.detail))
+            continue
         copies = wanted.get(job_id)
         cps: tuple[Rows, ...] = () if copies is None else tuple(
             tuple(sorted(copies[k])) for k in sorted(copies))

@@ -37,7 +37,7 @@ from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.run import SimResult, run_backend
 from hadar_slurm.studies.curves import LearningCurves
 from hadar_slurm.studies.halving import Verdict, best_trial, verdicts
-from hadar_slurm.studies.spec import StudySpec
+from hadar_slurm.studies.spec import StudySpec, copies_cap
 
 #: The copies cap of the jobs that are not trials (HadarE's default ``max_copies``).
 OTHER_COPIES = 4
@@ -151,7 +151,7 @@ class StudyCluster(SimulatedCluster):
         for study in self.studies:
             live = [pos[j] for j in study.ids if j in pos]
             if live:
-                cap[live] = max(1, -(-gpus // len(live)))
+                cap[live] = copies_cap(gpus, len(live))
         return cap
 
     def apply(self, changes: list[Change], now: float) -> ApplyReport:

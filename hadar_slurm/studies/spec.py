@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from hadar_slurm.errors import InputError
 
-__all__ = ["Rule", "StudySpec"]
+__all__ = ["Rule", "StudySpec", "copies_cap"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -118,3 +118,12 @@ class StudySpec:
         """How many of ``n`` trials that completed a rung a synchronous rule promotes: the best
         ``floor(n / eta)``, at least one."""
         return max(1, int(n // self.eta))
+
+
+def copies_cap(gpus: int, live_trials: int) -> int:
+    """Water-filling a study's trials over the cluster (issue #17): the most copies (HadarE
+    forks) one trial may run as, the cluster's ``gpus`` over the study's ``live_trials``
+    rounded up, at least 1: while many trials live they take a GPU each (or share one); once
+    few remain, they may spread over the GPUs the stopped ones left.  The simulator's and the
+    sidecar's rule."""
+    return max(1, -(-gpus // max(1, live_trials)))

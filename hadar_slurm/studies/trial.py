@@ -8,7 +8,10 @@ environment and replaces itself with the command (no shell):
 * ``HADAR_TRIAL_INDEX``: the index;
 * ``HADAR_TRIAL_CONFIG``: the configuration, a JSON object (``{"lr": 0.003, "width": 128}``);
 * ``HADAR_STUDY``, ``HADAR_STUDY_METRIC``, ``HADAR_STUDY_MODE``: the study's name, the metric the
-  trial reports and which way is better.
+  trial reports and which way is better;
+* ``HADAR_STUDY_STEPS``, ``HADAR_STUDY_RUNGS``, ``HADAR_STUDY_ETA``, ``HADAR_STUDY_RULE``: a
+  trial's budget and the halving schedule, which the trial's
+  :class:`~hadar_slurm.studies.reporter.StudyTrial` reports by.
 
 Exit status 2, with one line naming what is wrong, when the index or the file is not usable.
 """
@@ -50,9 +53,14 @@ def trial_environment(trials_path: str, index_text: str | None,
     out["HADAR_TRIAL_INDEX"] = str(index)
     out["HADAR_TRIAL_CONFIG"] = json.dumps(trials[index], sort_keys=True)
     for key, var in (("study", "HADAR_STUDY"), ("metric", "HADAR_STUDY_METRIC"),
-                     ("mode", "HADAR_STUDY_MODE")):
+                     ("mode", "HADAR_STUDY_MODE"), ("rule", "HADAR_STUDY_RULE")):
         if isinstance(doc.get(key), str):
             out[var] = doc[key]
+    for key, var in (("steps", "HADAR_STUDY_STEPS"), ("rungs", "HADAR_STUDY_RUNGS"),
+                     ("eta", "HADAR_STUDY_ETA")):
+        value = doc.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[var] = str(value)
     return out
 
 

@@ -232,6 +232,7 @@ def prepare(spec: TuneSpec, out_dir: str | Path, python: str = "python3") -> Pat
     out.mkdir(parents=True, exist_ok=True)
     trials = draw_trials(spec.space, spec.trials, spec.seed)
     doc = {"study": spec.name, "metric": spec.metric, "mode": spec.mode, "seed": spec.seed,
+           "steps": spec.steps, "rungs": spec.rungs, "eta": spec.eta, "rule": spec.rule,
            "trials": trials}
     (out / "trials.json").write_text(json.dumps(doc, indent=2) + "\n")
     script = out / "study.sbatch"
