@@ -330,7 +330,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     state = read_state(config)
     if args.json:
         print(json.dumps({"state_epoch": state.get("epoch") if state else None,
-                          "jobs": status_rows(jobs, state, args.all)}, indent=1))
+                          "jobs": status_rows(jobs, state, args.all),
+                          "studies": (state or {}).get("studies", [])}, indent=1))
     else:
         print(format_status(jobs, state, args.all))
     return 0

@@ -31,6 +31,15 @@ and at its isolated rate again once the file is gone or the partner's
 ``progress.json`` says it is complete.  It looks at most every :data:`CHECK_S` seconds, and says
 so (one line) when its rate changes.  A pair the table forbids or lacks keeps the isolated rate,
 with a warning.  A forked copy ignores sharing: the file is for one unforked job's GPUs.
+
+As a trial of a tuning study (issue #17; ``--curves-seed S --trials N``, in a task of the
+study's job array): its budget is ``--steps``; the rungs come from the study's environment
+(``HADAR_STUDY_RUNGS``, ``HADAR_STUDY_ETA``, :class:`~hadar_slurm.studies.reporter.StudyTrial`),
+its trial index from ``HADAR_TRIAL_INDEX`` (or ``SLURM_ARRAY_TASK_ID``).  At each rung it
+reports what the simulator's synthetic learning curves say of that trial
+(:class:`~hadar_slurm.studies.curves.LearningCurves` of ``N`` trials drawn with seed ``S``:
+the same reports as in ``bench/studies.py``), then does what the study's verdict says: trains
+on, stops (exit 0), or waits (and is requeued by the sidecar).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Mapping, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from hadar_slurm.consolidation import ConsolidationCost  # noqa: E402
 from hadar_slurm.errors import InputError  # noqa: E402
@@ -82,6 +92,10 @@ from hadar_slurm.slurm import (  # noqa: E402
     parse_gres,
     parse_scontrol_show,
 )
+from hadar_slurm.studies.halving import Verdict  # noqa: E402
+
+if TYPE_CHECKING:
+    from hadar_slurm.runtime import trainer
 
 _SOURCE = "hadar_slurm.runtime.emulate"
 #: When this process started (as near as Python lets us see it): ``--restart-s`` counts from it.
@@ -263,6 +277,21 @@ class SharingWatch:
         return min([own, *others]) * self._compression
 
 
+def _train(rt: trainer.JobRuntime, pace: Pace, watch: SharingWatch | None, copies: int,
+           consolidate_s: float, until: int | None) -> None:
+    """Run ``rt``'s steps (up to ``until``) at ``pace``."""
+    current = -1
+    for _ in rt.steps(until=until):
+        if rt.round != current:
+            if current >= 0 and copies > 1 and consolidate_s > 0:
+                time.sleep(consolidate_s)  # (what one consolidation costs, compressed)
+            current = rt.round
+            pace.restart()
+        if watch is not None and (changed := watch.poll()) is not None:
+            pace.set_rate(changed)
+        pace.step()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hadar_slurm.runtime.emulate",
                                 description=(__doc__ or "").split("\n\n")[0])
@@ -276,6 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gpu-type", help="the GPU type (default: from the fork, or Slurm)")
     p.add_argument("--round-seconds", type=float, default=30.0,
                    help="wall seconds per round (checkpoint) of the runtime")
+    p.add_argument("--curves-seed", type=int, default=None,
+                   help="a trial of a tuning study: the seed of the study's synthetic "
+                        "learning curves (with --trials)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="a trial of a tuning study: how many trials the study has")
     p.add_argument("--restart-s", type=float, default=0.0,
                    help="wall seconds from the process's start to its first step: the "
                         "emulated job's own restart (loading its data and model), of which "
@@ -285,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--compression, --gpus and --steps must be >= 1")
     if not 0 <= args.restart_s < 3600:
         p.error("--restart-s must be >= 0 and < 3600")
+    if (args.curves_seed is None) != (args.trials is None) or (
+            args.trials is not None and args.trials < 1):
+        p.error("a study's trial needs both --curves-seed and --trials (>= 1)")
     env = os.environ
     table = load_tables([str(t) for t in args.table], base=_DEFAULT_TABLE)
     types = ([args.gpu_type] if args.gpu_type else
@@ -314,21 +351,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (a forked copy ignores sharing: its copies share one tracker dir, not one GPU)
     watch = (SharingWatch(config.tracker_dir, table, args.job_type, args.gpus, types,
                           args.compression) if config.copies == 1 else None)
+    trial = curves = None
+    if args.trials is not None:
+        from hadar_slurm.studies.curves import LearningCurves
+        from hadar_slurm.studies.reporter import StudyTrial
+
+        trial = StudyTrial.from_env(config.tracker_dir, steps=args.steps)
+        if trial.index is None or trial.index >= args.trials:
+            p.error(f"trial index {trial.index} (SLURM_ARRAY_TASK_ID) is not one of the "
+                    f"{args.trials} trials")
+        curves = LearningCurves(args.trials, seed=args.curves_seed)
     with JobRuntime(model, None, config) as rt:
         if watch is not None:
             watch.check()  # (sharing from the start: its first step at the shared rate)
             rate = watch.rate
         pace = Pace(rate)
-        current = -1
-        for _ in rt.steps():
-            if rt.round != current:
-                if current >= 0 and config.copies > 1 and consolidate_s > 0:
-                    time.sleep(consolidate_s)  # (what one consolidation costs, compressed)
-                current = rt.round
-                pace.restart()
-            if watch is not None and (changed := watch.poll()) is not None:
-                pace.set_rate(changed)
-            pace.step()
+        if trial is None or curves is None:
+            _train(rt, pace, watch, config.copies, consolidate_s, None)
+        else:
+            for rung, target in trial.rungs_ahead(rt.done):
+                _train(rt, pace, watch, config.copies, consolidate_s, target)
+                value = curves.report(trial.index or 0, rung, target / args.steps)
+                verdict = trial.report(rung, value, steps=rt.done,
+                                       interrupted=rt.stop_requested)
+                if verdict is Verdict.STOP:
+                    break
         summary = rt.finish()
     # The work is done and saved: a preemption signal from now on (the sidecar moving a job
     # it does not know has finished) must not kill the process while Python and torch shut

@@ -14,6 +14,7 @@ nodes that have them) and each job's ``shares_with`` (the job the last decision 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -293,7 +294,42 @@ def format_status(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
     if any(r["type"].endswith(ESTIMATE_MARK) for r in rows):
         lines.append(f"{ESTIMATE_MARK} the job's throughput on that GPU type is an estimate (never "
                      "measured; see `hadar-slurm explain JOBID`)")
+    lines.extend(study_lines(state, show_all))
     return "\n".join(lines)
+
+
+def study_lines(state: Mapping[str, Any] | None, show_all: bool = False) -> list[str]:
+    """The tuning studies of the last epoch (issue #17), rung by rung: how many trials reported
+    there, went on, were stopped, wait for their cohort or were lost, the best report of the
+    rung, and the study's best trial so far with its configuration.  Studies that ended are
+    shown with ``--all`` only."""
+    studies = state.get("studies") if state else None
+    if not isinstance(studies, list):
+        return []
+    out: list[str] = []
+    for s in studies:
+        if not isinstance(s, dict) or (s.get("ended") is not None and not show_all):
+            continue
+        ended = "ended" if s.get("ended") is not None else f"{s.get('live')} live"
+        out.append(f"study {s.get('name')} (array {s.get('array')}, {s.get('user')}): "
+                   f"{s.get('rule')}, {s.get('rungs')} rungs, eta {s.get('eta')}, "
+                   f"{s.get('metric')} ({s.get('mode')}); {s.get('trials')} trials, {ended}")
+        for r in s.get("by_rung") or []:
+            parts = [f"{r.get('reported')} reported"]
+            parts += [f"{r.get(k)} {w}" for k, w in (("go", "went on"), ("stop", "stopped"),
+                                                    ("wait", "wait"), ("done", "done"),
+                                                    ("lost", "lost")) if r.get(k)]
+            best = r.get("best")
+            out.append(f"  rung {r.get('rung')} ({r.get('steps')} steps): {', '.join(parts)}"
+                       + (f"; best {best:.4g}" if isinstance(best, int | float) else ""))
+        best = s.get("best")
+        if isinstance(best, dict):
+            config = best.get("config")
+            out.append(f"  {'best' if best.get('final') else 'best so far'}: trial "
+                       f"{best.get('task')} (job {best.get('job')}), {s.get('metric')} "
+                       f"{best.get('value'):.4g} at rung {best.get('rung')}"
+                       + (f", config {json.dumps(config, sort_keys=True)}" if config else ""))
+    return out
 
 
 def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None) -> str:
@@ -364,6 +400,9 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
                        f"sees SLURM_JOB_NUM_NODES={len(spread)} and SLURM_JOB_NODELIST)")
         if info.get("detail"):
             out.append(f"  note: {info['detail']}")
+        study = info.get("study")
+        if isinstance(study, Mapping) and study.get("detail"):
+            out.append(f"study: {study['detail']}")
         if info.get("pinned") or _pinned(job, state):
             out.append("  " + PINNED_TEXT.format(epoch=rec.epoch))
         rates: Mapping[str, float] = info.get("rates", {})

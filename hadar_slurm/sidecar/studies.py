@@ -302,11 +302,13 @@ class StudyBook:
                 tasks.setdefault(task, None)
         self.status = {}
         for array, study in sorted(self.studies.items()):
-            if study.ended is not None:
-                if array not in seen and now - study.ended > KEEP_ENDED_S:
+            if study.ended is not None and array not in seen:
+                if now - study.ended > KEEP_ENDED_S:
                     del self.studies[array]
                     self.dirty = True
                 continue
+            # (an ended study whose jobs Slurm still shows: its stopped trials that have not
+            # left yet stay its own, never the policy's)
             self._step(study, seen.get(array, {}), now, epoch)
         return self.status
 
@@ -360,7 +362,8 @@ class StudyBook:
                           array=study.array, task=task, job=trial.job_id, rung=trial.rung,
                           why=trial.why)
         self._judge(study, epoch)
-        if all(t.final for t in study.trials.values()) and study.trials:
+        if study.ended is None and study.trials and all(
+                t.final for t in study.trials.values()):
             study.ended = now
             self.dirty = True
             best = study.best()

@@ -131,6 +131,14 @@ def task_refs(jobs: Iterable[SlurmJob]) -> dict[int, str]:
             if j.array_job_id == j.job_id and j.array_task_id is not None}
 
 
+def array_refs(jobs: Iterable[SlurmJob]) -> dict[int, str]:
+    """``{job id: "A_T"}`` for every array task among ``jobs``: ``scancel`` of a pending array
+    task by its own job id does nothing on Slurm 22.05 (it prints "Invalid job id specified"
+    and exits 0), so a task is cancelled as ``A_T``."""
+    return {j.job_id: f"{j.array_job_id}_{j.array_task_id}" for j in jobs
+            if j.array_job_id is not None and j.array_task_id is not None}
+
+
 class CliApi:
     """:class:`SlurmApi` over the Slurm command line tools (tested with Slurm 22.05, 24.11 and
     26.05)."""
@@ -144,6 +152,8 @@ class CliApi:
         #: Array tasks whose record keeps the array's job id, by that id: they are named
         #: ``A_T`` (:data:`~hadar_slurm.slurm.commands.JobRef`), refreshed by every read.
         self.task_refs: dict[int, str] = {}
+        #: Every array task as ``A_T``, for ``scancel`` (:func:`array_refs`).
+        self.array_refs: dict[int, str] = {}
 
     def _ref(self, job_id: int) -> commands.JobRef:
         return self.task_refs.get(job_id, job_id)
@@ -159,6 +169,7 @@ class CliApi:
         jobs = list(parse_squeue_json(self._run(commands.squeue_json()),
                                       source="squeue --json"))
         self.task_refs = task_refs(jobs)
+        self.array_refs = array_refs(jobs)
         return jobs
 
     def read_nodes(self) -> list[SlurmNode]:
@@ -190,7 +201,7 @@ class CliApi:
         self._run(commands.scancel(self._ref(job_id), signal=signal, full=True))
 
     def cancel(self, job_id: int) -> None:
-        self._run(commands.scancel(self._ref(job_id)))
+        self._run(commands.scancel(self.array_refs.get(job_id) or self._ref(job_id)))
 
     def signal_steps(self, job_id: int, signal: str) -> None:
         self._run(commands.scancel(self._ref(job_id), signal=signal))

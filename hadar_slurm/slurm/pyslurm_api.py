@@ -66,7 +66,7 @@ import signal as _signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hadar_slurm.slurm.api import UPDATE_FIELDS, CliApi, SlurmApi, task_refs
+from hadar_slurm.slurm.api import UPDATE_FIELDS, CliApi, SlurmApi, array_refs, task_refs
 from hadar_slurm.slurm.errors import (
     SlurmCommandError,
     SlurmConfigError,
@@ -221,6 +221,8 @@ class PyslurmApi:
         #: Array tasks named ``A_T`` (:func:`~hadar_slurm.slurm.api.task_refs`): pyslurm's
         #: ``Job(id)`` would name the whole array, so their actions go through the CLI.
         self.task_refs: dict[int, str] = {}
+        #: Every array task as ``A_T``: cancelled through the CLI (:func:`array_refs`).
+        self.array_refs: dict[int, str] = {}
 
     @property
     def commands(self) -> int:
@@ -282,6 +284,7 @@ class PyslurmApi:
         jobs = self._call((SOURCE, "Jobs.load"), lambda: self._pyslurm.Jobs.load())
         out = [_job(j) for j in _values(jobs)]
         self.task_refs = task_refs(out)
+        self.array_refs = array_refs(out)
         return out
 
     def read_nodes(self) -> list[SlurmNode]:
@@ -358,8 +361,10 @@ class PyslurmApi:
             "steps=all")
 
     def cancel(self, job_id: int) -> None:
-        if (cli := self._task_cli(job_id)) is not None:
-            return cli.cancel(job_id)
+        if job_id in self.array_refs:
+            via = self._fork_cli(f"array task {self.array_refs[job_id]}")
+            via.array_refs = self.array_refs
+            return via.cancel(job_id)
         self._job_action(job_id, "cancel", lambda job: job.cancel())
 
     def signal_steps(self, job_id: int, signal: str) -> None:

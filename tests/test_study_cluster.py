@@ -1,0 +1,253 @@
+"""Tuning studies live (issue #17): the sidecar applies successive halving to two studies of
+emulated trials on the real dev cluster, one asynchronous (``asha``) and one synchronous
+(``sh``), submitted at once as hadar job arrays.
+
+Each study: 6 trials of ResNet-18 (batch size 64), 3 rungs, eta 2: a trial reports at 400, 800
+and 1600 steps what the simulator's synthetic learning curves say of it
+(``python -m hadar_slurm.runtime.emulate --curves-seed S --trials 6``), 10x compressed (1.7 to
+5.7 s to its first rung, by GPU type).  The payloads start warm (one preloaded server forks
+them).  Asserted, from Slurm, the trials' own files and the sidecar's book and log (nothing
+timed):
+
+* every trial ends once: COMPLETED, or CANCELLED by the sidecar after its rule stopped it;
+  none is left pending or held, and the book says the study ended;
+* every report is the curves' value for that trial and rung, and each trial's steps at each
+  report are exactly the rung's (the runtime commits at the rung);
+* the verdicts are the halving rule's (:func:`hadar_slurm.studies.halving.verdicts`) over the
+  reports in the order the book read them: replayed here, rung by rung;
+* a stopped trial never trained past the rung it was stopped at; under ``sh`` the trials that
+  waited for their cohort were requeued held and resumed at their rung (a second run) when
+  promoted;
+* the study's best (the ``study_done`` event and ``status --json``) is the best report at the
+  last rung.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hadar_slurm.logs import JsonLinesReader
+from hadar_slurm.runtime.warmstart import warm_server
+from hadar_slurm.slurm import SlurmJob, commands
+from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES
+from hadar_slurm.studies.curves import LearningCurves
+from hadar_slurm.studies.halving import Verdict, verdicts
+from hadar_slurm.studies.reporter import rung_targets
+from hadar_slurm.studies.spec import Rule, StudySpec
+from tests.slurm_cluster import DevCluster, jobs, submit
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[1]
+TRIALS, RUNGS, ETA, STEPS, COMPRESSION = 6, 3, 2, 1600, 10
+JOB_TYPE = "ResNet-18 (batch size 64)"
+SEEDS = {"asha": 11, "sh": 12}
+PAYLOAD = """#!/bin/bash
+export PYTHONPATH=@REPO@ OMP_NUM_THREADS=1 HADAR_STUDY_RUNGS=@RUNGS@ HADAR_STUDY_ETA=@ETA@
+export HADAR_STUDY="$1"
+# the last trial of the sh study starts late the first time it runs (its restart: $4 s), so
+# that the others report before it and wait for it
+late=0
+[ "$SLURM_ARRAY_TASK_ID" = @LAST@ ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ] && late="$4"
+exec @PYTHON@ -m hadar_slurm.runtime.warmstart run "$2" -- --job-type "@TYPE@" --gpus 1 \\
+    --steps @STEPS@ --compression @COMPRESSION@ --round-seconds 1 --curves-seed "$3" \\
+    --trials @TRIALS@ --table @REPO@/slurm_conf/dev-throughputs.csv --restart-s "$late"
+"""
+#: How late the sh study's last trial starts (s): the others report their first rung seconds
+#: before it, with every placement taking under a second.
+LATE_S = 8
+
+
+def _payload(path: Path) -> Path:
+    text = PAYLOAD
+    for key, value in (("REPO", REPO), ("PYTHON", sys.executable), ("RUNGS", RUNGS),
+                       ("ETA", ETA), ("TYPE", JOB_TYPE), ("STEPS", STEPS),
+                       ("COMPRESSION", COMPRESSION), ("TRIALS", TRIALS),
+                       ("LAST", TRIALS - 1)):
+        text = text.replace(f"@{key}@", str(value))
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def warm() -> Iterator[str]:
+    # (a Unix socket's path must stay short)
+    with tempfile.TemporaryDirectory(prefix="hadar-warm-") as wd, \
+            warm_server(Path(wd) / "sock", log=Path(wd) / "warm.log") as sock:
+        yield str(sock)
+
+
+def tasks_of(cluster: DevCluster, array: int) -> dict[int, SlurmJob]:
+    return {j: job for j, job in jobs(cluster).items() if job.array_job_id == array}
+
+
+def study_files(tmp: Path, job_id: int) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    """A trial's reports and the verdicts it was told, by rung."""
+    d = tmp / ".hadar-tracker" / str(job_id) / "study"
+    reports, told = {}, {}
+    for rung in range(RUNGS):
+        if (d / f"rung-{rung}.json").exists():
+            reports[rung] = json.loads((d / f"rung-{rung}.json").read_text())
+        if (d / f"verdict-{rung}.json").exists():
+            told[rung] = json.loads((d / f"verdict-{rung}.json").read_text())["verdict"]
+    return reports, told
+
+
+def replay(rule: str, trials: list[dict[str, Any]]) -> dict[tuple[int, int], str]:
+    """The halving rule's verdicts over the book's reports, in the order the book read them
+    (by epoch, then report time, then task), one rung at a time as the reports came."""
+    spec = StudySpec("replay", "trial", TRIALS, float(STEPS), RUNGS, float(ETA), Rule(rule))
+    order = sorted((int(r[2]), float(r[1]), t["task"], int(k), float(r[0]))
+                   for t in trials for k, r in t["reports"].items())
+    reports: list[dict[int, float]] = [{} for _ in range(RUNGS)]
+    out: dict[tuple[int, int], str] = {}
+    waiting: dict[int, int] = {}
+    for epoch in sorted({o[0] for o in order}):
+        for _, _, task, rung, value in (o for o in order if o[0] == epoch):
+            reports[rung][task] = value
+            waiting[task] = rung
+        got = verdicts(spec, range(TRIALS), reports, waiting)
+        for task, verdict in got.items():
+            out[(task, waiting[task])] = verdict.value
+        waiting = {t: r for t, r in waiting.items() if got[t] is Verdict.WAIT}
+    return out
+
+
+def test_two_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
+                                                         tmp_path: Path, warm: str) -> None:
+    cluster = dev_cluster
+    tmp_path.chmod(0o755)
+    conf = cluster.dir / "etc" / "slurm.conf"
+    payload = _payload(tmp_path / "trial.sh")
+    log = tmp_path / "sidecar.log"
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f"""
+[slurm]
+conf = "{conf}"
+[scheduler]
+policy = "hadar"
+epoch_seconds = 4
+finish_poll_s = 1
+preempt_grace_s = 3
+learn_throughputs = false
+throughputs = ["{REPO}/slurm_conf/dev-throughputs.csv"]
+[sidecar]
+state_dir = "{tmp_path}/state"
+log_format = "json"
+log_file = "{log}"
+""")
+    arrays: dict[str, int] = {}
+    for rule, seed in SEEDS.items():
+        arrays[rule] = submit(
+            cluster, script=str(payload), job_name=f"study-{rule}", gres="gpu:1",
+            comment=(f"hadar: model=resnet18 bs=64 steps={STEPS} study=live-{rule} "
+                     f"rule={rule} rungs={RUNGS} eta={ETA}"),
+            output=str(tmp_path / f"{rule}-%a.out"), chdir=str(tmp_path),
+            extra=[f"--array=0-{TRIALS - 1}", "--open-mode=append"],
+            script_args=[f"live-{rule}", warm, str(seed), str(LATE_S if rule == "sh" else 0)])
+    env = dict(os.environ, SLURM_CONF=str(conf),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
+                             str(config)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "sidecar.err", "w"))
+    try:
+        end = time.monotonic() + 420
+        while True:
+            now = {rule: tasks_of(cluster, a) for rule, a in arrays.items()}
+            if all(len(t) == TRIALS and all(j.state in FINAL_STATES for j in t.values())
+                   for t in now.values()):
+                break
+            assert proc.poll() is None, (tmp_path / "sidecar.err").read_text()[-3000:]
+            assert time.monotonic() < end, {r: {j: (x.array_task_id, x.state, x.state_reason)
+                                                for j, x in t.items()} for r, t in now.items()}
+            time.sleep(1.0)
+        status = subprocess.run([sys.executable, "-m", "hadar_slurm", "status", "--config",
+                                 str(config), "--json"], env=env, capture_output=True,
+                                text=True, timeout=120, check=False)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        left = [j for a in arrays.values() for j, job in tasks_of(cluster, a).items()
+                if job.state not in FINAL_STATES]
+        if left:
+            cluster.runner.run(commands.scancel(left), check=False)
+    events = JsonLinesReader(log).read_new()
+    book = {s["array"]: s for s in json.loads(
+        (tmp_path / "state" / "studies.json").read_text())["studies"]}
+    targets = rung_targets(STEPS, RUNGS, ETA)
+    for rule, array in arrays.items():
+        curves = LearningCurves(TRIALS, seed=SEEDS[rule])
+        final = tasks_of(cluster, array)
+        study = book[array]
+        assert study["ended"] is not None, study
+        trials = study["trials"]
+        assert sorted(t["task"] for t in trials) == list(range(TRIALS))
+        # the verdicts are the rule's over the reports, in the order the book read them
+        given = {(t["task"], int(k)): v for t in trials for k, v in t["verdicts"].items()}
+        assert given == {k: v for k, v in replay(rule, trials).items() if v != "wait"} | {
+            k: v for k, v in given.items() if v == "wait"}, (rule, given)
+        by_task = {job.array_task_id: (j, job) for j, job in final.items()}
+        for t in trials:
+            task = t["task"]
+            job_id, job = by_task[task]
+            assert t["job_id"] == job_id
+            reports, told = study_files(tmp_path, job_id)
+            # what each reported is the curves' value, at exactly the rung's steps
+            assert sorted(reports) == sorted(int(k) for k in t["reports"]), (rule, task)
+            for rung, rep in reports.items():
+                assert rep["value"] == pytest.approx(
+                    curves.report(task, rung, targets[rung] / STEPS), abs=1e-12)
+                assert rep["steps"] == targets[rung]
+            # what it was told is what the book gave; it ended as its last verdict says
+            assert {r: v for r, v in told.items() if v != "wait"} == {
+                int(k): v for k, v in t["verdicts"].items() if v != "wait"}, (rule, task)
+            last = max(int(k) for k in t["verdicts"])
+            verdict = t["verdicts"][str(last)]
+            progress = json.loads((tmp_path / ".hadar-tracker" / str(job_id)
+                                   / "progress.json").read_text())
+            if verdict == "stop":
+                assert t["final"] == "stop"
+                assert job.state in ("COMPLETED", "CANCELLED"), (rule, task, job)
+                assert progress["done"] == targets[last], (rule, task, progress)
+            else:
+                assert (verdict, t["final"], job.state) == ("done", "done", "COMPLETED")
+                assert progress["done"] == STEPS and progress["complete"]
+            assert job.state not in PENDING_STATES
+        if rule == "sh":
+            # the others reported rung 0 before the late trial: they waited for it, requeued
+            # held (checkpoint signal), and those promoted ran again from their rung
+            waited = [t for t in trials if t["task"] != TRIALS - 1]
+            for t in waited:
+                out = (tmp_path / f"sh-{t['task']}.out").read_text()
+                assert "waits at rung 0 for the rest of its cohort" in out, out
+                assert any(e.get("event") == "action" and e.get("job") == t["job_id"]
+                           and e.get("action") == "signal" for e in events), t
+                if t["verdicts"]["0"] == "go":
+                    assert "goes on from rung 0" in out, out
+                    runs = json.loads((tmp_path / ".hadar-tracker" / str(t["job_id"])
+                                       / "progress.json").read_text())["run"]
+                    assert not runs.endswith(".0"), runs  # (a second run: requeued)
+        done = [e for e in events if e.get("event") == "study_done"
+                and e.get("array") == array]
+        assert len(done) == 1, done
+        finals = {t["task"]: t["reports"][str(RUNGS - 1)][0] for t in trials
+                  if str(RUNGS - 1) in t["reports"]}
+        assert finals, trials
+        best = max(finals, key=lambda k: (finals[k], -k))
+        assert done[0]["best_task"] == best, (done, finals)
+        shown = [s for s in json.loads(status.stdout)["studies"]
+                 if s["array"] == array]
+        assert shown and shown[0]["best"]["task"] == best, status.stdout[-2000:]
