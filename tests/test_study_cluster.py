@@ -106,37 +106,34 @@ def study_files(tmp: Path, job_id: int) -> tuple[dict[int, dict[str, Any]], dict
     return reports, told
 
 
-def replay(rule: str, trials: list[dict[str, Any]]) -> dict[tuple[int, int], str]:
+def replay(rule: str, trials: list[dict[str, Any]], n: int = TRIALS, rungs: int = RUNGS,
+           eta: int = ETA, steps: int = STEPS) -> dict[tuple[int, int], str]:
     """The halving rule's verdicts over the book's reports, in the order the book read them
-    (by epoch, then report time, then task), one rung at a time as the reports came."""
-    spec = StudySpec("replay", "trial", TRIALS, float(STEPS), RUNGS, float(ETA), Rule(rule))
+    (by epoch, then report time, then task), one epoch's reports at a time as they came."""
+    spec = StudySpec("replay", "trial", n, float(steps), rungs, float(eta), Rule(rule))
     order = sorted((int(r[2]), float(r[1]), t["task"], int(k), float(r[0]))
                    for t in trials for k, r in t["reports"].items())
-    reports: list[dict[int, float]] = [{} for _ in range(RUNGS)]
+    reports: list[dict[int, float]] = [{} for _ in range(rungs)]
     out: dict[tuple[int, int], str] = {}
     waiting: dict[int, int] = {}
     for epoch in sorted({o[0] for o in order}):
         for _, _, task, rung, value in (o for o in order if o[0] == epoch):
             reports[rung][task] = value
             waiting[task] = rung
-        got = verdicts(spec, range(TRIALS), reports, waiting)
+        got = verdicts(spec, range(n), reports, waiting)
         for task, verdict in got.items():
             out[(task, waiting[task])] = verdict.value
         waiting = {t: r for t, r in waiting.items() if got[t] is Verdict.WAIT}
     return out
 
 
-def test_two_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
-                                                         tmp_path: Path, warm: str) -> None:
-    cluster = dev_cluster
-    tmp_path.chmod(0o755)
-    conf = cluster.dir / "etc" / "slurm.conf"
-    payload = _payload(tmp_path / "trial.sh")
-    log = tmp_path / "sidecar.log"
+def run_sidecar(cluster: DevCluster, tmp_path: Path) -> Path:
+    """The sidecar's config (hadar, 4 s epochs, an epoch within a second of a report) in
+    ``tmp_path``; returns it."""
     config = tmp_path / "sidecar.toml"
     config.write_text(f"""
 [slurm]
-conf = "{conf}"
+conf = "{cluster.dir / "etc" / "slurm.conf"}"
 [scheduler]
 policy = "hadar"
 epoch_seconds = 4
@@ -147,8 +144,33 @@ throughputs = ["{REPO}/slurm_conf/dev-throughputs.csv"]
 [sidecar]
 state_dir = "{tmp_path}/state"
 log_format = "json"
-log_file = "{log}"
+log_file = "{tmp_path / "sidecar.log"}"
 """)
+    return config
+
+
+def wait_arrays(cluster: DevCluster, arrays: list[int], proc: subprocess.Popen[bytes],
+                err: Path, timeout: float) -> None:
+    """Until every task of ``arrays`` has ended (the sidecar must stay up)."""
+    end = time.monotonic() + timeout
+    while True:
+        now = [tasks_of(cluster, a) for a in arrays]
+        if all(t and all(j.state in FINAL_STATES for j in t.values()) for t in now):
+            return
+        assert proc.poll() is None, err.read_text()[-3000:]
+        assert time.monotonic() < end, [{j: (x.array_task_id, x.state, x.state_reason)
+                                         for j, x in t.items()} for t in now]
+        time.sleep(1.0)
+
+
+def test_two_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
+                                                         tmp_path: Path, warm: str) -> None:
+    cluster = dev_cluster
+    tmp_path.chmod(0o755)
+    conf = cluster.dir / "etc" / "slurm.conf"
+    payload = _payload(tmp_path / "trial.sh")
+    log = tmp_path / "sidecar.log"
+    config = run_sidecar(cluster, tmp_path)
     arrays: dict[str, int] = {}
     for rule, seed in SEEDS.items():
         arrays[rule] = submit(
@@ -164,16 +186,7 @@ log_file = "{log}"
                              str(config)], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "sidecar.err", "w"))
     try:
-        end = time.monotonic() + 420
-        while True:
-            now = {rule: tasks_of(cluster, a) for rule, a in arrays.items()}
-            if all(len(t) == TRIALS and all(j.state in FINAL_STATES for j in t.values())
-                   for t in now.values()):
-                break
-            assert proc.poll() is None, (tmp_path / "sidecar.err").read_text()[-3000:]
-            assert time.monotonic() < end, {r: {j: (x.array_task_id, x.state, x.state_reason)
-                                                for j, x in t.items()} for r, t in now.items()}
-            time.sleep(1.0)
+        wait_arrays(cluster, list(arrays.values()), proc, tmp_path / "sidecar.err", 420)
         status = subprocess.run([sys.executable, "-m", "hadar_slurm", "status", "--config",
                                  str(config), "--json"], env=env, capture_output=True,
                                 text=True, timeout=120, check=False)
@@ -251,3 +264,102 @@ log_file = "{log}"
         shown = [s for s in json.loads(status.stdout)["studies"]
                  if s["array"] == array]
         assert shown and shown[0]["best"]["task"] == best, status.stdout[-2000:]
+
+
+DIGITS_TOML = """
+[study]
+name = "digits-live"
+model = "resnet18"
+bs = 64
+steps = 2000
+trials = 8
+rule = "sh"
+rungs = 3
+eta = 2
+metric = "val_accuracy"
+seed = 0
+[command]
+argv = ["@PYTHON@", "@REPO@/examples/digits_trial.py"]
+[space]
+lr = { log_uniform = [0.001, 0.3] }
+hidden = { choice = [16, 32, 64, 128, 256] }
+seed = { int_uniform = [0, 1000000] }
+"""
+
+
+def test_a_real_digits_study_finds_its_best_configuration_live(dev_cluster: DevCluster,
+                                                               tmp_path: Path) -> None:
+    """The real example: ``hadar-slurm tune`` submits 8 trials of examples/digits_trial.py
+    (torch on the CPU), the sidecar halves them (sh, 3 rungs, eta 2), and the best
+    configuration trained alone from scratch reaches exactly the accuracy the study's trial
+    reached (trials that waited were requeued and resumed from their rung's checkpoint)."""
+    pytest.importorskip("sklearn")
+    cluster = dev_cluster
+    tmp_path.chmod(0o755)
+    space = tmp_path / "digits.toml"
+    space.write_text(DIGITS_TOML.replace("@PYTHON@", sys.executable)
+                     .replace("@REPO@", str(REPO)))
+    env = dict(os.environ, SLURM_CONF=str(cluster.dir / "etc" / "slurm.conf"),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    out = tmp_path / "study"
+    sub = subprocess.run([sys.executable, "-m", "hadar_slurm", "tune", str(space), "--out",
+                          str(out), "--submit"], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert sub.returncode == 0, sub.stderr
+    array = int(sub.stdout.split("submitted job array ")[1].split()[0])
+    config = run_sidecar(cluster, tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
+                             str(config)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "sidecar.err", "w"))
+    try:
+        wait_arrays(cluster, [array], proc, tmp_path / "sidecar.err", 600)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        left = [j for j, job in tasks_of(cluster, array).items()
+                if job.state not in FINAL_STATES]
+        if left:
+            cluster.runner.run(commands.scancel(left), check=False)
+    book = json.loads((tmp_path / "state" / "studies.json").read_text())["studies"]
+    # (only this study: the arrays of earlier tests that Slurm still shows had ended)
+    assert [s["array"] for s in book] == [array]
+    study = book[0]
+    assert study["ended"] is not None
+    trials = study["trials"]
+    given = {(t["task"], int(k)): v for t in trials for k, v in t["verdicts"].items()}
+    assert given == {k: v for k, v in replay("sh", trials, 8, 3, 2, 2000).items()}, given
+    # sh, 3 rungs, eta 2: 8 trials -> 4 -> 2 (none lost)
+    counts = [sum(1 for t in trials if str(k) in t["reports"]) for k in range(3)]
+    assert counts == [8, 4, 2], trials
+    targets = rung_targets(2000, 3, 2)
+    results: dict[int, dict[str, Any]] = {}
+    for t in trials:
+        tracker = out / ".hadar-tracker" / str(t["job_id"])
+        last = max(int(k) for k in t["reports"])
+        # never trained past where it stopped (its committed steps)
+        progress = json.loads((tracker / "progress.json").read_text())
+        assert progress["done"] == targets[last], (t, progress)
+        if not (tracker / "result.json").exists():
+            # (stopped while it waited, requeued held: cancelled before it ran again)
+            assert t["final"] == "stop" and last < 2, t
+            continue
+        r = results[t["task"]] = json.loads((tracker / "result.json").read_text())
+        assert r["stopped_at_rung"] == (None if last == 2 else last), (t, r)
+        # what the book holds is what the trial measured at that rung
+        assert t["reports"][str(last)][0] == r["val_accuracy"], (t, r)
+    finals = {t["task"]: t["reports"]["2"][0] for t in trials if "2" in t["reports"]}
+    best = max(finals, key=lambda k: (finals[k], -k))
+    alone = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "digits_trial.py"), "--alone", "--steps",
+         "2000", "--result", str(tmp_path / "alone.json")],
+        env=dict(env, HADAR_TRIAL_CONFIG=json.dumps(study["trials"][best]["config"]),
+                 SLURM_JOB_ID="alone"), cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, check=False)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    retrained = json.loads((tmp_path / "alone.json").read_text())
+    assert (retrained["val_accuracy"], retrained["test_accuracy"]) == (
+        results[best]["val_accuracy"], results[best]["test_accuracy"]), (retrained, results)
+    assert retrained["val_accuracy"] > 0.9  # (a real model, not a stand-in)
+    (tmp_path / "best.json").write_text(json.dumps({"best": best, "study": results[best],
+                                                    "alone": retrained}, indent=1))

@@ -226,10 +226,12 @@ def test_asha_verdicts_follow_the_order_the_reports_were_read(tmp_path: Path) ->
     assert (12, verdict_name(0)) in notes
     assert json.loads(notes[(12, verdict_name(0))].text)["verdict"] == "stop"
     for n in notes.values():
-        book.told(n, 2)
+        book.told(n, 2002.0)
     assert book.to_tell(2003.0) == []
-    # next epoch it still runs: cancelled; once it left Slurm's queue it is no trial to show
-    st = book.observe(jobs, hints_of(jobs), 2003.0, 3)  # type: ignore[arg-type]
+    # a grace period after it was told it still runs: cancelled
+    st = book.observe(jobs, hints_of(jobs), 2031.0, 3)  # type: ignore[arg-type]
+    assert not st[12].cancel
+    st = book.observe(jobs, hints_of(jobs), 2032.0, 4)  # type: ignore[arg-type]
     assert st[12].cancel
 
 
@@ -291,7 +293,7 @@ def test_the_backend_stops_requeues_and_cancels_trials_as_their_study_says(
             task(40, 2, 42, "sh", tmp_path, node_="node3"),
             task(40, 3, 43, "sh", tmp_path, state="PENDING")]
     api = FakeSlurm(jobs, NODES)
-    b = backend(api, studies=StudyBook(tmp_path / "state" / STUDIES_FILE))
+    b = backend(api, studies=StudyBook(tmp_path / "state" / STUDIES_FILE, grace_s=5.0))
     runs = {40: [(0, 1)], 41: [(1, 1)], 42: [(2, 1)]}  # (node index, GPUs): where they run
     decision, changes = decide(b, runs, epoch=0)
     b.apply(changes, 2000.0)
@@ -329,13 +331,17 @@ def test_the_backend_stops_requeues_and_cancels_trials_as_their_study_says(
     assert snap.total.tolist() == [50.0, 50.0]
     kinds = {c.job_id: c.kind for c in changes}
     # 40 waits held: cancelled at once; 42 runs and was never told: told now, it leaves
-    # by itself (cancelled next epoch if it has not)
+    # by itself (cancelled after the grace period, 5 s here, if it has not)
     assert (kinds[40], kinds[42], kinds[43]) == (ChangeKind.CANCEL, ChangeKind.KEEP,
                                                  ChangeKind.KEEP)
     b.apply(changes, 2002.0)
     assert ("cancel", 40) in api.log and ("cancel", 42) not in api.log
     assert [told(tmp_path, j, 0) for j in (40, 41, 42, 43)] == ["stop", "go", "stop", "go"]
+    b.studies.studies[40].trials[2].told_at[0] = 2003.0 - 1.0  # (told 1 s ago)
     _, changes = decide(b, {43: [(0, 1)]}, epoch=3, now=2003.0)
+    assert {c.job_id: c.kind for c in changes}[42] is ChangeKind.KEEP
+    b.studies.studies[40].trials[2].told_at[0] = 2004.0 - 10.0  # (told 10 s ago)
+    _, changes = decide(b, {43: [(0, 1)]}, epoch=4, now=2004.0)
     assert {c.job_id: c.kind for c in changes}[42] is ChangeKind.CANCEL
     # the book is on disk: a restarted sidecar knows the verdicts it gave
     saved = json.loads((tmp_path / "state" / STUDIES_FILE).read_text())

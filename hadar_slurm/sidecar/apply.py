@@ -436,7 +436,8 @@ class SlurmApplier:
         book = self.seen.studies
         jobs = {j.job_id: j for j in self.seen.jobs}
         by_trial: dict[int, list[Note]] = {}
-        for note in book.to_tell(time.time()):
+        now = time.time()
+        for note in book.to_tell(now):
             by_trial.setdefault(note.job_id, []).append(note)
         for job_id, notes in sorted(by_trial.items()):
             job = jobs.get(job_id)
@@ -456,7 +457,7 @@ class SlurmApplier:
                           action="tell_trial", files=[n.name for n in notes], error=str(exc))
                 continue
             for note in notes:
-                book.told(note, epoch)
+                book.told(note, now)
                 if note.verdict:
                     self._did("tell_trial", job_id, rung=note.rung, verdict=note.verdict)
 

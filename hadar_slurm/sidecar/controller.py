@@ -253,7 +253,8 @@ class Sidecar:
                                 optimism=config.estimate_optimism),
             migration_s=config.move_cost_s, restart_s=config.restart_s, share=config.share,
             studies=StudyBook(Path(self.state_dir) / STUDIES_FILE,
-                              wait_s=max(300.0, 2 * config.epoch_seconds)),
+                              wait_s=max(300.0, 2 * config.epoch_seconds),
+                              grace_s=config.preempt_grace_s),
         )
         clock = StopClock(self.stop, wake=self._job_ended if config.reschedule_on_finish
                           else None, poll_s=config.finish_poll_s)

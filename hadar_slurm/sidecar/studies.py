@@ -24,8 +24,8 @@ What each trial then is, for the epoch (:class:`TrialStatus`):
   running one is stopped (requeued held: checkpoint signal, grace) and a pending one stays held,
   until the verdict turns;
 * ``stopped``: the rule stopped it; the trial reads its verdict and exits by itself (status 0;
-  its checkpoint is the rung's); one still pending, or still running an epoch after it was
-  told, is cancelled (``CANCEL``);
+  its checkpoint is the rung's); one still pending, or still running the grace period after
+  it was told, is cancelled (``CANCEL``);
 * ``done``: it reported its last rung and finishes as any job.
 
 The applier writes what the trials are told (:meth:`StudyBook.to_tell`: ``steered.json`` once
@@ -53,7 +53,13 @@ from hadar_slurm.runtime.tracker import atomic_write_json
 from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.fork import ForkError
 from hadar_slurm.slurm import SlurmJob
-from hadar_slurm.slurm.parse import FINAL_STATES, SlurmParseError, expand_array_tasks
+from hadar_slurm.slurm.parse import (
+    FINAL_STATES,
+    PENDING_STATES,
+    RUNNING_STATES,
+    SlurmParseError,
+    expand_array_tasks,
+)
 from hadar_slurm.studies.halving import Verdict, verdicts
 from hadar_slurm.studies.protocol import (
     STEERED_FILE,
@@ -96,7 +102,7 @@ class Trial:
     final: str = ""  # "" (live), "stop", "done" or "lost"
     config: dict[str, Any] | None = None
     why: str = ""  # the last verdict's reason, for explain
-    told_epoch: dict[int, int] = field(default_factory=dict)  # rung -> epoch it was told
+    told_at: dict[int, float] = field(default_factory=dict)  # rung -> when it was told
 
     def to_json(self) -> dict[str, Any]:
         return {"task": self.task, "job_id": self.job_id, "tracker": self.tracker,
@@ -104,7 +110,7 @@ class Trial:
                 "reports": {str(k): list(v) for k, v in sorted(self.reports.items())},
                 "verdicts": {str(k): v for k, v in sorted(self.verdicts.items())},
                 "told": {str(k): v for k, v in sorted(self.told.items())},
-                "told_epoch": {str(k): v for k, v in sorted(self.told_epoch.items())},
+                "told_at": {str(k): v for k, v in sorted(self.told_at.items())},
                 "steered": self.steered, "final": self.final, "config": self.config,
                 "why": self.why}
 
@@ -117,7 +123,7 @@ class Trial:
                      for k, v in dict(obj.get("reports", {})).items()},
             verdicts={int(k): str(v) for k, v in dict(obj.get("verdicts", {})).items()},
             told={int(k): str(v) for k, v in dict(obj.get("told", {})).items()},
-            told_epoch={int(k): int(v) for k, v in dict(obj.get("told_epoch", {})).items()},
+            told_at={int(k): float(v) for k, v in dict(obj.get("told_at", {})).items()},
             steered=bool(obj.get("steered", False)), final=str(obj.get("final", "")),
             config=obj.get("config") if isinstance(obj.get("config"), dict) else None,
             why=str(obj.get("why", "")))
@@ -152,14 +158,16 @@ class Study:
 
     def best(self) -> tuple[Trial, float] | None:
         """The trial with the best report at the highest rung any trial reached (the study's
-        best so far; its best configuration once the study has ended)."""
+        best so far; its best configuration once the study has ended).  Ties go to the report
+        read first, as the halving rule's ranking (:func:`~hadar_slurm.studies.halving.
+        best_trial`)."""
         for rung in range(self.rungs - 1, -1, -1):
             got = [(t, t.reports[rung][0]) for t in self.trials.values()
                    if rung in t.reports]
             if got:
                 sign = -1.0 if self.mode == "max" else 1.0
-                return min(got, key=lambda tv: (sign * tv[1], tv[0].reports[rung][1],
-                                                tv[0].task))
+                return min(got, key=lambda tv: (sign * tv[1], tv[0].reports[rung][2],
+                                                tv[0].reports[rung][1], tv[0].task))
         return None
 
     def to_json(self) -> dict[str, Any]:
@@ -218,12 +226,14 @@ class Note:
 class StudyBook:
     """The studies the sidecar steers (see the module docstring).  ``path``: where the book is
     kept (None: in memory only); ``wait_s``: how long a trial waits for a verdict before it
-    trains on (told in ``steered.json``)."""
+    trains on (told in ``steered.json``); ``grace_s``: how long a trial told to stop has to
+    leave by itself before it is cancelled (the sidecar's preemption grace)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
-                 wait_s: float = 900.0) -> None:
+                 wait_s: float = 900.0, grace_s: float = 30.0) -> None:
         self.path = None if path is None else Path(path)
         self.wait_s = wait_s
+        self.grace_s = grace_s
         self.studies: dict[int, Study] = {}
         self.status: dict[int, TrialStatus] = {}  # by job id, this epoch
         self.dirty = False
@@ -286,10 +296,13 @@ class StudyBook:
         id (also kept in :attr:`status`)."""
         self.epoch = epoch
         seen: dict[int, dict[int, SlurmJob | None]] = {}  # array -> task -> its job (or None)
+        live = {j.array_job_id for j in jobs if j.state not in FINAL_STATES}
         for job in jobs:
             h = hints.get(job.job_id)
             if h is None or h.study is None or job.array_job_id is None:
                 continue
+            if job.array_job_id not in self.studies and job.array_job_id not in live:
+                continue  # (a study that ended before this book knew it: nothing to steer)
             study = self._study(job, h, now)
             tasks = seen.setdefault(study.array, {})
             if job.array_task_id is not None:
@@ -378,7 +391,7 @@ class StudyBook:
             job = tasks.get(task)
             if job is None or trial.final == "lost":
                 continue
-            self.status[job.job_id] = self._trial_status(study, trial, job, targets, epoch)
+            self.status[job.job_id] = self._trial_status(study, trial, job, targets, now)
 
     def _read_reports(self, study: Study, trial: Trial, epoch: int) -> None:
         """Read the trial's reports from its current rung on (a trial that ran without a
@@ -477,16 +490,16 @@ class StudyBook:
                 f"{keep}: {verdict.value}")
 
     def _trial_status(self, study: Study, trial: Trial, job: SlurmJob,
-                      targets: Sequence[int], epoch: int) -> TrialStatus:
+                      targets: Sequence[int], now: float) -> TrialStatus:
         head = f"trial {trial.task} of study {study.name} (array {study.array}, {study.rule})"
         last = study.rungs - 1
         if trial.final == "stop":
             stop_rung = max((k for k, v in trial.verdicts.items()
                              if v == Verdict.STOP.value), default=trial.rung)
-            told = trial.told_epoch.get(stop_rung)
-            cancel = job.state not in FINAL_STATES and (
-                job.state not in ("RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING")
-                or (told is not None and told < epoch))
+            told = trial.told_at.get(stop_rung)
+            cancel = job.state in PENDING_STATES or (
+                job.state in RUNNING_STATES and told is not None
+                and now >= told + self.grace_s)
             return TrialStatus(study.array, trial.task, study.name, "stopped", stop_rung,
                                targets[stop_rung], f"{head}: stopped: {trial.why}", cancel)
         if trial.final == "done":
@@ -548,14 +561,14 @@ class StudyBook:
                                     note.text(), rung, verdict))
         return out
 
-    def told(self, note: Note, epoch: int) -> None:
-        """``note`` was written."""
+    def told(self, note: Note, now: float) -> None:
+        """``note`` was written at ``now``."""
         trial = self.studies[note.array].trials[note.task]
         if note.rung < 0:
             trial.steered = True
         else:
             trial.told[note.rung] = note.verdict
-            trial.told_epoch[note.rung] = epoch
+            trial.told_at[note.rung] = now
         self.dirty = True
 
     def tracker_of(self, note: Note) -> str:
