@@ -462,8 +462,10 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         "Required (no default): the sidecar's own directory. It holds the lock that keeps a "
         "second sidecar off it (sidecar.lock), the last epoch number (epoch.json, so that "
         "epochs never go back after a restart), the last epoch's decisions (state.json, read by "
-        "`hadar-slurm status` and `explain`) and, unless throughput_db says otherwise, the "
-        "throughput store. Give each sidecar its own (a dry run too). Relative paths are "
+        "`hadar-slurm status` and `explain`), the book of the tuning studies it steers "
+        "(studies.json: their trials' reports and verdicts) and, unless throughput_db says "
+        "otherwise, the throughput store. Give each sidecar its own (a dry run too). Relative "
+        "paths are "
         "resolved against this file's directory.",
         check=_state_dir,
     ),
