@@ -319,6 +319,34 @@ def test_signal_at_a_round_boundary_is_committed(tmp_path: Path) -> None:
     assert rt2.finish().done == 50
 
 
+def test_steps_until_commits_at_each_rung_and_a_signal_between_rungs_saves_it(
+        tmp_path: Path) -> None:
+    """A study's trial trains to a rung (``steps(until=...)``): the rounds are cut so that one
+    commits exactly there (rounds of 20: 20, 25 for a rung at 25), and a preemption signal
+    while it waits at the rung (``stop_requested``) stops the next ``steps`` at once with the
+    rung's state: resumed, it trains exactly the rest."""
+    from hadar_slurm.runtime import JobRuntime, Preempted
+
+    torch.manual_seed(0)
+    cfg = RuntimeConfig(work=100, tracker_dir=tmp_path / "t", round_iters=20,
+                        preempt_signals=("USR1",))
+    rt = JobRuntime(torch.nn.Linear(3, 1), None, cfg, log=io.StringIO())
+    assert sum(1 for _ in rt.steps(until=25)) == 25
+    state = committed(cfg.tracker_dir)
+    assert state is not None and (state.round, state.done) == (2, 25)
+    assert [h["done"] for h in history(cfg.tracker_dir)] == [20, 25]
+    assert sum(1 for _ in rt.steps(until=25)) == 0 and not rt.stop_requested()
+    assert sum(1 for _ in rt.steps(until=50)) == 25 and rt.done == 50
+    os.kill(os.getpid(), signal.SIGUSR1)  # (the trial waits at rung 50 for its verdict)
+    assert rt.stop_requested()
+    with pytest.raises(Preempted, match="after round 4: 50/100"):
+        for _ in rt.steps(until=100):
+            raise AssertionError("no iteration after the signal")
+    rt2 = JobRuntime(torch.nn.Linear(3, 1), None, cfg, log=io.StringIO())
+    assert rt2.done == 50
+    assert sum(1 for _ in rt2.steps()) == 50 and rt2.finish().complete
+
+
 def test_settings_and_progress_need_no_torch(tmp_path: Path) -> None:
     (tmp_path / "progress.json").write_text('{"done": 3}')
     code = ("import sys; sys.modules['torch'] = None\n"
