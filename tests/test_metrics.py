@@ -35,7 +35,7 @@ from hadar_slurm.sidecar.config import (
     parse_address,
     parse_config,
 )
-from hadar_slurm.sidecar.daily_report import build_report, load_report, log_files
+from hadar_slurm.sidecar.daily_report import build_report, html_text, load_report, log_files
 from hadar_slurm.sidecar.metrics import (
     ERROR_KINDS,
     EpochSummary,
@@ -429,6 +429,37 @@ def test_report_of_epochs_before_the_metrics_fields() -> None:
     report = build_report(events, start, start + 120)
     assert len(report.epochs) == 1 and report.epochs[0].queue is None
     assert report.gpu_types == [] and dict(report.summary())["jobs finished"] == "0"
+
+
+def test_report_shows_each_tuning_study_rung_by_rung() -> None:
+    # the study events of a sidecar's log (hadar_slurm/sidecar/studies.py): an sh study of 4
+    # trials, 2 rungs, eta 2 (2 -> 1), read from the events alone
+    def ev(second: int, event: str, **kw: object) -> dict[str, object]:
+        return {"ts": f"2026-11-22T10:00:{second:02d}.000Z", "level": "info", "event": event,
+                "study": "lr", "array": 41, **kw}
+
+    events = [ev(0, "study_seen", rule="sh", rungs=2, eta=2, mode="max")]
+    for task, value in enumerate((0.5, 0.7, 0.6, 0.4)):
+        events.append(ev(1 + task, "trial_report", task=task, rung=0, value=value))
+    events += [ev(6, "trial_verdict", task=0, rung=0, verdict="wait"),
+               ev(7, "trial_verdict", task=0, rung=0, verdict="stop")]
+    events += [ev(7, "trial_verdict", task=t, rung=0, verdict=v)
+               for t, v in ((1, "go"), (2, "go"), (3, "stop"))]
+    events += [ev(9, "trial_report", task=1, rung=1, value=0.9),
+               ev(9, "trial_report", task=2, rung=1, value=0.8),
+               ev(9, "trial_verdict", task=1, rung=1, verdict="done"),
+               ev(9, "trial_verdict", task=2, rung=1, verdict="done"),
+               ev(10, "study_done", best_task=1, best=0.9, seconds=10.0)]
+    start = 1795341600.0 - 60  # 2026-11-22T10:00:00Z minus a minute
+    report = build_report(events, start, start + 120)
+    (study,) = report.studies
+    assert study.row() == (
+        "lr (array 41)", "sh, 2 rungs",
+        "rung 0: 4 reported, 2 stopped, 2 went on, best 0.7; "
+        "rung 1: 2 reported, 2 done, best 0.9", "ended after 10 s; best trial 1 (0.9)")
+    assert dict(report.summary())["tuning studies"] == "1 (1 ended)"
+    page = html_text(report, png=PNG_MAGIC)
+    assert "<h2>Tuning studies</h2>" in page and "best trial 1 (0.9)" in page
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

@@ -8,7 +8,9 @@ epochs are placed in time by ``epoch_start`` (older lines: their ``ts``).
 
 The PNG has three panels: GPUs busy per type over time (each type's total dashed), the queue
 length over time, and the CDF of the JCTs of the jobs that completed in the window.  The HTML
-embeds that PNG (base64) and a summary table, so it is one self-contained file.
+embeds that PNG (base64), a summary table and, when tuning studies ran in the window (issue
+#17: the ``study_seen``, ``trial_report``, ``trial_verdict`` and ``study_done`` events), one
+row per study, rung by rung, so it is one self-contained file.
 """
 
 from __future__ import annotations
@@ -71,6 +73,42 @@ class FinishedJob:
         return self.submit + self.jct_s
 
 
+@dataclass
+class StudyLog:
+    """What the log says of one tuning study in the window: its reports and verdicts by rung,
+    its best report so far and, once it ended, the best trial and how long it took."""
+
+    array: int
+    name: str = ""
+    rule: str = ""
+    rungs: int = 0
+    reports: dict[int, int] = field(default_factory=dict)  # rung -> reports
+    verdicts: dict[int, dict[str, int]] = field(default_factory=dict)  # rung -> verdict -> n
+    best: dict[int, float] = field(default_factory=dict)  # rung -> best value (by mode)
+    mode: str = "max"
+    ended_s: float | None = None  # the study's wall time, once it ended
+    best_task: int | None = None
+    best_value: float | None = None
+
+    def row(self) -> tuple[str, str, str, str]:
+        """``(study, rule, by rung, result)`` for the report's table."""
+        rungs = []
+        for rung in sorted(set(self.reports) | set(self.verdicts)):
+            v = self.verdicts.get(rung, {})
+            text = f"rung {rung}: {self.reports.get(rung, 0)} reported"
+            text += "".join(f", {n} {k}" for k, n in sorted(v.items()))
+            if rung in self.best:
+                text += f", best {_num(self.best[rung])}"
+            rungs.append(text)
+        if self.ended_s is not None:
+            result = (f"ended after {_dur(self.ended_s)}; best trial {self.best_task}"
+                      + (f" ({_num(self.best_value)})" if self.best_value is not None else ""))
+        else:
+            result = "running"
+        return (f"{self.name} (array {self.array})", f"{self.rule}, {self.rungs} rungs",
+                "; ".join(rungs), result)
+
+
 @dataclass(frozen=True)
 class DailyReport:
     """The epochs and finished jobs of a log in ``[start, end]``."""
@@ -83,6 +121,7 @@ class DailyReport:
     policies: tuple[str, ...] = ()
     starts: int = 0  # sidecar starts in the window
     problems: Mapping[str, int] = field(default_factory=dict)  # warning events by name
+    studies: tuple[StudyLog, ...] = ()
 
     @property
     def gpu_types(self) -> list[str]:
@@ -136,6 +175,9 @@ class DailyReport:
             rows.append(("JCT of completed jobs", f"mean {_dur(float(np.mean(jct)))}, median "
                          f"{_dur(float(np.median(jct)))}, p95 "
                          f"{_dur(float(np.percentile(jct, 95)))}"))
+        if self.studies:
+            ended = sum(1 for st in self.studies if st.ended_s is not None)
+            rows.append(("tuning studies", f"{len(self.studies)} ({ended} ended)"))
         rows.append(("warnings/errors", ", ".join(
             f"{n} {k}" for k, n in sorted(self.problems.items())) or "none"))
         return rows
@@ -214,11 +256,14 @@ def build_report(events: Iterable[Mapping[str, object]], start: float, end: floa
     policies: list[str] = []
     starts = 0
     problems: dict[str, int] = {}
+    studies: dict[int, StudyLog] = {}
     for e in events:
         t = _time(e)
         if t is None or not start <= t <= end:
             continue
         kind = e.get("event")
+        if kind in _STUDY_EVENTS:
+            _study_event(studies, e)
         if kind == "epoch":
             epochs.append(EpochPoint(
                 t=t, epoch=_int(e.get("epoch")),
@@ -247,7 +292,48 @@ def build_report(events: Iterable[Mapping[str, object]], start: float, end: floa
     epochs.sort(key=lambda p: p.t)
     return DailyReport(start, end, tuple(files), tuple(epochs),
                        tuple(sorted(finished.values(), key=lambda f: (f.end, f.job))),
-                       tuple(policies), starts, problems)
+                       tuple(policies), starts, problems,
+                       tuple(st for _, st in sorted(studies.items())))
+
+
+_STUDY_EVENTS = ("study_seen", "trial_report", "trial_verdict", "study_done")
+
+
+def _study_event(studies: dict[int, StudyLog], e: Mapping[str, object]) -> None:
+    """Fold one study event (:mod:`hadar_slurm.sidecar.studies`) into ``studies``."""
+    array = _int(e.get("array"), -1)
+    if array < 0:
+        return
+    st = studies.setdefault(array, StudyLog(array, name=str(e.get("study", ""))))
+    kind = e.get("event")
+    rung = _int(e.get("rung"), -1)
+    if kind == "study_seen":
+        st.rule, st.rungs = str(e.get("rule", "")), _int(e.get("rungs"))
+        st.mode = "min" if e.get("mode") == "min" else "max"
+    elif kind == "trial_report" and rung >= 0:
+        st.reports[rung] = st.reports.get(rung, 0) + 1
+        value = _signed(e.get("value"))
+        if value is not None:
+            best = st.best.get(rung)
+            better = best is None or (value > best if st.mode == "max" else value < best)
+            st.best[rung] = value if better else best  # type: ignore[assignment]
+    elif kind == "trial_verdict" and rung >= 0 and e.get("verdict") != "wait":
+        counts = st.verdicts.setdefault(rung, {})
+        verdict = {"go": "went on", "stop": "stopped"}.get(str(e.get("verdict")),
+                                                           str(e.get("verdict")))
+        counts[verdict] = counts.get(verdict, 0) + 1
+    elif kind == "study_done":
+        st.ended_s = _float(e.get("seconds"))
+        task = e.get("best_task")
+        st.best_task = task if isinstance(task, int) and not isinstance(task, bool) else None
+        st.best_value = _signed(e.get("best"))
+
+
+def _signed(value: object) -> float | None:
+    """A finite number (of either sign), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def load_report(log: str | Path, since_s: float, now: float) -> DailyReport:
@@ -385,6 +471,12 @@ def html_text(report: DailyReport, png: bytes | None = None) -> str:
     png = png_bytes(report) if png is None else png
     rows = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                      for k, v in report.summary())
+    studies = ""
+    if report.studies:
+        cells = "\n".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in st.row())
+                          + "</tr>" for st in report.studies)
+        studies = ("<h2>Tuning studies</h2>\n<table>\n<tr><th>study</th><th>rule</th>"
+                   f"<th>by rung</th><th>result</th></tr>\n{cells}\n</table>\n")
     image = base64.b64encode(png).decode("ascii")
     title = f"hadar-slurm report, {_utc(report.start)} to {_utc(report.end)} UTC"
     return f"""<!DOCTYPE html>
@@ -404,6 +496,7 @@ th {{ background: #f4f4f4; }}
 <table>
 {rows}
 </table>
+{studies}
 <img alt="GPUs busy per type, queue length and JCT CDF" src="data:image/png;base64,{image}">
 </body>
 </html>
@@ -434,6 +527,7 @@ __all__ = [
     "DailyReport",
     "EpochPoint",
     "FinishedJob",
+    "StudyLog",
     "build_report",
     "figure",
     "html_text",
