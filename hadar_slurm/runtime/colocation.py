@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.runtime.tracker import PROGRESS_FILE, atomic_write_json
+from hadar_slurm.runtime.tracker import PROGRESS_FILE, atomic_write_json, read_small_object
 
 __all__ = [
     "SHARING_FILE",
@@ -131,21 +131,9 @@ def clear_sharing(tracker_dir: str | os.PathLike[str]) -> None:
 
 
 def _read_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path`` (at most :data:`_MAX_BYTES` of it, without blocking on a
-    FIFO); None when the file is missing.  Raises ValueError when it is there but no JSON
-    object, OSError when it cannot be read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(_MAX_BYTES + 1)
-    if len(raw) > _MAX_BYTES:
-        raise ValueError(f"larger than {_MAX_BYTES} bytes")
-    data = json.loads(raw)
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-    return data
+    """The JSON object in ``path`` (at most :data:`_MAX_BYTES` of it); see
+    :func:`~hadar_slurm.runtime.tracker.read_small_object`."""
+    return read_small_object(path, _MAX_BYTES)
 
 
 def _warn(path: Path, problem: str, field: str | None = None) -> None:

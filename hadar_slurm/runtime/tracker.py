@@ -26,6 +26,7 @@ __all__ = [
     "plan_round",
     "read_json",
     "read_progress",
+    "read_small_object",
 ]
 
 #: Version of state.json / progress.json / report metadata.
@@ -98,6 +99,27 @@ def read_json(path: Path) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return obj
+
+
+def read_small_object(path: str | os.PathLike[str], max_bytes: int, *,
+                      follow: bool = True) -> dict[str, Any] | None:
+    """The JSON object in ``path``, read without blocking on a FIFO; None when there is no such
+    file.  Raises ValueError for a file that is not one JSON object of at most ``max_bytes``,
+    OSError when it cannot be read (with ``follow=False``, a symlink: it is not followed).
+    For the small files a job and the sidecar exchange, which the other side may damage."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise ValueError(f"larger than {max_bytes} bytes")
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def read_progress(tracker_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

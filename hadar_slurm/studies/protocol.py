@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from hadar_slurm.errors import InputError
+from hadar_slurm.runtime.tracker import read_small_object
 from hadar_slurm.studies.halving import Verdict
 
 __all__ = [
@@ -78,18 +79,23 @@ def read_object(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The JSON object in ``path``; None when there is no such file.  Raises ValueError for
     a file that is not one JSON object of at most :data:`MAX_BYTES`, OSError when it cannot
     be read (a symlink, say: it is not followed)."""
+    return read_small_object(path, MAX_BYTES, follow=False)
+
+
+def _read(tracker_dir: str | os.PathLike[str], name: str) -> tuple[str, dict[str, Any] | None]:
+    """``(path, its object or None)`` of a study file; InputError (naming the file) when it
+    cannot be read."""
+    path = Path(tracker_dir, STUDY_SUBDIR, name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(MAX_BYTES + 1)
-    if len(raw) > MAX_BYTES:
-        raise ValueError(f"larger than {MAX_BYTES} bytes")
-    data = json.loads(raw)
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-    return data
+        return str(path), read_object(path)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot be read: {exc}", source=str(path)) from None
+
+
+def _check_rung(rung: int, expected: int, source: str) -> None:
+    if rung != expected:
+        raise InputError(f"rung {rung} in the file of rung {expected}", source=source,
+                         field="rung")
 
 
 def _check_format(data: dict[str, Any], source: str) -> None:
@@ -156,17 +162,11 @@ class RungReport:
     def read(tracker_dir: str | os.PathLike[str], rung: int) -> RungReport | None:
         """The trial's report at ``rung`` (None: none yet).  Raises InputError (naming the
         file and the field) for a damaged one, and for one whose ``rung`` is not its name's."""
-        path = Path(tracker_dir, STUDY_SUBDIR, report_name(rung))
-        try:
-            data = read_object(path)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"cannot be read: {exc}", source=str(path)) from None
+        source, data = _read(tracker_dir, report_name(rung))
         if data is None:
             return None
-        report = RungReport.parse(data, str(path))
-        if report.rung != rung:
-            raise InputError(f"rung {report.rung} in the file of rung {rung}",
-                             source=str(path), field="rung")
+        report = RungReport.parse(data, source)
+        _check_rung(report.rung, rung, source)
         return report
 
 
@@ -198,17 +198,11 @@ class VerdictNote:
 
     @staticmethod
     def read(tracker_dir: str | os.PathLike[str], rung: int) -> VerdictNote | None:
-        path = Path(tracker_dir, STUDY_SUBDIR, verdict_name(rung))
-        try:
-            data = read_object(path)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"cannot be read: {exc}", source=str(path)) from None
+        source, data = _read(tracker_dir, verdict_name(rung))
         if data is None:
             return None
-        note = VerdictNote.parse(data, str(path))
-        if note.rung != rung:
-            raise InputError(f"rung {note.rung} in the file of rung {rung}",
-                             source=str(path), field="rung")
+        note = VerdictNote.parse(data, source)
+        _check_rung(note.rung, rung, source)
         return note
 
 
@@ -238,9 +232,5 @@ class Steered:
 
     @staticmethod
     def read(tracker_dir: str | os.PathLike[str]) -> Steered | None:
-        path = Path(tracker_dir, STUDY_SUBDIR, STEERED_FILE)
-        try:
-            data = read_object(path)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"cannot be read: {exc}", source=str(path)) from None
-        return None if data is None else Steered.parse(data, str(path))
+        source, data = _read(tracker_dir, STEERED_FILE)
+        return None if data is None else Steered.parse(data, source)
