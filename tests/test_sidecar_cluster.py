@@ -235,7 +235,9 @@ def test_mixed_workload_runs_where_the_policy_placed_it(work: Workdir) -> None:
     sidecar = work.start_sidecar()
     config = str(work.path / "sidecar-0.toml")
     end = time.monotonic() + 60
-    while not any(e.get("event") == "epoch" for e in sidecar.events()):
+    # (the epoch's log line comes before its state file: wait for both)
+    while not any(e.get("event") == "epoch" for e in sidecar.events()) or not (
+            work.state_dir / "state.json").exists():
         assert time.monotonic() < end and sidecar.proc.poll() is None
         time.sleep(0.2)
     # status and explain, from other processes, while the sidecar runs: every hinted job is
@@ -254,7 +256,7 @@ def test_mixed_workload_runs_where_the_policy_placed_it(work: Workdir) -> None:
                 or "finished" in out.stdout or "runs where epoch" in out.stdout), out.stdout
     assert "model" in status.stdout.splitlines()[1].lower(), status.stdout
     assert any("placed on node" in out.stdout and "throughput of" in out.stdout
-               for out in explained.values())
+               for out in explained.values()), [out.stdout for out in explained.values()]
     done_status = work.cli("status", "--config", config, "--all")
     assert done_status.returncode == 0, done_status.stderr
 
