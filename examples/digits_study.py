@@ -17,8 +17,8 @@ digits_train.py's own (``--split-seed``), used only to report the best configura
 Order (one worker, deterministic; it mimics a job array whose trials all run at the same
 speed): a FIFO queue of (trial, rung) segments, first every trial's rung 0 in submission order,
 and a trial that is promoted joins the end of the queue for its next rung.  So trials reach each
-rung round-robin in submission order: ASHA judges each report against the reports that arrived
-at that rung before it, SH promotes a cohort once all of it has reported.
+rung round-robin in submission order: ASHA promotes a trial once it ranks among the best
+1/eta of the reports its rung has had so far, SH promotes a cohort once all of it has reported.
 
 A trial's state crosses rungs only through its checkpoint (``--workdir``/trial-NNN/rung-K.pt:
 model, optimizer, batch-order generator and torch RNG state, steps done): a promoted trial is
@@ -254,7 +254,8 @@ def run_study(spec: StudySpec, configs: list[TrialConfig], data: Data, workdir: 
         rec.seconds += time.monotonic() - t0
 
         pending = {**waiting, trial: rung}
-        got = verdicts(spec, trials, reports, pending)
+        stopped = [t for t, r in enumerate(records) if Verdict.STOP.value in r.verdicts.values()]
+        got = verdicts(spec, trials, reports, pending, stopped)
         events.append({"trial": trial, "rung": rung, "steps": steps[rung], "val_accuracy": acc,
                        "verdict": got[trial].value})
         say(f"{PROG}: trial {trial:3d} rung {rung} at {steps[rung]:5d} steps: val "
@@ -272,7 +273,7 @@ def run_study(spec: StudySpec, configs: list[TrialConfig], data: Data, workdir: 
             say(f"{PROG}: rung {rung} cohort complete: "
                 + "; ".join(f"{v} {', '.join(map(str, sorted(ts)))}"
                             for v, ts in sorted(cohort.items())))
-    if waiting:  # cannot happen: the last report of a cohort settles it
+    if waiting:  # cannot happen: the last report of a rung settles it (sh and asha alike)
         raise RuntimeError(f"trials still waiting after the study: {sorted(waiting)}")
     return StudyOutcome(spec, steps, records, events, reports, best_trial(spec, reports))
 

@@ -19,8 +19,9 @@ so a trial trained rung by rung, stopped, requeued and resumed is bit for bit th
 trained straight through: ``--alone`` does the latter (no study, no reports), which is how a
 study's best configuration is checked against the same configuration trained alone.
 
-``--result`` (default ``result.json`` in the trial's tracker dir; copy 0 writes it at the end): the configuration, the steps done, the
-validation and test accuracy, whether the trial was stopped early and at which rung.  The
+``--result`` (default ``result.json`` in the trial's tracker dir; copy 0 writes it at the
+end): the configuration, the steps done, the validation and test accuracy, whether the trial
+was stopped early and at which rung.  The
 splits are digits_study.py's: 20% of digits_train.py's training split for validation (what the
 study ranks on), its test split only to report.  Exit status: 0 done or stopped by the study,
 75 preempted (checkpoint saved: requeue it), 2 bad arguments or environment.

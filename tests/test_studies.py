@@ -64,13 +64,33 @@ def test_an_unknown_rule_lists_the_rules() -> None:
 
 # -- halving, worked by hand --------------------------------------------------------------------
 
-def test_asha_ranks_each_report_among_those_before_it() -> None:
+def test_asha_promotes_within_the_best_1_over_eta_of_the_reports_so_far() -> None:
     s = spec(Rule.ASHA, trials=4, eta=2.0)
-    reports = [{0: 0.5, 1: 0.7, 2: 0.6, 3: 0.4}, {}, {}]
-    got = verdicts(s, range(4), reports, {0: 0, 1: 0, 2: 0, 3: 0})
-    # t0: alone, the best of 1 -> go; t1: best of {.5,.7} keeps 1 -> go; t2: {.5,.7,.6} keeps
-    # 1 (.7) -> stop; t3: four reports keep 2 (.7, .6) -> stop
-    assert got == {0: Verdict.GO, 1: Verdict.GO, 2: Verdict.STOP, 3: Verdict.STOP}
+    reports: list[dict[int, float]] = [{0: 0.5}, {}, {}]
+    # one report: floor(1/2) = 0 go on yet; with the 3 still to come it could be among the best
+    # floor(4/2) = 2: it waits
+    assert verdicts(s, range(4), reports, {0: 0}) == {0: Verdict.WAIT}
+    reports[0][1] = 0.7
+    # two reports keep floor(2/2) = 1: t1 (.7) goes on; t0 may still be second of four
+    assert verdicts(s, range(4), reports, {0: 0, 1: 0}) == {0: Verdict.WAIT, 1: Verdict.GO}
+    reports[0] |= {2: 0.6, 3: 0.4}
+    # rung 0 complete: the best 2 of 4 (.7, .6) go on; t1 already has: t2 goes, t0, t3 stop
+    assert verdicts(s, range(4), reports, {0: 0, 2: 0, 3: 0}) == {
+        0: Verdict.STOP, 2: Verdict.GO, 3: Verdict.STOP}
+    # rung 1: t1 and t2 were promoted; it is complete once both reported (or stopped)
+    reports[1] = {2: 0.8}
+    assert verdicts(s, range(4), reports, {2: 1}, stopped=[0, 3]) == {2: Verdict.WAIT}
+    assert verdicts(s, range(4), reports, {2: 1}, stopped=[0, 1, 3]) == {2: Verdict.GO}
+
+
+def test_asha_stops_a_trial_that_can_no_longer_go_on() -> None:
+    # 6 trials, eta 3: at most floor(6/3) = 2 go on from rung 0; a report that ranks 4th of
+    # the 4 so far can never be among them, whatever the 2 still to come report
+    s = spec(Rule.ASHA, trials=6, eta=3.0)
+    reports: list[dict[int, float]] = [{0: 0.9, 1: 0.8, 2: 0.7, 3: 0.1}, {}, {}]
+    assert verdicts(s, range(6), reports, {1: 0, 2: 0, 3: 0}) == {
+        1: Verdict.WAIT, 2: Verdict.STOP, 3: Verdict.STOP}
+    # (t2 ranks 3rd: with the two to come it could be 3rd of 6, outside the best 2: stop)
 
 
 def test_asha_with_a_loss_keeps_the_lowest() -> None:
@@ -163,16 +183,19 @@ def test_asha_promotion_in_place_costs_no_restart() -> None:
 
 
 def test_a_stopped_trial_frees_its_gpu_for_the_next() -> None:
-    # ASHA, eta 2, 3 trials on one GPU: whatever the reports, trial 0 goes on (first at its
-    # rung), and at most one more; each rung-0 run takes 20 s (200 steps at 10/s)
+    # ASHA, eta 2, 3 trials on one GPU: one or two of the three go on (the best of the first
+    # two reports, and the third if it is the best of all three); each rung-0 run takes 20 s
+    # (200 steps at 10/s), each rung-1 run 20 s more
     curves = LearningCurves(3, seed=2, noise=0.0)
     s = spec(Rule.ASHA, trials=3, max_steps=400.0, rungs=2, eta=2.0)
     run = StudyRun(s, curves, first_job_id=1)
     res = simulate_studies([], [run], one_gpu(), table(), StaticTrialsPolicy(run.job_ids))
     out = res.studies[0]
-    go = sum(1 for t in range(3) if t in out.reports[1])
-    assert 0 in out.reports[1] and 1 <= go <= 2
-    assert out.time_to_best_s == pytest.approx(3 * 20.0 + go * 20.0)
+    first = {t: curves.report(t, 0, 0.5) for t in range(3)}
+    best_of_two = max((0, 1), key=lambda t: first[t])
+    expected = {best_of_two} | ({2} if first[2] > max(first[0], first[1]) else set())
+    assert set(out.reports[1]) == expected
+    assert out.time_to_best_s == pytest.approx(3 * 20.0 + len(expected) * 20.0)
 
 
 def test_static_trials_take_one_gpu_each_first_fit_and_keep_it() -> None:

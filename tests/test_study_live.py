@@ -202,37 +202,43 @@ def test_asha_verdicts_follow_the_order_the_reports_were_read(tmp_path: Path) ->
     st = book.observe(jobs, hints_of(jobs), 2000.0, 0)  # type: ignore[arg-type]
     assert {j: s.state for j, s in st.items()} == {j.job_id: "train" for j in jobs}
     assert {s.target for s in st.values()} == {25}
-    # epoch 1 reads trials 0 and 1 (0 first by its report time); epoch 2 reads 2, 3, 4
+    # epoch 1 reads trials 0 and 1 (1 first by its report time); epoch 2 reads 2, 3, 4
     report(tmp_path, 10, 0, 0.50, 1100.0)
     report(tmp_path, 11, 0, 0.40, 1090.0)
     st = book.observe(jobs, hints_of(jobs), 2001.0, 1)  # type: ignore[arg-type]
-    # trial 1 reported first (1090): 1 report, keep 1 -> go; trial 0: 2 reports, keep 1,
-    # 0.50 ranks first -> go
+    # 2 reports, floor(2/2) = 1 goes on: trial 0 (0.50); trial 1 (0.40) could still be among
+    # the best floor(6/2) = 3 once the 4 others report: it waits
     assert (st[10].state, st[10].rung, st[10].target) == ("train", 1, 50)
-    assert (st[11].state, st[11].rung) == ("train", 1)
+    assert (st[11].state, st[11].rung) == ("wait", 0)
     report(tmp_path, 12, 0, 0.45, 1200.0)
     report(tmp_path, 13, 0, 0.60, 1201.0)
     report(tmp_path, 14, 0, 0.30, 1202.0)
     st = book.observe(jobs, hints_of(jobs), 2002.0, 2)  # type: ignore[arg-type]
-    # trial 2: 3 reports (0.40, 0.50, 0.45), keep 1: 0.45 ranks 2nd -> stop
-    # trial 3: 4 reports, keep 2: 0.60 ranks 1st -> go
-    # trial 4: 5 reports, keep 2: 0.30 ranks 5th -> stop
-    assert [st[j].state for j in (12, 13, 14, 15)] == ["stopped", "train", "stopped", "train"]
-    assert "ranks 2 of the 3 reports of that rung so far; asha keeps the best 1" in st[12].detail
-    assert not st[12].cancel  # (running, told nothing yet: it exits by itself once told)
+    # 5 reports (.40 .50 .45 .60 .30), floor(5/2) = 2 go on: trial 3 (.60, 1st) goes, trial 0
+    # (2nd) had; with one to come at most 3 ever go on: trial 2 (3rd) waits, trials 1 (4th)
+    # and 4 (5th) stop
+    assert [st[j].state for j in (11, 12, 13, 14, 15)] == [
+        "stopped", "wait", "train", "stopped", "train"]
+    assert ("ranks 5 of the 5 reports of that rung so far; asha: it can no longer be among "
+            "the best 1/eta of them: stop") in st[14].detail
+    assert not st[14].cancel  # (running, told nothing yet: it exits by itself once told)
     notes = {(n.job_id, n.name): n for n in book.to_tell(2002.0)}
     # (a trial stopped before it was ever told a sidecar steers it is not told so now)
-    assert (13, "steered.json") in notes and (12, "steered.json") not in notes
-    assert (12, verdict_name(0)) in notes
-    assert json.loads(notes[(12, verdict_name(0))].text)["verdict"] == "stop"
+    assert (13, "steered.json") in notes and (14, "steered.json") not in notes
+    assert json.loads(notes[(14, verdict_name(0))].text)["verdict"] == "stop"
+    assert json.loads(notes[(12, verdict_name(0))].text)["verdict"] == "wait"
     for n in notes.values():
         book.told(n, 2002.0)
     assert book.to_tell(2003.0) == []
     # a grace period after it was told it still runs: cancelled
     st = book.observe(jobs, hints_of(jobs), 2031.0, 3)  # type: ignore[arg-type]
-    assert not st[12].cancel
+    assert not st[14].cancel
     st = book.observe(jobs, hints_of(jobs), 2032.0, 4)  # type: ignore[arg-type]
-    assert st[12].cancel
+    assert st[14].cancel
+    # trial 5 reports .55: rung 0 complete, the best 3 (.60 .55 .50) go on: 5 goes, 2 stops
+    report(tmp_path, 15, 0, 0.55, 1300.0)
+    st = book.observe(jobs, hints_of(jobs), 2033.0, 5)  # type: ignore[arg-type]
+    assert (st[15].state, st[12].state) == ("train", "stopped")
 
 
 def test_sh_waits_for_the_cohort_and_a_lost_trial_does_not_hold_it(tmp_path: Path) -> None:
@@ -277,7 +283,7 @@ def test_the_book_survives_a_restart_and_a_damaged_one_is_set_aside(tmp_path: Pa
     book.save()
     again = StudyBook(path)
     assert again.studies[30].trials[0].reports == {0: (0.5, 1100.0, 0)}
-    assert again.studies[30].trials[0].verdicts == {0: "go"}
+    assert again.studies[30].trials[0].verdicts == {0: "wait"}  # (1 of 2 reports)
     path.write_text("{not json")
     fresh = StudyBook(path)
     assert fresh.studies == {} and "cannot be read" in fresh.load_error

@@ -561,7 +561,7 @@ def epoch_state(
             }
     in_snapshot = set(snapshot.job_ids.tolist())
     for job_id, view in sorted(backend.views.items()):
-        # a study's trial that waits for its cohort or was stopped: not the policy's
+        # a study's trial that waits for a verdict or was stopped: not the policy's
         st = view.study
         if job_id in in_snapshot or st is None:
             continue
@@ -570,8 +570,9 @@ def epoch_state(
             max(0.0, st.target - view.done),
             reason="STUDY_WAIT" if st.state == "wait" else "STUDY_STOPPED",
             component="study.halving",
-            reason_text=("waits for the rest of its study's cohort (synchronous successive "
-                         "halving)" if st.state == "wait" else
+            reason_text=("waits, requeued, for its study's halving rule to decide (sh: the "
+                         "rest of its cohort; asha: a rank among the best 1/eta of its rung)"
+                         if st.state == "wait" else
                          "stopped early by its study's halving rule"),
             detail=backend.report.detail.get(job_id) or st.detail)
         info.update(max_copies=1, fork_blocked="", copies=0, placed_copies=[],

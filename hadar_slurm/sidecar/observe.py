@@ -455,7 +455,7 @@ class SlurmObserver:
             gpus[k] = max(0, n.gpus - foreign)
         node_type = np.array([types.index(n.gpu_type or "") for n in nodes], dtype=np.int64)
 
-        # a study's trial that waits for its cohort, or that its study stopped, is not the
+        # a study's trial that waits for a verdict, or that its study stopped, is not the
         # policy's: the changes stop it or keep it held (reconcile)
         ordered = [v for v in views.values() if v.study is None or v.study.offered]
         self._cap_trial_copies(ordered, int(gpus.sum()))

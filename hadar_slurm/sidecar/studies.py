@@ -9,20 +9,22 @@ each array task is one trial.  Every epoch, inside the read (:meth:`StudyBook.ob
    :class:`~hadar_slurm.studies.reporter.StudyTrial`; :mod:`hadar_slurm.studies.protocol`);
 3. a trial whose job ended (or left Slurm's queue) without reporting the rung it trained for
    is *lost*: under ``sh`` it counts as the worst report of its cohort, so the cohort
-   completes and no trial waits for it;
+   completes and no trial waits for it; under ``asha`` it is one report fewer to wait for;
 4. the halving rule (:func:`hadar_slurm.studies.halving.verdicts`, the simulator's) says, for
-   each new report, ``go``, ``stop``, ``wait`` (``sh``) or ``done``; a verdict once given is
-   never changed, except ``wait``, which becomes ``go`` or ``stop`` when the cohort is in.
-   Under ``asha`` a report ranks among the reports of its rung that the sidecar read before it
-   (in earlier epochs; within one epoch, by the trials' report times).
+   each new report, ``go``, ``stop``, ``wait`` or ``done``; a verdict once given is never
+   changed, except ``wait``, which becomes ``go`` or ``stop`` later (``sh``: when the cohort
+   is in; ``asha``: when the trial ranks among the best ``1/eta`` of its rung's reports so far,
+   or can no longer).  Reports rank in the order the sidecar read them (earlier epochs first;
+   within one epoch, by the trials' report times).
 
 What each trial then is, for the epoch (:class:`TrialStatus`):
 
 * ``train``: it trains toward its next rung; the policy sees it as a job whose work ends at
   that rung's steps (as the simulator's trials), on the same prices as every other job;
-* ``wait``: (``sh``) its cohort has not reported in full; it is not offered to the policy, so a
-  running one is stopped (requeued held: checkpoint signal, grace) and a pending one stays held,
-  until the verdict turns;
+* ``wait``: its rule has not decided yet (``sh``: its cohort has not reported in full;
+  ``asha``: it does not rank high enough yet); it is not offered to the policy, so a running
+  one is stopped (requeued held: checkpoint signal, grace) and a pending one stays held, until
+  the verdict turns;
 * ``stopped``: the rule stopped it; the trial reads its verdict and exits by itself (status 0;
   its checkpoint is the rung's); one still pending, or still running the grace period after
   it was told, is cancelled (``CANCEL``);
@@ -374,7 +376,7 @@ class StudyBook:
                 log_event(logger, "trial_lost", logging.WARNING, study=study.name,
                           array=study.array, task=task, job=trial.job_id, rung=trial.rung,
                           why=trial.why)
-        self._judge(study, epoch)
+        self._judge(study)
         if study.ended is None and study.trials and all(
                 t.final for t in study.trials.values()):
             study.ended = now
@@ -420,8 +422,14 @@ class StudyBook:
                 return
             rung += 1
 
-    def _judge(self, study: Study, epoch: int) -> None:
-        """Give the verdicts the new reports call for (see the module docstring)."""
+    def _judge(self, study: Study) -> None:
+        """Give the verdicts the new reports call for (see the module docstring), until none
+        changes (a trial stopped may complete a rung that others wait on)."""
+        while self._judge_once(study):
+            pass
+
+    def _judge_once(self, study: Study) -> bool:
+        """One pass of :meth:`_judge`: whether a verdict other than ``wait`` was given."""
         spec = study.spec
         tasks = sorted(study.trials)
         worst = -math.inf if study.mode == "max" else math.inf
@@ -430,22 +438,29 @@ class StudyBook:
             got = sorted(((t.reports[rung][2], t.reports[rung][1], t.task), t.reports[rung][0])
                          for t in study.trials.values() if rung in t.reports)
             row = {task: value for (_, _, task), value in got}
-            for t in study.trials.values():  # a lost trial: the worst of the rung it trained for
-                if t.final == "lost" and t.rung == rung and rung not in t.reports:
+            for t in study.trials.values():
+                # sh: a lost trial is the worst of its cohort at the rung it trained for (and
+                # after, were it promoted), so that the cohort completes
+                if (study.rule == Rule.SH.value and t.final == "lost" and t.rung <= rung
+                        and rung not in t.reports):
                     row[t.task] = worst
             reports.append(row)
         pending = {t.task: t.rung for t in study.trials.values()
                    if not t.final and t.rung in t.reports
                    and t.verdicts.get(t.rung) in (None, Verdict.WAIT.value)}
         if not pending:
-            return
-        out = verdicts(spec, tasks, reports, pending)
+            return False
+        # (asha: the trials that will report nothing more, for when a rung is complete)
+        stopped = [t.task for t in study.trials.values() if t.final in ("stop", "lost")]
+        out = verdicts(spec, tasks, reports, pending, stopped)
+        settled = False
         for task, verdict in sorted(out.items()):
             trial = study.trials[task]
             rung = pending[task]
             before = trial.verdicts.get(rung)
             if before == verdict.value:
                 continue
+            settled = settled or verdict is not Verdict.WAIT
             trial.verdicts[rung] = verdict.value
             trial.why = self._why(study, trial, rung, verdict, reports[rung])
             self.dirty = True
@@ -458,6 +473,7 @@ class StudyBook:
             log_event(logger, "trial_verdict", study=study.name, array=study.array,
                       task=task, job=trial.job_id, rung=rung, verdict=verdict.value,
                       value=trial.reports[rung][0], why=trial.why)
+        return settled
 
     def _why(self, study: Study, trial: Trial, rung: int, verdict: Verdict,
              row: Mapping[int, float]) -> str:
@@ -469,15 +485,13 @@ class StudyBook:
             return f"{head}; rule none: every trial trains to the end"
         sign = -1.0 if study.mode == "max" else 1.0
         if study.rule == Rule.ASHA.value:
-            upto: list[float] = []
-            for task, v in row.items():
-                upto.append(v)
-                if task == trial.task:
-                    break
-            keep = study.spec.survivors(len(upto))
-            rank = 1 + sum(1 for v in upto if sign * v < sign * value)
-            return (f"{head} ranks {rank} of the {len(upto)} reports of that rung so far; "
-                    f"asha keeps the best {keep}: {verdict.value}")
+            rank = 1 + sum(1 for v in row.values() if sign * v < sign * value)
+            says = {Verdict.GO: "is among the best 1/eta: go on",
+                    Verdict.WAIT: "waits until it is among the best 1/eta of them, or cannot "
+                                  "be",
+                    Verdict.STOP: "can no longer be among the best 1/eta of them: stop"}
+            return (f"{head} ranks {rank} of the {len(row)} reports of that rung so far; "
+                    f"asha: it {says.get(verdict, verdict.value)}")
         if verdict is Verdict.WAIT:
             missing = [t.task for t in study.trials.values()
                        if not t.final and t.rung == rung and rung not in t.reports]

@@ -4,23 +4,28 @@ A pure function of the reports (:func:`verdicts`); the simulator's and the sidec
 controllers keep the reports and carry the verdicts out.  The rules are those of
 :mod:`hadar_slurm.studies.spec`:
 
-* ``asha`` (Li et al., MLSys 2020, as Optuna's ``SuccessiveHalvingPruner`` applies it): a trial
-  that reports at rung ``k`` goes on when its metric ranks within the best
-  ``max(1, floor(n / eta))`` of the ``n`` reports at rung ``k`` up to and including its own
-  (ties to the earlier report), and stops otherwise.  The first trial at a rung always goes on.
+* ``asha``: asynchronous successive halving as Li et al. give it (MLSys 2020, Algorithm 2, its
+  promotion form): a trial that reports at rung ``k`` goes on as soon as it ranks within the
+  best ``floor(n / eta)`` of the ``n`` reports of rung ``k`` so far; until then it waits
+  (pauses).  It stops once it can no longer get there: when rung ``k`` is complete (no other
+  trial can still report there) and it is not within the best ``max(1, floor(n / eta))``, or
+  earlier when even with every trial still to come reporting below it, it would not be.  A
+  promotion is never taken back (a trial promoted early stays promoted when better reports
+  come), so a rung sends on about ``n / eta`` trials whatever the order the reports come in,
+  and no trial waits for a whole cohort.
 * ``sh``: the cohort of rung 0 is every trial; the cohort of rung ``k + 1`` is the best
   ``max(1, floor(n_k / eta))`` of the cohort of rung ``k`` by their rung-``k`` reports.  A trial
   waits at rung ``k`` until every trial of the cohort has reported there.
 * ``none``: every trial goes on.
 
 At the last rung every trial is done.  Reports are ``reports[k][trial] = metric`` in the order
-they came (a dict keeps it).
+they came (a dict keeps it); ties rank the earlier report first.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from hadar_slurm.studies.spec import Rule, StudySpec
 
@@ -56,12 +61,16 @@ def cohorts(spec: StudySpec, trials: Sequence[int],
 
 
 def verdicts(spec: StudySpec, trials: Sequence[int], reports: Sequence[Mapping[int, float]],
-             pending: Mapping[int, int]) -> dict[int, Verdict]:
+             pending: Mapping[int, int], stopped: Collection[int] = ()) -> dict[int, Verdict]:
     """The verdict for each trial of ``pending`` (trial -> the rung it reported at and waits
-    for a verdict on).  ``trials``: every trial of the study, in submission order."""
+    for a verdict on).  ``trials``: every trial of the study, in submission order;
+    ``stopped``: the trials that will report nothing more (stopped earlier, or lost: their job
+    ended), which ``asha`` needs to know when a rung is complete."""
     last = spec.rungs - 1
     out: dict[int, Verdict] = {}
     known = cohorts(spec, trials, reports) if spec.rule is Rule.SH else []
+    complete = _complete(spec, trials, reports, pending, stopped) if (
+        spec.rule is Rule.ASHA) else []
     for trial, rung in pending.items():
         if trial not in reports[rung]:
             raise ValueError(f"trial {trial} has no report at rung {rung}")
@@ -70,17 +79,37 @@ def verdicts(spec: StudySpec, trials: Sequence[int], reports: Sequence[Mapping[i
         elif spec.rule is Rule.NONE:
             out[trial] = Verdict.GO
         elif spec.rule is Rule.ASHA:
-            upto: dict[int, float] = {}
-            for t, v in reports[rung].items():
-                upto[t] = v
-                if t == trial:
-                    break
-            keep = spec.survivors(len(upto))
-            out[trial] = Verdict.GO if trial in _ranked(spec, upto)[:keep] else Verdict.STOP
+            got = reports[rung]
+            rank = _ranked(spec, got).index(trial)
+            n = len(got)
+            if rank < (spec.survivors(n) if complete[rung] else int(n // spec.eta)):
+                out[trial] = Verdict.GO
+            elif complete[rung]:
+                out[trial] = Verdict.STOP
+            else:
+                # it can still go on only if reports still to come lift the quota above it
+                to_come = sum(1 for t in trials if t not in got and t not in stopped)
+                out[trial] = (Verdict.STOP if rank >= spec.survivors(n + to_come)
+                              else Verdict.WAIT)
         elif rung + 1 < len(known):
             out[trial] = Verdict.GO if trial in known[rung + 1] else Verdict.STOP
         else:
             out[trial] = Verdict.WAIT
+    return out
+
+
+def _complete(spec: StudySpec, trials: Sequence[int], reports: Sequence[Mapping[int, float]],
+              pending: Mapping[int, int], stopped: Collection[int]) -> list[bool]:
+    """``asha``: for each rung, whether no trial can report there any more: every trial has
+    reported at rung 0 or stopped; at rung ``k``, rung ``k - 1`` is complete and every trial
+    promoted from it (it reported there, waits for nothing and is not stopped) has reported at
+    ``k`` or stopped."""
+    out: list[bool] = []
+    came = list(trials)
+    for k in range(spec.rungs):
+        got = reports[k] if k < len(reports) else {}
+        out.append((k == 0 or out[-1]) and all(t in got or t in stopped for t in came))
+        came = [t for t in got if t not in stopped and pending.get(t) != k]
     return out
 
 

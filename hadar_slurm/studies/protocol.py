@@ -23,10 +23,9 @@ among the reports that came before it); ``config``: the trial's configuration
 its first report of a rung.
 
 ``verdict-K.json``: ``{"format": 1, "rung": 1, "verdict": "go", "why": "...", "time": ...}``
-with verdict ``go`` (train on to rung K+1), ``stop`` (stopped early: exit), ``wait`` (``sh``:
-wait for the rest of the cohort; the sidecar requeues the trial held and places it again when
-the cohort is complete and the verdict becomes ``go`` or ``stop``) or ``done`` (the last
-rung).
+with verdict ``go`` (train on to rung K+1), ``stop`` (stopped early: exit), ``wait`` (the rule
+has not decided yet: the sidecar requeues the trial held and places it again once the verdict
+becomes ``go``, or cancels it on ``stop``) or ``done`` (the last rung).
 
 Every file is replaced atomically (a reader sees the old one or the whole new one) and read
 with a size bound, without following a symlink.  Parsing is strict: a bad field is a

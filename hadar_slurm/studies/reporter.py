@@ -21,12 +21,13 @@ One task of the study's job array trains one trial.  With the project's runtime 
 
 :meth:`StudyTrial.report` writes the rung's report (:mod:`hadar_slurm.studies.protocol`) and,
 before the last rung, waits for the sidecar's verdict: ``go`` (train on), ``stop`` (end now:
-the checkpoint at the rung is kept) or, under synchronous halving, ``wait`` (the rest of the
-cohort has not reported; the sidecar requeues the trial held, which sends the preemption
-signal: the runtime exits 75 and the trial resumes at the rung when the sidecar places it
-again).  It never leaves a trial stuck: without a sidecar steering the study (no
-``steered.json``: none runs, or it runs in shadow mode) it answers ``go`` at once, and after
-the sidecar's ``wait_s`` without a ``go`` or ``stop`` it answers ``go`` too, saying so.  A
+the checkpoint at the rung is kept) or ``wait`` (the rule has not decided yet: ``sh``, the rest
+of the cohort has not reported; ``asha``, the trial does not rank high enough yet; the sidecar
+requeues the trial held, which sends the preemption signal: the runtime exits 75 and the trial
+resumes at the rung when the sidecar places it again).  It never leaves a trial stuck:
+without a sidecar steering the study (no ``steered.json``: none runs, or it runs in shadow
+mode) it answers ``go`` at once, and after the sidecar's ``wait_s`` without a ``go`` or
+``stop`` it answers ``go`` too, saying so.  A
 preemption signal while it waits (``interrupted``) ends the wait with ``go``: the runtime then
 stops at its next iteration and saves nothing new (its state is the rung's).
 

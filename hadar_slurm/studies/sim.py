@@ -9,10 +9,11 @@ will play live:
 * when a trial reaches its rung (its segment's work is done) it reports its metric
   (:class:`~hadar_slurm.studies.curves.LearningCurves`), and at the next epoch the halving rule
   (:func:`~hadar_slurm.studies.halving.verdicts`) says whether it goes on (its work grows to the
-  next rung and it waits to be placed again), stops, or waits for its cohort (``sh``);
-* a trial that goes on at once (``asha`` and ``none`` never make one wait) and is placed on the
-  GPUs it reported from carries no restart cost: live it never stopped.  A trial placed
-  elsewhere, or one that waited, restarts from its checkpoint (the simulator's move cost);
+  next rung and it waits to be placed again), stops, or waits (``sh``: for its cohort;
+  ``asha``: until it ranks among the best ``1/eta`` of its rung's reports, or cannot);
+* a trial that goes on at once and is placed on the GPUs it reported from carries no restart
+  cost: live it never stopped.  A trial placed elsewhere, or one that waited, restarts from its
+  checkpoint (the simulator's move cost);
 * the study ends when each trial has stopped or reached the last rung; its best configuration
   is known then (:class:`StudyOutcome`).
 
@@ -177,25 +178,30 @@ class StudyCluster(SimulatedCluster):
         if not study.pending:
             return
         fresh = {t for _f, t in new}
-        out = verdicts(spec, range(spec.trials), study.reports, study.pending)
-        for trial, verdict in out.items():
-            if verdict is Verdict.WAIT:
-                continue
-            rung = study.pending.pop(trial)
-            i = study.index[trial]
-            if verdict is Verdict.GO:
-                nxt = spec.rung_steps[rung + 1]
-                st.remaining[i] = nxt - spec.rung_steps[rung]
-                self.total[i] = nxt
-                st.finish[i] = np.nan
-                study.rung[trial] = rung + 1
-                job_id = study.ids[trial]
-                if trial in fresh and job_id in rows:
-                    self._reported_from[job_id] = rows[job_id]
-            else:
-                study.final[trial] = verdict
-                if verdict is Verdict.STOP:
-                    study.stopped_at[rung] += 1
+        settled = True
+        while settled and study.pending:  # (a stop may complete a rung others wait on)
+            settled = False
+            stopped = [t for t, v in study.final.items() if v is Verdict.STOP]
+            out = verdicts(spec, range(spec.trials), study.reports, study.pending, stopped)
+            for trial, verdict in out.items():
+                if verdict is Verdict.WAIT:
+                    continue
+                settled = True
+                rung = study.pending.pop(trial)
+                i = study.index[trial]
+                if verdict is Verdict.GO:
+                    nxt = spec.rung_steps[rung + 1]
+                    st.remaining[i] = nxt - spec.rung_steps[rung]
+                    self.total[i] = nxt
+                    st.finish[i] = np.nan
+                    study.rung[trial] = rung + 1
+                    job_id = study.ids[trial]
+                    if trial in fresh and job_id in rows:
+                        self._reported_from[job_id] = rows[job_id]
+                else:
+                    study.final[trial] = verdict
+                    if verdict is Verdict.STOP:
+                        study.stopped_at[rung] += 1
         if len(study.final) == spec.trials and np.isnan(study.end_s):
             study.end_s = float(max(st.finish[i] for i in study.index))
 

@@ -10,9 +10,10 @@ schedule, Jamieson & Talwalkar 2016; Li et al., Hyperband, JMLR 2018).  At a run
 stops it:
 
 * ``asha``: asynchronous successive halving (Li et al., "A System for Massively Parallel
-  Hyperparameter Tuning", MLSys 2020), in its stopping form: a trial that reaches a rung goes on
-  when it ranks in the top ``1/eta`` of the trials that reached that rung so far, and stops
-  otherwise.  No trial waits for another.
+  Hyperparameter Tuning", MLSys 2020, Algorithm 2: its promotion form): a trial that reaches a
+  rung goes on as soon as it ranks in the top ``1/eta`` of the trials that reached that rung so
+  far, pauses until then, and stops once it no longer can.  No trial waits for a whole
+  cohort.
 * ``sh``: synchronous successive halving (one Hyperband bracket): trials wait at a rung until
   every trial promoted into it has reported; then the best ``1/eta`` go on and the rest stop.
 * ``none``: no early stopping: every trial trains to ``max_steps`` (a plain Slurm job array).
