@@ -24,6 +24,7 @@ from hadar_slurm.rates.store import ThroughputStore
 from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.fork import Progress, read_progress
+from hadar_slurm.slurm.parse import Gres
 from tests.test_sidecar_backend import FakeSlurm, job, node
 
 RESNET = "ResNet-50 (batch size 64)"
@@ -190,6 +191,41 @@ def test_backend_learns_from_running_jobs_and_plans_the_next_epoch_with_it(
         # the reader the backend uses sees what the runtime wrote
         p = read_progress(str(workdirs[5] / ".hadar-tracker" / "5"))
         assert p is not None and p.run_rounds == 3 and p.measured[0][0] == 200
+
+
+def test_a_job_on_a_gpus_shards_teaches_nothing(tmp_path: Path) -> None:
+    """GPU sharing (issue #16): a job that runs on a GPU's shards may share the GPU with
+    another job, so its rounds are no measure of its speed alone.  Jobs 5, 6 and 8 hold whole
+    V100s and report 10.0, 11.0 and 12.0 it/s; job 7 holds a shard and reports 5.0 (as it
+    would beside a partner): the store learns from 5, 6 and 8 only, one vote each and one for
+    the prior (10.5): the median of 10.0, 10.5, 11.0, 12.0 is 10.75 (with job 7's vote it
+    would be 10.5, from 4 samples)."""
+    now = time.time()
+    rates = {5: 10.0, 6: 11.0, 7: 5.0, 8: 12.0}
+    for j, rate in rates.items():
+        tracker = tmp_path / f"work{j}" / ".hadar-tracker" / str(j)
+        tracker.mkdir(parents=True)
+        (tracker / "progress.json").write_text(json.dumps({
+            "format": 1, "job": str(j), "work": 100_000, "done": 3000, "remaining": 97_000,
+            "rounds": 3, "copies": 1, "copy_rates": [
+                {"copy": 0, "gpu_type": None, "iters": rate * 20, "seconds": 20.0,
+                 "iters_per_s": rate}],
+            "iters_per_s": rate, "complete": False, "stop": None, "run": f"{j}.0",
+            "run_rounds": 3, "checkpoint": None, "updated_at": now - 1.0}))
+    base = default_table().merged(ThroughputTable({(RESNET, 1): {"v100": 10.5}}, "prior"))
+    running = [replace(job(j, state="RUNNING", reason="None", nodes=("n1",),
+                           start=int(now - 600), admin="hadar epoch=0 state=placed place=n1:1",
+                           gpus=1 if j != 7 else 0),
+                       workdir=str(tmp_path / f"work{j}")) for j in rates]
+    running[2] = replace(running[2], gres=(Gres("shard", None, 1),))
+    api = FakeSlurm(running, [node("n1", "v100", 4, used=3), node("n2", "p100", 4)])
+    with ThroughputStore(tmp_path / "t.db") as store:
+        b = SlurmBackend(api, base, preempt_grace_s=5.0, sleep=lambda s: None,
+                         knowledge=Knowledge(base, store))
+        b.snapshot(0, now, 60.0, None)
+        entry = store.get(RESNET, 1, "v100")
+        assert entry is not None and entry.source == "learned" and entry.samples == 3
+        assert entry.rate == pytest.approx(10.75)
 
 
 def test_estimates_are_planned_with_the_optimism_factor_and_stored_plain(

@@ -792,7 +792,9 @@ class SlurmObserver:
                 if progress.work:
                     done = min(done, progress.work)
         if self.knowledge.store is not None and self.knowledge.learn and (
-                running or group is not None):
+                running or group is not None) and not shard.asks_for_shards(job):
+            # (a job on a GPU's shards may share it: its rounds are no measure of its speed
+            # alone, and learning them would teach the store a slower isolated rate)
             self._learn(job, hints.job_type, gpus, now, group, tracker, progress)
         blocked = self._fork_blocked(job, hints, record, group) if hints.fork > 1 else ""
         order = sorted(range(len(rows)), key=lambda k: (row_copy[k] if row_copy else 0, rows[k]))

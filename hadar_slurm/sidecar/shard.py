@@ -70,6 +70,12 @@ def shards_per_gpu(node: SlurmNode) -> int:
     return shards // node.gpus if node.gpus else 0
 
 
+def asks_for_shards(job: SlurmJob) -> bool:
+    """Whether ``job`` asks for shards of a GPU (``gres/shard``) rather than whole GPUs: while
+    it runs it may share its GPU with another job."""
+    return any(g.name == "shard" for g in job.gres)
+
+
 def job_gres_on(job: SlurmJob, node: str) -> tuple[GresUse, ...]:
     """What ``job`` holds on ``node`` by GPU index (its ``gres_detail`` entry for that node)."""
     for name, detail in zip(job.node_names, job.gres_detail, strict=False):

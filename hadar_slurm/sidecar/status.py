@@ -25,7 +25,13 @@ from hadar_slurm.hints import is_hadar_comment, parse_hints
 from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sidecar.observe import held_by_user
 from hadar_slurm.sidecar.record import JobRecord, decode
-from hadar_slurm.sidecar.shard import HOLDING_STATES, ShardError, job_gres_on, job_shards_on
+from hadar_slurm.sidecar.shard import (
+    HOLDING_STATES,
+    ShardError,
+    asks_for_shards,
+    job_gres_on,
+    job_shards_on,
+)
 from hadar_slurm.slurm import SlurmJob, SlurmParseError
 from hadar_slurm.slurm.parse import ACTIVE_STATES, PENDING_STATES
 
@@ -128,9 +134,9 @@ def shard_gpus_text(job: SlurmJob, held: Sequence[Held], shards_of: Mapping[str,
     """The ``gpus`` cell of a job that asks for shards instead of GPUs: ``S/T`` (S shards of
     a GPU with T; ``1/2`` is half a GPU), ``Nx`` before it on N nodes, ``S shards`` where T is
     not known (22.05 with no state file, or a pending job not placed); "-" for no shards."""
-    shards = sum(g.count for g in job.gres if g.name == "shard")
-    if not shards:
+    if not asks_for_shards(job):
         return "-"
+    shards = sum(g.count for g in job.gres if g.name == "shard")
     total = held[0].total if held else None
     if total is None:
         node = rec.place[0][0] if rec.place and job.state in PENDING_STATES else (
