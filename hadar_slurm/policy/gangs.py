@@ -39,9 +39,10 @@ def exchange_fast_gpus(alloc: IntArray, current: IntArray, remaining: FloatArray
     n, num_types = out.shape
     if n == 0 or num_types < 2:
         return out
-    for g in order.tolist():
-        if not sync[g]:
-            continue
+    # (an exchange only ever leaves rows on fewer types: the mixed synchronous gangs of the
+    # plan are all the jobs to look at, found at once)
+    mixed = sync & ((out > 0).sum(axis=1) >= 2)
+    for g in order[mixed[order]].tolist():
         used = np.nonzero(out[g] > 0)[0]
         if used.shape[0] < 2:
             continue

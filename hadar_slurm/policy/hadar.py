@@ -187,41 +187,45 @@ def upgrade_idle(alloc: IntArray, current: IntArray, worker_rate: FloatArray, sy
     (a synchronous job at its slowest worker's pace, an asynchronous one at the sum).  A job
     already placed on its best option stays; the next epoch plans afresh.
     """
+    # (plain Python over each job's few types: numpy's per-call cost, paid for every placed job
+    # in order, made this the decision's longest step on a mostly idle cluster)
     out = alloc.copy()
-    free = capacity - out.sum(axis=0)
+    free = (capacity - out.sum(axis=0)).tolist()
+    if not free or max(free) <= 0:
+        return out  # no GPU idle: nothing can move (a move idles only what it leaves)
+    types = range(len(free))
     moved_share = max(round_s - migration_s, 0.0) / round_s
-
-    def share(i: int, row: IntArray) -> float:
-        """The share of the round job ``i`` works on ``row``: all of it where it holds it."""
-        return 1.0 if (current[i] == row).all() else moved_share
-
     counts = out.sum(axis=1)
     for i in order[counts[order] > 0].tolist():
-        top = int(free.max())
+        top = max(free)
         if top <= 0:
-            break  # no GPU idle: nothing can move (a move idles only what it leaves)
-        row = out[i]
-        count = int(counts[i])
-        if count > top + int(row.max()):
+            break
+        row = out[i].tolist()
+        count = sum(row)
+        if count > top + max(row):
             continue  # fits whole on no type, its own GPUs there and the idle ones counted
-        on = row > 0
+        r = worker_rate[i].tolist()
         if sync[i]:
-            speed = float(worker_rate[i][on].min()) * count
+            speed = min(r[h] for h in types if row[h] > 0) * count
         else:
-            speed = float((worker_rate[i] * row).sum())
-        best = None
-        best_prog = speed * share(i, row)
-        for h in range(capacity.shape[0]):
-            if int(free[h]) + int(row[h]) < count or worker_rate[i, h] * count <= speed:
+            speed = sum([r[h] * row[h] for h in types])
+        now = current[i].tolist()
+        best = -1
+        # the share of the round it works: all of it where it holds those GPUs already
+        best_prog = speed * (1.0 if now == row else moved_share)
+        for h in types:
+            if free[h] + row[h] < count or r[h] * count <= speed:
                 continue
-            whole = np.zeros_like(row)
-            whole[h] = count
-            prog = float(worker_rate[i, h]) * count * share(i, whole)
+            whole = [count if k == h else 0 for k in types]
+            prog = r[h] * count * (1.0 if now == whole else moved_share)
             if prog > best_prog * (1.0 + 1e-9):
-                best, best_prog = whole, prog
-        if best is not None:
-            free += row - best
-            out[i] = best
+                best, best_prog = h, prog
+        if best >= 0:
+            for h in types:
+                free[h] += row[h]
+            free[best] -= count
+            out[i] = 0
+            out[i, best] = count
     return out
 
 
