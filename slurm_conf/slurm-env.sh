@@ -7,6 +7,7 @@
 #                                     with a clean environment), mounting and unmounting around it
 #   slurm-env.sh version SUITE        the Debian version of the Slurm inside
 #   slurm-env.sh remove SUITE         unmount and delete the chroot
+#   slurm-env.sh remove-mounts SUITE  unmount what a killed `run` left mounted in the chroot
 #   slurm-env.sh suites               the suites this script knows, one per line: SUITE VERSION
 #
 # SUITE is a Debian suite:  trixie -> Slurm 24.11,  sid -> Slurm 26.05.  (Bookworm's Slurm 22.05
@@ -139,6 +140,10 @@ mount_env() {  # R: bind the root onto itself (unshare --propagation needs a mou
   mountpoint -q "$r/sys" || mount --rbind /sys "$r/sys"
   mkdir -p "$r/opt/p"
   mountpoint -q "$r/opt/p" || mount --bind "$PROJECT" "$r/opt/p"
+  # /opt/p must be this project, never another checkout's left behind: tests run there and
+  # write their results there
+  [ "$(stat -c %d:%i "$r/opt/p")" = "$(stat -c %d:%i "$PROJECT")" ] \
+    || die "$r/opt/p is not $PROJECT (a stale mount?); run: $0 remove-mounts ${r##*/}"
 }
 
 run() {
@@ -154,6 +159,9 @@ run() {
   trap 'umount_all "'"$r"'"' EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  # Whatever is still mounted in the chroot now was left by a run that was killed (we hold its
+  # lock): for instance its /opt/p, another checkout, where this run's tests would run instead
+  umount_all "$r"
   mount_env "$r"
   local rc=0
   # A plain environment inside; the caller's SLURM_CONF etc. name host paths.
@@ -175,6 +183,7 @@ case $cmd in
     umount_all "$ENVS/$2"; umount_all "$ENVS/$2.building"
     [ -z "$(mounted_under "$ENVS/$2")" ] || die "$ENVS/$2 is still mounted; not deleting it"
     rm -rf "${ENVS:?}/$2" "${ENVS:?}/$2.building"; log "removed $ENVS/$2" ;;
+  remove-mounts) check_suite "${2:-}"; need_root; umount_all "$ENVS/$2" ;;
   suites) for s in trixie sid; do echo "$s $(suite_version $s)"; done ;;
   *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || exit 2 ;;
 esac

@@ -156,17 +156,29 @@ log_file = "{tmp_path / "sidecar.log"}"
     return config
 
 
+def ended_in_book(book: Path) -> set[int]:
+    """The arrays whose study the sidecar's book says has ended."""
+    try:
+        studies = json.loads(book.read_text())["studies"]
+    except (OSError, ValueError, KeyError):
+        return set()
+    return {s["array"] for s in studies if s.get("ended") is not None}
+
+
 def wait_arrays(cluster: DevCluster, arrays: list[int], proc: subprocess.Popen[bytes],
-                err: Path, timeout: float) -> None:
-    """Until every task of ``arrays`` has ended (the sidecar must stay up)."""
+                err: Path, timeout: float, book: Path) -> None:
+    """Until every task of ``arrays`` has ended and the sidecar's ``book`` says so (it reads
+    the last reports at the epoch after the last task ended; the sidecar must stay up)."""
     end = time.monotonic() + timeout
     while True:
         now = [tasks_of(cluster, a) for a in arrays]
-        if all(t and all(j.state in FINAL_STATES for j in t.values()) for t in now):
+        if all(t and all(j.state in FINAL_STATES for j in t.values()) for t in now) and (
+                set(arrays) <= ended_in_book(book)):
             return
         assert proc.poll() is None, err.read_text()[-3000:]
-        assert time.monotonic() < end, [{j: (x.array_task_id, x.state, x.state_reason)
-                                         for j, x in t.items()} for t in now]
+        assert time.monotonic() < end, ([{j: (x.array_task_id, x.state, x.state_reason)
+                                          for j, x in t.items()} for t in now],
+                                        ended_in_book(book))
         time.sleep(1.0)
 
 
@@ -193,7 +205,8 @@ def test_two_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
                              str(config)], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "sidecar.err", "w"))
     try:
-        wait_arrays(cluster, list(arrays.values()), proc, tmp_path / "sidecar.err", 420)
+        wait_arrays(cluster, list(arrays.values()), proc, tmp_path / "sidecar.err", 420,
+                    tmp_path / "state" / "studies.json")
         status = subprocess.run([sys.executable, "-m", "hadar_slurm", "status", "--config",
                                  str(config), "--json"], env=env, capture_output=True,
                                 text=True, timeout=120, check=False)
@@ -319,7 +332,8 @@ def test_a_real_digits_study_finds_its_best_configuration_live(dev_cluster: DevC
                              str(config)], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "sidecar.err", "w"))
     try:
-        wait_arrays(cluster, [array], proc, tmp_path / "sidecar.err", 600)
+        wait_arrays(cluster, [array], proc, tmp_path / "sidecar.err", 600,
+                    tmp_path / "state" / "studies.json")
     finally:
         proc.terminate()
         proc.wait(timeout=60)
