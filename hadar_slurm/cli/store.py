@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hadar_slurm.errors import InputError
+from hadar_slurm.rates.memory import MemoryLimits
 from hadar_slurm.rates.store import (
     EXPORT_FORMATS,
     SOURCES,
@@ -105,6 +106,30 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_memory(args: argparse.Namespace) -> int:
+    """The footprints of job types and the memory of GPU types the store holds (issue #16:
+    two jobs share a GPU only where both fit)."""
+    with _existing(args) as store:
+        feet, mems = store.footprints(), store.gpu_memory()
+    limits = MemoryLimits(feet, mems)
+    if args.json:
+        print(json.dumps({"footprints": [{"job_type": j, "scale_factor": sf, "gpu_type": g,
+                                          "mib": m} for (j, sf), per in feet.items()
+                                         for g, m in per.items()],
+                          "gpu_memory": mems}, indent=1))
+        return 0
+    if not feet and not mems:
+        print("no footprints or GPU memory stored (hadar-slurm profile measures them on a GPU; "
+              "running jobs on CUDA report theirs)")
+        return 0
+    for (job, sf), per in feet.items():
+        where = ", ".join(f"{m:.0f} MiB on {g}" for g, m in sorted(per.items()))
+        print(f"{job} x{sf}: {limits.job_mib(job, sf):.0f} MiB per GPU ({where})")
+    for gpu, mib in mems.items():
+        print(f"GPU {gpu}: {mib:.0f} MiB (measured)")
+    return 0
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     path = _db(args)
     with ThroughputStore(path) as store:
@@ -159,7 +184,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="The throughput store: measured, learned, imported and estimated rates "
         "(steps/s of the whole job) per job type, GPU count and GPU type.")
     sub = top.add_subparsers(dest="throughputs_command", required=True,
-                             metavar="{list,import,export,recover}")
+                             metavar="{list,memory,import,export,recover}")
     sources = ", ".join(SOURCES)
 
     lst = sub.add_parser("list", help="print the stored throughputs")
@@ -168,6 +193,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     lst.add_argument("--source", metavar="S", help=f"only entries of this source ({sources})")
     lst.add_argument("--json", action="store_true", help="print a JSON list of entries")
     lst.set_defaults(func=cmd_list)
+
+    mem = sub.add_parser("memory", help="print the stored memory footprints and GPU memory")
+    mem.add_argument("--db", metavar="PATH", help=DB_HELP)
+    mem.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
+    mem.add_argument("--json", action="store_true", help="print JSON")
+    mem.set_defaults(func=cmd_memory)
 
     imp = sub.add_parser(
         "import", help="import Gavel's JSON, our CSV or our JSON export",

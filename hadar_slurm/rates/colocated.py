@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hadar_slurm.model import GpuType
+from hadar_slurm.rates.memory import MemoryLimits
 
 #: ``(job type a, job type b, scale factor)``.
 PairKey = tuple[str, str, int]
@@ -36,6 +37,9 @@ class ColocatedTable:
     #: The ``(pair, GPU type)`` entries that are estimates (:meth:`with_estimates`), not
     #: measurements.
     estimated: frozenset[tuple[PairKey, GpuType]] = frozenset()
+    #: The ``(pair, GPU type)`` entries the table allowed that the two jobs' memory does not
+    #: (:meth:`within_memory`): forbidden here.
+    memory_refused: frozenset[tuple[PairKey, GpuType]] = frozenset()
 
     def is_estimate(self, job_a: str, job_b: str, scale: int, gpu_type: GpuType) -> bool:
         return ((job_a, job_b, scale), gpu_type) in self.estimated
@@ -66,7 +70,25 @@ class ColocatedTable:
         # (a measurement of other's replaces an estimate of ours; its estimates stay ones)
         kept = {e for e in self.estimated if e[1] not in other.rates.get(e[0], {})}
         return ColocatedTable(out, f"{self.source}+{other.source}",
-                              frozenset(kept | other.estimated))
+                              frozenset(kept | other.estimated),
+                              self.memory_refused | other.memory_refused)
+
+    def within_memory(self, limits: MemoryLimits) -> ColocatedTable:
+        """The table with every pair whose two footprints do not fit in the GPU type's memory
+        forbidden (:class:`~hadar_slurm.rates.memory.MemoryLimits`; listed in
+        :attr:`memory_refused`).  A pair whose footprints or memory are unknown keeps the
+        table's word."""
+        if not limits.footprint:
+            return self
+        out: dict[PairKey, dict[GpuType, tuple[float, float]]] = {
+            k: dict(v) for k, v in self.rates.items()}
+        refused = set(self.memory_refused)
+        for (a, b, scale), per_gpu in self.rates.items():
+            for g, (ra, rb) in per_gpu.items():
+                if ra > 0 and rb > 0 and limits.fits(a, b, scale, g) is False:
+                    out[(a, b, scale)][g] = (0.0, 0.0)
+                    refused.add(((a, b, scale), g))
+        return ColocatedTable(out, self.source, self.estimated, frozenset(refused))
 
     def with_estimates(self, rate: Callable[[str, int, GpuType], float],
                        gpu_types: Iterable[GpuType]) -> ColocatedTable:
@@ -109,4 +131,4 @@ class ColocatedTable:
                 out[key][g] = got
                 mirror[g] = (got[1], got[0])
                 guessed.update({(key, g), ((b, a, scale), g)})
-        return ColocatedTable(out, self.source, frozenset(guessed))
+        return ColocatedTable(out, self.source, frozenset(guessed), self.memory_refused)

@@ -82,7 +82,7 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hadar_slurm.logs import log_event
 from hadar_slurm.model import normalize_gpu_type
@@ -278,6 +278,8 @@ class Knowledge:
                 self._written[key] = rate
         if planned:
             table = table.merged(ThroughputTable(planned, "estimates"))
+        if self.store is not None:  # (the GPU memory the config gives wins over the store's)
+            table = replace(table, memory=self.store.memory().merged(self.base.memory))
         self.table = table
         self._sources = sources
 
@@ -369,6 +371,9 @@ class Knowledge:
                               job_type=job_type, gpus=scale_factor, gpu_type=gpu or None,
                               why=why)
                 continue
+            held = progress.gpu_mem.get(copy)
+            if held is not None:
+                self.store.record_footprint(job_type, scale_factor, gpu, held, source="learned")
             taken: list[float | None] = []
             entry = self.store.learn(job_type, scale_factor, gpu, obs.rate, job=job_id,
                                      decide=self._decider(prior, taken))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 #: Vendor and product-line words before the model in NVML names ("NVIDIA", "Tesla", ...).
+#: Bytes in a MiB.
+MIB = 1024 * 1024
+
 _VENDOR_WORDS = ("nvidia", "tesla", "geforce", "quadro")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -214,7 +218,7 @@ def list_gpus() -> list[GpuInfo]:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(GpuInfo(
                 index=index, name=name, uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                memory_total_mib=int(memory.total) // (1024 * 1024),
+                memory_total_mib=int(memory.total) // MIB,
                 minor_number=_minor(pynvml, handle), slurm_type=slurm_type_name(name),
                 mig=_mig_enabled(pynvml, handle)))
     if not gpus:
@@ -289,8 +293,10 @@ def gres_conf(gpus: Sequence[GpuInfo], node_name: str, *, full_type: bool = Fals
 @dataclass(frozen=True)
 class GpuUsage:
     """What :class:`GpuSampler` saw on one GPU: utilization in percent (the share of the
-    sample period in which a kernel ran, NVML's definition) and memory used in MiB, mean and
-    maximum over ``samples`` samples."""
+    sample period in which a kernel ran, NVML's definition) and memory used in MiB (by every
+    process), mean and maximum over ``samples`` samples; the GPU's total memory; and the most
+    memory this process held on it (NVML's per-process count; None where NVML does not give
+    it, e.g. in a container whose process ids NVML does not see)."""
 
     index: int
     samples: int
@@ -298,12 +304,16 @@ class GpuUsage:
     util_max: float
     memory_used_mean_mib: float
     memory_used_max_mib: float
+    memory_total_mib: float | None = None
+    memory_own_max_mib: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "samples": self.samples,
                 "util_mean": round(self.util_mean, 2), "util_max": self.util_max,
                 "memory_used_mean_mib": round(self.memory_used_mean_mib, 1),
-                "memory_used_max_mib": self.memory_used_max_mib}
+                "memory_used_max_mib": self.memory_used_max_mib,
+                "memory_total_mib": self.memory_total_mib,
+                "memory_own_max_mib": self.memory_own_max_mib}
 
 
 class GpuSampler:
@@ -328,6 +338,8 @@ class GpuSampler:
         self.errors: list[str] = []
         self._util: dict[int, list[float]] = {}
         self._mem: dict[int, list[float]] = {}
+        self._total: dict[int, float] = {}
+        self._own: dict[int, float] = {}  # the most this process held, where NVML tells
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pynvml: ModuleType | None = None
@@ -384,7 +396,8 @@ class GpuSampler:
                 util, mem = self._util.get(index, []), self._mem.get(index, [])
                 if util and mem:
                     out.append(GpuUsage(index, len(util), sum(util) / len(util), max(util),
-                                        sum(mem) / len(mem), max(mem)))
+                                        sum(mem) / len(mem), max(mem), self._total.get(index),
+                                        self._own.get(index)))
             return tuple(out)
 
     def _run(self) -> None:
@@ -398,14 +411,33 @@ class GpuSampler:
         for index, handle in self._handles:
             try:
                 util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                used = float(pynvml.nvmlDeviceGetMemoryInfo(handle).used) / (1024 * 1024)
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                used = float(info.used) / MIB
+                total = float(info.total) / MIB
             except pynvml.NVMLError as exc:
                 if len(self.errors) < 10:
                     self.errors.append(f"GPU {index}: {exc}")
                 continue
+            own = self._own_memory(pynvml, handle)
             with self._lock:
                 self._util.setdefault(index, []).append(util)
                 self._mem.setdefault(index, []).append(used)
+                self._total[index] = total
+                if own is not None:
+                    self._own[index] = max(self._own.get(index, 0.0), own)
+
+    @staticmethod
+    def _own_memory(pynvml: ModuleType, handle: object) -> float | None:
+        """MiB this process holds on the GPU (its CUDA context included), None where NVML
+        does not list it (no context yet, another process id namespace, no permission)."""
+        try:
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except (pynvml.NVMLError, AttributeError):
+            return None
+        pid = os.getpid()
+        held = [p.usedGpuMemory for p in procs
+                if getattr(p, "pid", None) == pid and getattr(p, "usedGpuMemory", None)]
+        return float(sum(held)) / MIB if held else None
 
     @staticmethod
     def _shutdown(pynvml: ModuleType) -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from hadar_slurm.errors import InputError
+from hadar_slurm.rates.memory import CONTEXT_MIB
 from hadar_slurm.rates.nvml import GpuSampler, GpuUsage, NvmlUnavailable, list_gpus
 from hadar_slurm.rates.profile_models import BENCHMARKS, _build, check_gpu_type, job_type_for
 
@@ -54,6 +55,7 @@ __all__ = [
     "DEFAULT_ITERS",
     "DEFAULT_WARMUP",
     "ProfileResult",
+    "footprint_mib",
     "profile_model",
     "record_result",
 ]
@@ -386,8 +388,33 @@ def profile_model(
             torch_peak_mib=clock.peak_memory_mib())
 
 
+def footprint_mib(result: ProfileResult) -> float | None:
+    """The memory one worker held on one GPU, MiB (:mod:`hadar_slurm.rates.memory`): the most
+    NVML saw this process hold on any profiled GPU; else the most in use on it (by every
+    process: an over-count where others share the GPU, never an under-count); else torch's
+    peak plus :data:`~hadar_slurm.rates.memory.CONTEXT_MIB`; None on the CPU."""
+    own = [u.memory_own_max_mib for u in result.gpu_usage if u.memory_own_max_mib]
+    if own:
+        return max(own)
+    used = [u.memory_used_max_mib for u in result.gpu_usage if u.memory_used_max_mib > 0]
+    if used:
+        return max(used)
+    if result.torch_peak_mib:
+        return result.torch_peak_mib + CONTEXT_MIB
+    return None
+
+
 def record_result(store: ThroughputStore, result: ProfileResult, gpu_type: str,
                   *, when: float | None = None) -> Entry:
-    """Store ``result``'s rate as ``measured`` for ``(job_type, scale_factor, gpu_type)``."""
-    return store.record(result.job_type, result.scale_factor, check_gpu_type(gpu_type),
-                        result.steps_per_second, source="measured", when=when)
+    """Store ``result``'s rate as ``measured`` for ``(job_type, scale_factor, gpu_type)``,
+    and, from a GPU, the job's footprint and the GPU's memory."""
+    gpu = check_gpu_type(gpu_type)
+    entry = store.record(result.job_type, result.scale_factor, gpu, result.steps_per_second,
+                         source="measured", when=when)
+    foot = footprint_mib(result)
+    if foot is not None:
+        store.record_footprint(result.job_type, result.scale_factor, gpu, foot, when=when)
+    totals = [u.memory_total_mib for u in result.gpu_usage if u.memory_total_mib]
+    if totals:
+        store.record_gpu_memory(gpu, min(totals), when=when)
+    return entry

@@ -64,6 +64,7 @@ from typing import Any, NamedTuple
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
+from hadar_slurm.rates.memory import MemoryLimits, check_gpu_memory
 from hadar_slurm.rates.table import CSV_HEADER, ThroughputTable, parse_csv, parse_gavel_json
 
 __all__ = [
@@ -118,6 +119,20 @@ CREATE TABLE IF NOT EXISTS observation (
     seed         INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_type, scale_factor, gpu_type, seq)
 );
+CREATE TABLE IF NOT EXISTS footprint (
+    job_type     TEXT    NOT NULL,
+    scale_factor INTEGER NOT NULL,
+    gpu_type     TEXT    NOT NULL,
+    mib          REAL    NOT NULL,
+    source       TEXT    NOT NULL,
+    updated      REAL    NOT NULL,
+    PRIMARY KEY (job_type, scale_factor, gpu_type)
+);
+CREATE TABLE IF NOT EXISTS gpu_memory (
+    gpu_type     TEXT    NOT NULL PRIMARY KEY,
+    mib          REAL    NOT NULL,
+    updated      REAL    NOT NULL
+);
 CREATE TABLE IF NOT EXISTS anchor (
     job_type     TEXT    NOT NULL,
     scale_factor INTEGER NOT NULL,
@@ -136,12 +151,13 @@ _COLUMNS = "job_type, scale_factor, gpu_type, rate, source, samples, updated"
 _ENTRY_FIELDS = ("job_type", "scale_factor", "gpu_type", "rate", "source", "samples", "updated")
 
 
-def as_table(entries: Iterable[Entry], source: str) -> ThroughputTable:
+def as_table(entries: Iterable[Entry], source: str,
+             memory: MemoryLimits | None = None) -> ThroughputTable:
     """The rates of ``entries`` as a :class:`ThroughputTable` named ``source``."""
     rates: dict[tuple[str, int], dict[GpuType, float]] = {}
     for e in entries:
         rates.setdefault((e.job_type, e.scale_factor), {})[e.gpu_type] = e.rate
-    return ThroughputTable(rates, source)
+    return ThroughputTable(rates, source, memory=memory if memory is not None else MemoryLimits())
 
 
 def default_store_path() -> Path:
@@ -510,6 +526,39 @@ class ThroughputStore:
         assert stored is not None
         return stored
 
+    def record_footprint(self, job_type: str, scale_factor: int, gpu_type: str, mib: float, *,
+                         source: str = "measured", when: float | None = None) -> float:
+        """Set the memory one worker of ``(job_type, scale_factor)`` held on one GPU of
+        ``gpu_type``, in MiB (:mod:`hadar_slurm.rates.memory`).  A ``measured`` value (a
+        ``profile`` run, done on purpose) replaces what was stored; a ``learned`` one (a running
+        job's report) only raises it: a pair that fit once must fit every time.  Returns the
+        footprint now stored."""
+        key = self._key(job_type, scale_factor, gpu_type)
+        value = check_gpu_memory(mib, self._where, "mib")
+        src = _check_source(source, self._where)
+        if src not in ("measured", "learned"):
+            raise InputError(f"a footprint is measured or learned, not {src}",
+                             source=self._where, field="source", fix="use measured or learned")
+        at = _check_when(when, self._where)
+        with self._write() as cur:
+            row = cur.execute("SELECT mib FROM footprint WHERE job_type = ? AND scale_factor = ? "
+                              "AND gpu_type = ?", key).fetchone()
+            if row is not None and src == "learned" and float(row[0]) >= value:
+                return float(row[0])
+            cur.execute("INSERT OR REPLACE INTO footprint VALUES (?, ?, ?, ?, ?, ?)",
+                        (*key, value, src, at))
+        return value
+
+    def record_gpu_memory(self, gpu_type: str, mib: float, *, when: float | None = None
+                          ) -> float:
+        """Set the memory of one GPU of ``gpu_type`` in MiB (NVML's total, from ``profile``)."""
+        gpu = _check_gpu_type(gpu_type, self._where)
+        value = check_gpu_memory(mib, self._where, "mib")
+        at = _check_when(when, self._where)
+        with self._write() as cur:
+            cur.execute("INSERT OR REPLACE INTO gpu_memory VALUES (?, ?, ?)", (gpu, value, at))
+        return value
+
     def learn(self, job_type: str, scale_factor: int, gpu_type: str, rate: float, *,
               when: float | None = None, job: int | None = None,
               decide: Decide | None = None) -> Entry | None:
@@ -639,7 +688,13 @@ class ThroughputStore:
             news = _parse_export(data, where)
             if src is not None:
                 news = [Entry(*e.key, e.rate, src, e.samples, e.updated) for e in news]
-            return self._put_all(news)
+            feet, mems = _parse_export_memory(data, where)
+            written = self._put_all(news)
+            for job, sf, gpu, mib, fsrc, updated in feet:
+                self.record_footprint(job, sf, gpu, mib, source=fsrc, when=updated)
+            for gpu, mib, updated in mems:
+                self.record_gpu_memory(gpu, mib, when=updated)
+            return written
         return self.import_table(parse_gavel_json(text, where), source=src or "imported")
 
     # -- reads -------------------------------------------------------------------------------
@@ -661,9 +716,26 @@ class ThroughputStore:
             rows = self._read(f"SELECT {_COLUMNS} FROM entry WHERE source = ?{order}", (src,))
         return [_row_entry(r) for r in rows]
 
+    def footprints(self) -> dict[tuple[str, int], dict[GpuType, float]]:
+        """``(job_type, scale_factor) -> {gpu_type: MiB}`` of every stored footprint."""
+        out: dict[tuple[str, int], dict[GpuType, float]] = {}
+        for j, sf, g, mib in self._read("SELECT job_type, scale_factor, gpu_type, mib FROM "
+                                        "footprint ORDER BY job_type, scale_factor, gpu_type"):
+            out.setdefault((str(j), int(sf)), {})[str(g)] = float(mib)
+        return out
+
+    def gpu_memory(self) -> dict[GpuType, float]:
+        """``gpu_type -> MiB`` of every GPU type whose memory was stored."""
+        return {str(g): float(m) for g, m in self._read(
+            "SELECT gpu_type, mib FROM gpu_memory ORDER BY gpu_type")}
+
+    def memory(self) -> MemoryLimits:
+        return MemoryLimits(self.footprints(), self.gpu_memory())
+
     def table(self, base: ThroughputTable | None = None) -> ThroughputTable:
-        """``base`` (e.g. the bundled Gavel table) with the store's entries merged over it."""
-        mine = as_table(self.entries(), f"store:{self._where}")
+        """``base`` (e.g. the bundled Gavel table) with the store's entries (and footprints and
+        GPU memory) merged over it."""
+        mine = as_table(self.entries(), f"store:{self._where}", self.memory())
         return mine if base is None else base.merged(mine)
 
     def anchors(self) -> dict[Key, tuple[float, str]]:
@@ -691,8 +763,15 @@ class ThroughputStore:
                              fix="use one of " + ", ".join(EXPORT_FORMATS))
         entries = self.entries()
         if fmt == "json":
+            feet = [{"job_type": j, "scale_factor": sf, "gpu_type": g, "mib": m, "source": src,
+                     "updated": u} for j, sf, g, m, src, u in self._read(
+                         "SELECT job_type, scale_factor, gpu_type, mib, source, updated FROM "
+                         "footprint ORDER BY job_type, scale_factor, gpu_type")]
+            mems = [{"gpu_type": g, "mib": m, "updated": u} for g, m, u in self._read(
+                "SELECT gpu_type, mib, updated FROM gpu_memory ORDER BY gpu_type")]
             body = json.dumps({"format": FILE_FORMAT, "version": FILE_VERSION,
-                               "entries": [asdict(e) for e in entries]}, indent=1) + "\n"
+                               "entries": [asdict(e) for e in entries],
+                               "footprints": feet, "gpu_memory": mems}, indent=1) + "\n"
         elif fmt == "csv":
             out = io.StringIO()
             writer = csv.writer(out, lineterminator="\n")
@@ -726,6 +805,40 @@ def _write_atomically(path: Path, body: str) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise InputError(f"cannot write: {exc.strerror}", source=where, field="FILE",
                          fix="give a path in a writable directory") from None
+
+
+def _parse_export_memory(data: Mapping[str, Any], where: str
+                         ) -> tuple[list[tuple[str, int, str, float, str, float]],
+                                    list[tuple[str, float, float]]]:
+    """The footprints and GPU memory sizes of our own JSON export (optional keys: an export
+    of a hadar-slurm without them has none), every field checked."""
+    feet: list[tuple[str, int, str, float, str, float]] = []
+    mems: list[tuple[str, float, float]] = []
+    for name, fields in (("footprints", ("job_type", "scale_factor", "gpu_type", "mib",
+                                         "source", "updated")),
+                         ("gpu_memory", ("gpu_type", "mib", "updated"))):
+        items = data.get(name, [])
+        if not isinstance(items, list):
+            raise InputError("expected a list", source=where, field=name)
+        for i, item in enumerate(items):
+            at = f"{name}[{i}]"
+            if not isinstance(item, dict) or set(item) != set(fields):
+                raise InputError("expected an object with exactly " + ", ".join(fields),
+                                 source=where, field=at)
+            gpu = _check_gpu_type(item["gpu_type"], where, f"{at}.gpu_type")
+            mib = check_gpu_memory(item["mib"], where, f"{at}.mib")
+            updated = _check_time(item["updated"], where, f"{at}.updated")
+            if name == "gpu_memory":
+                mems.append((gpu, mib, updated))
+                continue
+            src = _check_source(item["source"], where, f"{at}.source")
+            if src not in ("measured", "learned"):
+                raise InputError(f"a footprint is measured or learned, not {src}",
+                                 source=where, field=f"{at}.source")
+            feet.append((_check_job_type(item["job_type"], where, f"{at}.job_type"),
+                         _check_scale_factor(item["scale_factor"], where,
+                                             f"{at}.scale_factor"), gpu, mib, src, updated))
+    return feet, mems
 
 
 def _parse_export(data: Mapping[str, Any], where: str) -> list[Entry]:

@@ -39,6 +39,7 @@ from pathlib import Path
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
 from hadar_slurm.rates.colocated import ColocatedTable, PairKey
+from hadar_slurm.rates.memory import MemoryLimits
 
 JobKey = tuple[str, int]
 
@@ -54,6 +55,9 @@ class ThroughputTable:
     #: Co-located throughputs of pairs of jobs sharing the same GPUs (Gavel's JSON only;
     #: empty for our CSV format).
     pairs: ColocatedTable = field(default_factory=ColocatedTable)
+    #: Footprints of job types and memory of GPU types (:mod:`hadar_slurm.rates.memory`): a
+    #: pair is offered only where it fits (empty: the pair table's word alone).
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
 
     def rate(self, job_type: str, scale_factor: int, gpu_type: GpuType) -> float:
         """Whole-job steps/s; 0.0 when the job type does not run on ``gpu_type``."""
@@ -75,9 +79,10 @@ class ThroughputTable:
     @functools.cached_property
     def colocated(self) -> ColocatedTable:
         """:attr:`pairs`, with the pairs on this table's GPU types that were not measured
-        estimated (:meth:`ColocatedTable.with_estimates`): what the policy and the emulated
-        payload use."""
-        return self.pairs.with_estimates(self.rate, self.gpu_types())
+        estimated (:meth:`ColocatedTable.with_estimates`) and those whose two jobs do not fit
+        in the GPU's memory forbidden (:meth:`ColocatedTable.within_memory`): what the policy
+        and the emulated payload use."""
+        return self.pairs.with_estimates(self.rate, self.gpu_types()).within_memory(self.memory)
 
     def merged(self, other: ThroughputTable) -> ThroughputTable:
         """Entries of ``other`` override ours, one ``(job, gpu)`` entry at a time."""
@@ -85,7 +90,7 @@ class ThroughputTable:
         for key, per_gpu in other.rates.items():
             out.setdefault(key, {}).update(per_gpu)
         return ThroughputTable(out, f"{self.source}+{other.source}",
-                               self.pairs.merged(other.pairs))
+                               self.pairs.merged(other.pairs), self.memory.merged(other.memory))
 
 
 def _check_rate(value: object, *, source: str, line: int | None, field_name: str) -> float:

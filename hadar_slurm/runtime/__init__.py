@@ -101,13 +101,15 @@ this process ran, ``reason`` when exited, ``host``, ``pid``, ``time``).
     {"format": 1, "job": "4242", "work": 3000, "done": 1200, "remaining": 1800,
      "rounds": 7, "copies": 3,
      "copy_rates": [{"copy": 0, "gpu_type": "v100", "iters": 160, "seconds": 2.01,
-                     "iters_per_s": 79.6}, ...],
+                     "iters_per_s": 79.6, "gpu_mem_mib": 6120.0}, ...],
      "iters_per_s": 231.4, "complete": false, "stop": null, "run": "4242.0",
      "run_rounds": 2, "checkpoint": "consolidated-000007.pt", "updated_at": 1700000000.0}
 
 ``copy_rates`` are the last round's (``iters``/``seconds`` null for a copy that did not report;
-``iters_per_s`` then the previous one, or null); ``iters_per_s`` is their sum (the whole job's
-rate); ``stop``: why the copies stopped after this commit ("signal USR1", "time limit"), null
+``iters_per_s`` then the previous one, or null; ``gpu_mem_mib``: the most GPU memory the copy
+held, torch's peak reservation plus a CUDA context, null off CUDA: the sidecar learns it as the
+job type's footprint, :mod:`hadar_slurm.rates.memory`); ``iters_per_s`` is their sum (the whole
+job's rate); ``stop``: why the copies stopped after this commit ("signal USR1", "time limit"), null
 while they go on; ``run_rounds``: rounds this run committed (its first round is warm-up: the
 sidecar's online learning of throughputs leaves it out); ``updated_at``: seconds since the
 epoch.  One human line per commit goes to

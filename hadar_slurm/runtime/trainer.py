@@ -23,6 +23,7 @@ from typing import IO, Any, TypeVar
 import torch
 
 from hadar_slurm.errors import InputError
+from hadar_slurm.rates.memory import CONTEXT_MIB
 from hadar_slurm.runtime.config import (
     EXIT_COPY_LOST,
     EXIT_PREEMPTED,
@@ -225,6 +226,9 @@ class _Report:
     stop: str | None
     gpu_type: str | None
     nonce: str
+    #: the most GPU memory this copy held, MiB (CUDA only: torch's peak reservation plus a
+    #: context; None on the CPU), what the sidecar learns as the job's footprint
+    gpu_mem_mib: float | None = None
 
 
 # ----------------------------------------------------------------------------------- runtime
@@ -507,6 +511,18 @@ class JobRuntime:
                           round_iters=cfg.round_iters, round_seconds=cfg.round_seconds,
                           probe_iters=cfg.probe_iters)
 
+    def _gpu_mem_mib(self) -> float | None:
+        """The most memory this process held on its GPU so far, MiB: torch's peak
+        reservation plus a CUDA context (:data:`hadar_slurm.rates.memory.CONTEXT_MIB`); None
+        off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        try:
+            peak = float(torch.cuda.max_memory_reserved(self.device))
+        except RuntimeError:
+            return None
+        return round(peak / (1024 * 1024) + CONTEXT_MIB, 1) if peak > 0 else None
+
     def _stop_reason(self) -> str | None:
         if self._signals:
             return f"signal {self._signals[0]}"
@@ -517,7 +533,7 @@ class JobRuntime:
     def _end_round(self, state: CommittedState, quotas: tuple[int, ...], iters: int,
                    seconds: float, stop: str | None) -> CommittedState:
         cfg = self.config
-        me = _Report(cfg.index, iters, seconds, stop, cfg.gpu_type, "")
+        me = _Report(cfg.index, iters, seconds, stop, cfg.gpu_type, "", self._gpu_mem_mib())
         if cfg.copies == 1:
             if iters == 0:  # stopped before its first iteration: no new model, but the
                 return self._commit(state, None, [], stop)  # commit files carry the stop
@@ -546,6 +562,7 @@ class JobRuntime:
             "base_done": state.done, "copies": self.config.copies, "copy": me.copy,
             "quota": quotas[me.copy], "iters": me.iters, "seconds": me.seconds,
             "stop": me.stop, "run": self.config.run_id, "gpu_type": me.gpu_type,
+            "gpu_mem_mib": me.gpu_mem_mib,
             "host": self._host, "pid": os.getpid(), "nonce": me.nonce, "time": now(),
         }
 
@@ -626,8 +643,10 @@ class JobRuntime:
                         self._wait(all_in, missing, f"copy {j}'s report for round {r}", why=why)
                         continue
                 break
+            mem = meta.get("gpu_mem_mib")
             reports.append(_Report(j, meta["iters"], float(meta["seconds"]), meta.get("stop"),
-                                   meta.get("gpu_type"), meta["nonce"]))
+                                   meta.get("gpu_type"), meta["nonce"],
+                                   float(mem) if isinstance(mem, int | float) else None))
             if data is not None:
                 averager.add(data["model"], meta["iters"])
                 if optim_avg is not None and data.get("optim") is not None:
@@ -681,6 +700,7 @@ class JobRuntime:
                 "iters": None if rep is None else rep.iters,
                 "seconds": None if rep is None else round(rep.seconds, 6),
                 "iters_per_s": None if rates[k] is None else round(rates[k] or 0.0, 6),
+                "gpu_mem_mib": None if rep is None else rep.gpu_mem_mib,
             })
         total_rate = sum(r_ for r_ in rates if r_ is not None)
         if reports:

@@ -38,6 +38,7 @@ from pathlib import Path
 from hadar_slurm.costs import DEFAULT_RESTART_S, SLURM_MOVE_S, LiveCosts
 from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
+from hadar_slurm.model import normalize_gpu_type
 from hadar_slurm.policy import REGISTRY
 from hadar_slurm.rates.table import ThroughputTable, load_tables
 from hadar_slurm.slurm.version import tested_text
@@ -154,6 +155,21 @@ def _factor(value: object, _base: Path) -> float:
     if not math.isfinite(factor) or factor < 1:
         raise _InvalidValueError(problem, "e.g. 3 (the default), or 1 for the plain estimates")
     return factor
+
+
+def _gpu_memory(value: object, _base: Path) -> tuple[tuple[str, float], ...]:
+    example = "e.g. gpu_memory_mib = { v100 = 32768, a100 = 81920 }"
+    if not isinstance(value, dict):
+        raise _InvalidValueError(f"must be a table of GPU type = MiB, got {_show(value)}",
+                                 example)
+    out: list[tuple[str, float]] = []
+    for gpu, mib in value.items():
+        if (isinstance(mib, bool) or not isinstance(mib, (int, float))
+                or not math.isfinite(mib) or mib <= 0):
+            raise _InvalidValueError(f"{gpu}: must be a size in MiB above 0, got {_show(mib)}",
+                                     example)
+        out.append((normalize_gpu_type(str(gpu)), float(mib)))
+    return tuple(sorted(out))
 
 
 def _bool(value: object, _base: Path) -> bool:
@@ -442,6 +458,15 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_bool,
     ),
     ConfigKey(
+        "scheduler", "gpu_memory_mib", "table", "{}",
+        "Memory of one GPU of a type, in MiB, where it is not what hadar-slurm takes for it "
+        "(the smallest variant commonly sold: 16384 for a v100, 40960 for an a100), e.g. { v100 "
+        "= 32768 }. With share on, two jobs share a GPU only where their memory footprints "
+        "(measured by `hadar-slurm profile`, learned from running jobs on CUDA) fit in it; "
+        "see docs/sharing.md.",
+        check=_gpu_memory,
+    ),
+    ConfigKey(
         "hadare", "tracker_root", "path", '""',
         "Where the job trackers of forked jobs (hint fork=N) live: job J's is "
         "<root>/.hadar-tracker/J, a directory the nodes share; the copies' progress, J's saved "
@@ -529,6 +554,7 @@ class SidecarConfig:
     epoch_seconds: float
     reschedule_on_finish: bool
     share: bool
+    gpu_memory_mib: tuple[tuple[str, float], ...]
     finish_poll_s: float
     preempt_grace_s: float
     restart_s: float
@@ -749,8 +775,13 @@ def load_config(path: str | Path) -> SidecarConfig:
 
 
 def load_table_for(config: SidecarConfig) -> ThroughputTable:
-    """The bundled Gavel table with ``config.throughputs`` merged over it, in order."""
-    return load_tables(config.throughputs)
+    """The bundled Gavel table with ``config.throughputs`` merged over it, in order, and the
+    GPU memory sizes of ``config.gpu_memory_mib``."""
+    table = load_tables(config.throughputs)
+    if config.gpu_memory_mib:
+        table = dataclasses.replace(table, memory=table.memory.with_gpu_memory(
+            dict(config.gpu_memory_mib), config.source))
+    return table
 
 
 # -- docs ------------------------------------------------------------------------------------

@@ -196,6 +196,8 @@ class Progress:
     run: str | None = None
     #: rounds the current run committed (None from a runtime that does not say)
     run_rounds: int | None = None
+    #: the most GPU memory each copy held, MiB, where its runtime says (on CUDA)
+    gpu_mem: dict[int, float] = field(default_factory=dict)
 
     @property
     def total_rate(self) -> float:
@@ -224,6 +226,7 @@ def read_progress(directory: str) -> Progress | None:
     rates: dict[int, float] = {}
     types: dict[int, str] = {}
     measured: dict[int, tuple[float, float]] = {}
+    mem: dict[int, float] = {}
     raw = data.get("copy_rates")
     for k, entry in enumerate(raw if isinstance(raw, list) else []):
         if not isinstance(entry, dict):
@@ -239,6 +242,9 @@ def read_progress(directory: str) -> Progress | None:
         iters, seconds = _number(entry.get("iters")), _number(entry.get("seconds"))
         if iters is not None and seconds is not None and iters > 0 and seconds > 0:
             measured[index] = (iters, seconds)
+        held = _number(entry.get("gpu_mem_mib"))
+        if held is not None and held > 0:
+            mem[index] = held
     rounds = _number(data.get("rounds"))
     run_rounds = _number(data.get("run_rounds"))
     run = data.get("run")
@@ -247,7 +253,8 @@ def read_progress(directory: str) -> Progress | None:
                     complete=data.get("complete") is True,
                     updated_at=_number(data.get("updated_at")), measured=measured,
                     run=run if isinstance(run, str) else None,
-                    run_rounds=int(run_rounds) if run_rounds is not None else None)
+                    run_rounds=int(run_rounds) if run_rounds is not None else None,
+                    gpu_mem=mem)
 
 
 def _number(value: object) -> float | None:

@@ -557,11 +557,15 @@ class SlurmObserver:
         if self.share and off != self.share_off:
             # (once, and when the reason changes: an admin who turned sharing on sees why
             # nothing is shared)
-            guessed = sorted({g for (_key, g) in self.table.colocated.estimated
+            offered = self.table.colocated
+            guessed = sorted({g for (_key, g) in offered.estimated
                               if g in self.gpu_types}) if not off else []
+            too_big = sorted(f"{a} + {b} on {g}" for (a, b, _s), g in offered.memory_refused
+                             if a <= b and g in self.gpu_types) if not off else []
             log_event(logger, "sharing", logging.WARNING if off else logging.INFO,
                       epoch=self.epoch, on=not off, why=off or "offered to the policy",
-                      estimated_on=guessed)
+                      estimated_on=guessed, memory_refused=len(too_big),
+                      memory_refused_first=too_big[:5])
         self.share_off = off
         if self.share_off:
             return {"packed": self.pairs}
