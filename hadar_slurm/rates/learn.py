@@ -86,6 +86,7 @@ from dataclasses import dataclass, field, replace
 
 from hadar_slurm.logs import log_event
 from hadar_slurm.model import normalize_gpu_type
+from hadar_slurm.rates.colocated import ColocatedTable
 from hadar_slurm.rates.estimate import complete
 from hadar_slurm.rates.store import Entry, ThroughputStore, WindowRow, as_table
 from hadar_slurm.rates.table import ThroughputTable
@@ -280,8 +281,87 @@ class Knowledge:
             table = table.merged(ThroughputTable(planned, "estimates"))
         if self.store is not None:  # (the GPU memory the config gives wins over the store's)
             table = replace(table, memory=self.store.memory().merged(self.base.memory))
+            table = self._with_learned_pairs(table)
         self.table = table
         self._sources = sources
+
+    def _with_learned_pairs(self, table: ThroughputTable) -> ThroughputTable:
+        """``table`` with the co-located rates running pairs taught the store (issue #16),
+        through the same gates as isolated rates: each vote within :func:`bounds` of the
+        prior (the table's pair rate, measured or estimated), at least :data:`LEARN_MIN_JOBS`
+        jobs, the median of their votes and the prior's.  A pair the table forbids (or whose
+        jobs do not fit in the GPU's memory) stays forbidden; a side never learned keeps the
+        table's rate."""
+        assert self.store is not None
+        votes = self.store.pair_votes()
+        if not votes:
+            return table
+        prior = table.colocated
+        learned: dict[tuple[str, str, int, str], float] = {}
+        for (a, b, scale), per_gpu in votes.items():
+            for gpu, rates in per_gpu.items():
+                was = prior.pair_rate(a, b, scale, gpu)[0]
+                if was <= 0:
+                    continue
+                lo, hi = bounds(was)
+                ok = [r for r in rates if lo <= r <= hi]
+                if len(ok) >= LEARN_MIN_JOBS:
+                    learned[(a, b, scale, gpu)] = float(statistics.median([*ok, was]))
+        if not learned:
+            return table
+        pairs: dict[tuple[str, str, int], dict[str, tuple[float, float]]] = {}
+        for (a, b, scale, gpu), rate_a in learned.items():
+            rate_b = learned.get((b, a, scale, gpu), prior.pair_rate(a, b, scale, gpu)[1])
+            pairs.setdefault((a, b, scale), {})[gpu] = (rate_a, rate_b)
+            pairs.setdefault((b, a, scale), {})[gpu] = (rate_b, rate_a)
+        return replace(table, pairs=table.pairs.merged(ColocatedTable(pairs, "learned pairs")))
+
+    def observe_pair(self, job_id: int, job_type: str, mate_type: str, scale_factor: int,
+                     progress: Progress, ran: Mapping[int, SlurmRun], since: float, *,
+                     now: float) -> Observation | None:
+        """Fold a round of a job that shared its GPU with a job of ``mate_type`` since
+        ``since`` (the later of the two starts) into the store's co-located rates: checked as
+        :meth:`observe` checks a round (Slurm's GPU type and run, warm-up left out, each round
+        once), and only a round that began after the two shared the GPU, within the bounds of
+        the table's pair rate.  Returns the observation folded in, or None."""
+        if self.store is None or not self.learn or 0 not in ran:
+            return None
+        mark = (progress.run, progress.rounds)
+        if self._folded.get(job_id) == mark:
+            return None
+        self._folded[job_id] = mark
+        if progress.run_rounds is None or progress.run_rounds <= 1 or 0 not in progress.measured:
+            return None
+        gpu = ran[0].gpu_type
+        iters, seconds = progress.measured[0]
+        obs = Observation(job_id, job_type, scale_factor, gpu, iters, seconds)
+        prior = self.table.colocated.pair_rate(job_type, mate_type, scale_factor, gpu)[0]
+        why = self.check(progress, 0, ran, now)
+        at = progress.updated_at
+        if not why and at is not None and at - seconds < since - CLOCK_SLACK_S:
+            why = "the round began before the two jobs shared the GPU"
+        if not why and prior <= 0:
+            why = f"the table does not let {job_type} share a {gpu} with {mate_type}"
+        if not why:
+            lo, hi = bounds(prior)
+            if not lo <= obs.rate <= hi:
+                why = (f"{obs.rate:.4g} it/s beside {mate_type} is more than "
+                       f"{LEARN_FACTOR:g}x from the table's {prior:.4g}")
+        if why:
+            self.rejected += 1
+            if job_id not in self._rejected:
+                self._rejected.add(job_id)
+                log_event(logger, "learn_rejected", logging.WARNING, job=job_id,
+                          job_type=job_type, gpus=scale_factor, gpu_type=gpu, mate=mate_type,
+                          why=why)
+            return None
+        jobs = self.store.learn_pair(job_type, mate_type, scale_factor, gpu, obs.rate,
+                                     job=job_id)
+        self.learned += 1
+        log_event(logger, "learned_pair", job=job_id, job_type=job_type, mate=mate_type,
+                  gpus=scale_factor, gpu_type=gpu, observed=round(obs.rate, 4), jobs=jobs,
+                  applied=jobs >= LEARN_MIN_JOBS)
+        return obs
 
     def _estimates(self, real: ThroughputTable) -> dict[Key, float]:
         """Estimates of what ``real`` lacks on the cluster's GPU types (those with at least one

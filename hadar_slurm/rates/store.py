@@ -128,6 +128,16 @@ CREATE TABLE IF NOT EXISTS footprint (
     updated      REAL    NOT NULL,
     PRIMARY KEY (job_type, scale_factor, gpu_type)
 );
+CREATE TABLE IF NOT EXISTS pair_observation (
+    job_type     TEXT    NOT NULL,
+    mate_type    TEXT    NOT NULL,
+    scale_factor INTEGER NOT NULL,
+    gpu_type     TEXT    NOT NULL,
+    job          INTEGER NOT NULL,
+    rate         REAL    NOT NULL,
+    seen         REAL    NOT NULL,
+    PRIMARY KEY (job_type, mate_type, scale_factor, gpu_type, job)
+);
 CREATE TABLE IF NOT EXISTS gpu_memory (
     gpu_type     TEXT    NOT NULL PRIMARY KEY,
     mib          REAL    NOT NULL,
@@ -548,6 +558,42 @@ class ThroughputStore:
             cur.execute("INSERT OR REPLACE INTO footprint VALUES (?, ?, ?, ?, ?, ?)",
                         (*key, value, src, at))
         return value
+
+    def learn_pair(self, job_type: str, mate_type: str, scale_factor: int, gpu_type: str,
+                   rate: float, *, job: int, when: float | None = None) -> int:
+        """Fold a co-located rate into the store (issue #16): whole-job steps/s of
+        ``job_type`` while it shared ``scale_factor`` GPUs of ``gpu_type`` with a job of
+        ``mate_type``, seen in a round of ``job``.  Each job has one vote (its latest round);
+        the :data:`LEARN_WINDOW` latest jobs' are kept.  Returns how many votes the key has
+        (what they make is :class:`~hadar_slurm.rates.learn.Knowledge`'s to decide)."""
+        key = self._key(job_type, scale_factor, gpu_type)
+        mate = _check_job_type(mate_type, self._where, "mate_type")
+        value = _check_rate(rate, self._where)
+        at = _check_when(when, self._where)
+        pair = (key[0], mate, key[1], key[2])
+        where = "job_type = ? AND mate_type = ? AND scale_factor = ? AND gpu_type = ?"
+        with self._write() as cur:
+            cur.execute("INSERT OR REPLACE INTO pair_observation VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (*pair, int(job), value, at))
+            jobs = [int(j) for (j,) in cur.execute(
+                f"SELECT job FROM pair_observation WHERE {where} ORDER BY seen DESC",
+                pair).fetchall()]
+            for old_job in jobs[LEARN_WINDOW:]:
+                cur.execute(f"DELETE FROM pair_observation WHERE {where} AND job = ?",
+                            (*pair, old_job))
+        return min(len(jobs), LEARN_WINDOW)
+
+    def pair_votes(self) -> dict[tuple[str, str, int], dict[GpuType, list[float]]]:
+        """``(job_type, mate_type, scale_factor) -> {gpu_type: [one rate per job]}`` of every
+        co-located rate learned (:meth:`learn_pair`)."""
+        rows = self._read("SELECT job_type, mate_type, scale_factor, gpu_type, rate FROM "
+                          "pair_observation ORDER BY job_type, mate_type, scale_factor, "
+                          "gpu_type, job")
+        out: dict[tuple[str, str, int], dict[GpuType, list[float]]] = {}
+        for j, m, sf, g, r in rows:
+            out.setdefault((str(j), str(m), int(sf)), {}).setdefault(str(g), []).append(
+                float(r))
+        return out
 
     def record_gpu_memory(self, gpu_type: str, mib: float, *, when: float | None = None
                           ) -> float:

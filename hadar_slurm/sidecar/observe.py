@@ -460,6 +460,8 @@ class SlurmObserver:
         ordered = [v for v in views.values() if v.study is None or v.study.offered]
         self._cap_trial_copies(ordered, int(gpus.sum()))
         sharing = self._sharing(nodes, ordered)
+        if self.knowledge.store is not None and self.knowledge.learn:
+            self._learn_pairs(ordered, now)
         rate = np.array(
             [v.rates for v in ordered],
             dtype=np.float64).reshape(len(ordered), len(types))
@@ -843,6 +845,28 @@ class SlurmObserver:
                     and "" not in used:
                 ran[index] = SlurmRun(used.pop(), float(part.start_time))
         self.knowledge.observe(job.job_id, job_type, gpus, progress, ran, now=now)
+
+    def _learn_pairs(self, ordered: Sequence[JobView], now: float) -> None:
+        """Fold what each job of a running pair achieved beside its mate into the store's
+        co-located rates (:meth:`~hadar_slurm.rates.learn.Knowledge.observe_pair`): a round
+        counts only when both jobs held the GPU for all of it."""
+        by_id = {v.job_id: v for v in ordered}
+        for v in ordered:
+            mate = by_id.get(v.mate) if v.mate else None
+            if (mate is None or not v.running or not mate.running or v.job.start_time is None
+                    or mate.job.start_time is None or len(v.job.node_names) != 1):
+                continue
+            gpu = self._node_type.get(v.job.node_names[0], "")
+            try:
+                progress = hadare.read_progress(hadare.tracker_dir(v.job, None))
+            except ForkError:
+                continue
+            if not gpu or progress is None:
+                continue
+            start = float(v.job.start_time)
+            self.knowledge.observe_pair(
+                v.job_id, v.hints.job_type, mate.hints.job_type, v.gpus, progress,
+                {0: SlurmRun(gpu, start)}, max(start, float(mate.job.start_time)), now=now)
 
     def _fork_gone(self, job: SlurmJob, record: JobRecord) -> JobRecord:
         """The record of a job whose fork no longer waits or runs.  Its copies ended by
