@@ -20,7 +20,7 @@ from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot, gpus_in_use
 from hadar_slurm.policy.hadar import HadarPolicy, HadarState
-from hadar_slurm.policy.sharing import pair_gain, shared_finish
+from hadar_slurm.policy.sharing import pack_waiting, pair_gain, shared_finish
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_gavel_json
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.cluster import parse_counts
@@ -313,3 +313,22 @@ def test_the_plan_sees_a_pairs_gpus_held_by_its_host() -> None:
     assert hadar(share=False).plan_view(snap) is snap
     off = dataclasses.replace(snap, colocated=None)
     assert hadar().plan_view(off) is off
+
+
+def test_a_pair_must_end_by_the_target_the_job_left_alone_after_included() -> None:
+    """One v100 at t = 0: x (100 steps, placed) and y (720 steps, waiting), 0.8 of their speed
+    each while they share.  Sharing, x ends at 100 / 0.8 = 125 and y at 125 + 720 - 0.8 x 125
+    = 745 (then alone on x's GPU).  With 700 s to the drain target x would end in time but y,
+    left on x's GPU, would not: no pair (the host alone ending in time was the old test, and
+    guests left on GPUs the plan did not choose for them pushed gang chains past the target:
+    bench.sharing, gavel/static-gangs 1.028 -> 1.006 of the unshared makespan).  With 750 s
+    it pairs."""
+    jobs = [make_job(0, 100, 0, "x"), make_job(1, 720, 0, "y")]
+    snap = SimulatedCluster(jobs, parse_counts("v100=1"), table_with(0.8)).snapshot(
+        0, 0.0, 360.0, None)
+    placed = Placement(np.array([0]), np.array([0]), np.array([1]))
+    order = np.array([0, 1], dtype=np.int64)
+    _p, pairs, guests, _d = pack_waiting(snap, placed, order, window=700.0)
+    assert pairs == () and not guests.any()
+    _p, pairs, guests, _d = pack_waiting(snap, placed, order, window=750.0)
+    assert pairs == ((0, 1),) and guests.tolist() == [False, True]
