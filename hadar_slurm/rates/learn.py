@@ -348,12 +348,8 @@ class Knowledge:
                 why = (f"{obs.rate:.4g} it/s beside {mate_type} is more than "
                        f"{LEARN_FACTOR:g}x from the table's {prior:.4g}")
         if why:
-            self.rejected += 1
-            if job_id not in self._rejected:
-                self._rejected.add(job_id)
-                log_event(logger, "learn_rejected", logging.WARNING, job=job_id,
-                          job_type=job_type, gpus=scale_factor, gpu_type=gpu, mate=mate_type,
-                          why=why)
+            self._reject(job_id, job_type=job_type, gpus=scale_factor, gpu_type=gpu,
+                         mate=mate_type, why=why)
             return None
         jobs = self.store.learn_pair(job_type, mate_type, scale_factor, gpu, obs.rate,
                                      job=job_id)
@@ -444,12 +440,8 @@ class Knowledge:
                            f"{prior:.4g}" if prior is not None else
                            f"{obs.rate:.4g} it/s is outside {lo:g}..{hi:g}")
             if why:
-                self.rejected += 1
-                if job_id not in self._rejected:
-                    self._rejected.add(job_id)
-                    log_event(logger, "learn_rejected", logging.WARNING, job=job_id,
-                              job_type=job_type, gpus=scale_factor, gpu_type=gpu or None,
-                              why=why)
+                self._reject(job_id, job_type=job_type, gpus=scale_factor,
+                             gpu_type=gpu or None, why=why)
                 continue
             held = progress.gpu_mem.get(copy)
             if held is not None:
@@ -466,6 +458,13 @@ class Knowledge:
                       samples=entry.samples if entry is not None else 0)
         self.learned += len(folded)
         return folded
+
+    def _reject(self, job_id: int, **fields: object) -> None:
+        """Count a refused observation; log the first of each job (``learn_rejected``)."""
+        self.rejected += 1
+        if job_id not in self._rejected:
+            self._rejected.add(job_id)
+            log_event(logger, "learn_rejected", logging.WARNING, job=job_id, **fields)
 
     @staticmethod
     def _decider(prior: float | None, taken: list[float | None],
