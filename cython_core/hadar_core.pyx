@@ -510,41 +510,12 @@ def plan(remaining, scale, rate, fill_rate, ukey, age, sync, current, order, cap
                 best_prog = _fastest_option(i, scale_v, rates, sync_v, free, best, trial)
                 if best_prog <= 0.0:
                     continue
-                if _detour(i, best, cur_v, rem_v, fill_v, scale_v, best_prog, c_round, c_mig):
-                    continue
                 for h in range(num_types):
                     if best[h] > 0:
                         free[h, 0] -= best[h]
                         alloc[i, h] = best[h]
                 status[i] = 4
     return alloc_a, payoff_a, status_a
-
-
-cdef inline bint _detour(
-    Py_ssize_t i, i64[::1] best, const i64[:, ::1] current, const double[::1] remaining,
-    const double[:, ::1] fill_rate, const i64[::1] scale, double best_prog, double round_s,
-    double migration_s,
-) noexcept nogil:
-    """Twin of ``reference._detour``: back-filling running job ``i`` onto ``best`` does not
-    pay for the move back to its plan's GPUs."""
-    cdef bint holds = False
-    cdef bint stays = True
-    cdef double top = 0.0
-    cdef double gain
-    cdef Py_ssize_t h
-    if migration_s <= 0.0:
-        return False
-    for h in range(best.shape[0]):
-        if current[i, h] > 0:
-            holds = True
-        if best[h] > current[i, h]:
-            stays = False
-        if fill_rate[i, h] * <double>scale[i] > top:
-            top = fill_rate[i, h] * <double>scale[i]
-    if not holds or stays:
-        return False
-    gain = best_prog * (round_s - migration_s)
-    return gain < remaining[i] and gain <= top * migration_s
 
 
 # ----------------------------------------------------------------------------------------------

@@ -960,23 +960,3 @@ def test_match_nodes_places_what_the_numpy_matcher_placed() -> None:
         assert placed_new.dtype == np.bool_ and np.array_equal(placed_new, placed_old)
         for a, b in ((new.job, old.job), (new.node, old.node), (new.count, old.count)):
             assert a.dtype == np.int64 and np.array_equal(a, b)
-
-
-@pytest.mark.parametrize(("migration_s", "detoured"), [(0.0, True), (30.0, True), (300.0, False)])
-def test_a_running_job_is_not_sent_on_a_detour_that_does_not_pay(migration_s: float,
-                                                                 detoured: bool) -> None:
-    """Job 0 runs on the one GPU of type 0 (10 steps/s there, 1 on type 1); job 1, first in
-    the order, takes it.  Back-filling job 0 onto type 1 moves it now and again when it returns
-    to type 0.  In a 360 s round with a move of 300 s, type 1 gives 1 x 60 = 60 steps, the move
-    back costs 10 x 300 = 3000: it waits instead (no GPUs, status 2).  A move of 30 s: 330
-    steps against 300, it goes; free moves: it goes.  Both twins alike."""
-    def args() -> tuple[Any, ...]:
-        return (np.array([1e6, 1e6]), np.array([1, 1]), np.array([[10.0, 0.0], [10.0, 0.0]]),
-                np.array([[10.0, 1.0], [10.0, 0.0]]), np.array([1e5, 1e5]), np.zeros(2),
-                np.array([0, 0]), np.array([[1, 0], [0, 0]]), np.array([1, 0]),
-                np.array([1, 1]), 360.0, 4, migration_s, np.array([0.01, 0.001]), 10.0)
-    for fn in (reference.plan, compiled.plan):
-        alloc, _payoff, status = fn(*args())
-        assert alloc[1].tolist() == [1, 0]
-        assert alloc[0].tolist() == ([0, 1] if detoured else [0, 0])
-        assert status[0] == (4 if detoured else 2)

@@ -389,41 +389,12 @@ def plan(
             best_prog, best = _fastest_option(i, scale, rates, sync, free)
             if best_prog <= 0.0:
                 continue
-            if _detour(i, best, current, remaining, fill_rate, scale, best_prog, round_s,
-                       migration_s):
-                continue
             for h in range(num_types):
                 if best[h] > 0:
                     free[h, 0] -= best[h]
                     alloc[i, h] = best[h]
             status[i] = 4
     return alloc, payoff, status
-
-
-def _detour(i: int, best: I64, current: I64, remaining: F64, fill_rate: F64, scale: I64,
-            best_prog: float, round_s: float, migration_s: float) -> bool:
-    """Whether back-filling running job ``i`` onto ``best`` (GPUs other than its own) is a
-    detour that does not pay: the dual pass gave its GPUs away, so it returns to GPUs of its
-    plan later, paying a move there too.  It pays where the progress on ``best`` this round,
-    after the move (``best_prog * (round_s - migration_s)``), ends the job or beats what that
-    second move costs at the job's best rate (``migration_s`` times it).  A job that holds
-    nothing, or stays on GPUs it holds, is never a detour."""
-    if migration_s <= 0.0:
-        return False
-    holds = False
-    stays = True
-    top = 0.0
-    for h in range(best.shape[0]):
-        if current[i, h] > 0:
-            holds = True
-        if best[h] > current[i, h]:
-            stays = False
-        if fill_rate[i, h] * scale[i] > top:
-            top = float(fill_rate[i, h] * scale[i])
-    if not holds or stays:
-        return False
-    gain = best_prog * (round_s - migration_s)
-    return bool(gain < remaining[i] and gain <= top * migration_s)
 
 
 def _fastest_option(i: int, scale: I64, rate: F64, sync: I64, free: I64) -> tuple[float, I64]:
