@@ -5,10 +5,11 @@ did not, e.g. out of memory, on *its* GPUs).  A site's GPUs and models differ, s
 offered only where the two jobs' **footprints** fit in the GPU's **memory** as well:
 
 * a *footprint* is the most memory one worker of a job type (at a scale factor) held on one GPU,
-  in MiB: ``hadar-slurm profile`` measures it on a real GPU (the most memory NVML saw in use on
-  the profiled GPU while the job ran alone, or torch's peak reservation when NVML is not
-  there), and a running job's runtime reports it on CUDA (torch's peak reservation plus its
-  context), which the sidecar learns; both land in the throughput store;
+  in MiB: ``hadar-slurm profile`` measures it on a real GPU (what NVML saw the profiling
+  process hold, else the GPU's whole use, else torch's peak allocation plus
+  :data:`CONTEXT_MIB`: :func:`hadar_slurm.rates.profile.footprint_mib`), and a running job's
+  runtime reports it on CUDA (torch's peak reservation plus :data:`CONTEXT_MIB`), which the
+  sidecar learns; both land in the throughput store;
 * a GPU type's *memory* is what NVML reports as the GPU's total (``profile`` stores it), else
   :data:`KNOWN_GPU_MIB` (the smallest variant commonly sold of each type), else unknown; the
   sidecar's ``[scheduler] gpu_memory_mib`` overrides both (a site with 32 GB V100s says so).
@@ -17,8 +18,9 @@ A footprint measured on one GPU type stands for every type (the model's tensors 
 on the GPU); where several types measured it, the largest counts.  A pair fits when the sum of
 its two footprints is at most the memory less :data:`HEADROOM_MIB` (the second CUDA context
 and the allocator's slack).  Where a footprint or the memory is unknown, the pair table's word
-stands and the pair is listed as *unchecked* (``explain`` says so): that is no guess, the
-table's entry is itself a measurement of the two jobs sharing a GPU.
+stands (:meth:`MemoryLimits.fits` says None): that is no guess, the table's entry is itself a
+measurement of the two jobs sharing a GPU.  Nothing tells a user so yet; the sidecar's
+``sharing`` log event counts only the pairs refused.
 """
 
 from __future__ import annotations

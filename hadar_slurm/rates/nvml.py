@@ -53,10 +53,10 @@ __all__ = [
     "slurm_type_name",
 ]
 
-#: Vendor and product-line words before the model in NVML names ("NVIDIA", "Tesla", ...).
 #: Bytes in a MiB.
 MIB = 1024 * 1024
 
+#: Vendor and product-line words before the model in NVML names ("NVIDIA", "Tesla", ...).
 _VENDOR_WORDS = ("nvidia", "tesla", "geforce", "quadro")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
