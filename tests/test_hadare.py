@@ -18,13 +18,13 @@ from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
 from hadar_slurm.policy.hadare import HadarEPolicy, fork_drain
-from hadar_slurm.rates.table import ThroughputTable, default_table
+from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
-from hadar_slurm.sim.bounds import fluid_makespan_bound, fork_makespan_bound
+from hadar_slurm.sim.bounds import copy_room, fluid_makespan_bound, fork_makespan_bound
 from hadar_slurm.sim.cluster import load_cluster, parse_counts
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import load_trace
-from tests.helpers import make_job, run_cli
+from tests.helpers import TOY_CSV, make_job, run_cli
 
 I64 = np.int64
 BENCH_TRACES = Path(__file__).resolve().parents[1] / "bench" / "traces"
@@ -350,3 +350,59 @@ def test_a_running_job_gets_no_copy_whose_restart_the_round_cannot_repay(
     assert d.placement.by_job_sorted() == {1: [(0, 1)], 2: [(1, 1)]}
     pending = Snapshot(**{**snap.__dict__, "migration_s": 300.0})
     assert policy.allocate(pending).placement.num_copies()[1] > 1
+
+
+# -- copies are node-disjoint: the fork bound and Hadar's plan know it -----------------------
+
+
+def test_the_fork_bound_counts_the_nodes_that_can_hold_a_copy() -> None:
+    zero = np.zeros(1)
+    # One 1-GPU job of 100 steps at 1 step/s on two 4-GPU nodes: four copies would take 25 s,
+    # but no two copies share a node, so at most two run: 50 s.
+    one = (zero, np.array([100.0]), np.array([1], dtype=I64), np.array([[1.0]]),
+           np.array([8], dtype=I64))
+    assert fork_makespan_bound(*one, copies=4) == pytest.approx(25.0)
+    assert fork_makespan_bound(*one, copies=4, room=np.array([[2]])) == pytest.approx(50.0)
+    # A 4-GPU job (4 steps/s) on sixteen 1-GPU nodes: no node holds a copy, so it runs as one
+    # gang over four nodes (400 / 4 = 100 s), not as four copies (25 s).
+    gang = (zero, np.array([400.0]), np.array([4], dtype=I64), np.array([[4.0]]),
+            np.array([16], dtype=I64))
+    assert fork_makespan_bound(*gang, copies=4) == pytest.approx(25.0)
+    assert fork_makespan_bound(*gang, copies=4, room=np.array([[0]])) == pytest.approx(100.0)
+    # Two types: one node of the fast one (2 steps/s), three of the slow one (1 step/s): at
+    # most 1 + 3 copies, 5 steps/s, 20 s for 100 steps.
+    two = (zero, np.array([100.0]), np.array([1], dtype=I64), np.array([[2.0, 1.0]]),
+           np.array([4, 12], dtype=I64))
+    assert fork_makespan_bound(*two, copies=4, room=np.array([[1, 3]])) == pytest.approx(20.0)
+    assert fork_makespan_bound(*two, copies=4) == pytest.approx(12.5)  # 4 copies of 2 steps/s
+    # copy_room: nodes of each type with at least the job's scale factor of GPUs.
+    cluster = parse_counts("v100=2x4:k80=3x2")
+    assert copy_room(np.array([1, 2, 4], dtype=I64), cluster).tolist() == [
+        [2, 3], [2, 3], [2, 0]]
+
+
+def test_copies_hadar_could_not_place_go_back_to_the_jobs_that_wait() -> None:
+    # Three 2-GPU v100 nodes.  Job 1: 1 GPU, 360,000 steps (100 h): far longer than the drain,
+    # so it is offered one copy per node (3).  Job 2: 4 GPUs, 14,400 steps (1 h).  Hadar, not
+    # knowing that copies must be node-disjoint, gives job 1's three copies priority; the
+    # matcher puts two of them on one node and the merge drops one, so job 1 runs two copies,
+    # job 2 (4 GPUs > the 3 left in Hadar's plan) waits, and 4 GPUs idle.  Planned again with
+    # job 1 at the copies it kept, both jobs run.
+    table = parse_csv(TOY_CSV + "toy4,4,v100,4.0\n", "toy.csv")
+    jobs = [make_job(1, 360000, 0), make_job(2, 14400, 0, "toy4", scale=4)]
+    snap = SimulatedCluster(jobs, parse_counts("v100=3x2"), table).snapshot(0, 0.0, 360.0,
+                                                                              None)
+    old = HadarEPolicy(replans=0).allocate(snap).placement
+    assert set(old.job.tolist()) == {1} and old.num_copies() == {1: 2}
+    assert int(old.count.sum()) == 2
+    new = HadarEPolicy().allocate(snap)
+    assert set(new.placement.job.tolist()) == {1, 2}
+    assert int(new.placement.count[new.placement.job == 2].sum()) == 4
+    assert int(new.placement.count.sum()) >= 5
+    check_copies_disjoint(new.placement)
+
+
+def check_copies_disjoint(p: Placement) -> None:
+    for copies in p.by_job_copies().values():
+        nodes = [nd for rows in copies.values() for nd, _ in rows]
+        assert len(nodes) == len(set(nodes))

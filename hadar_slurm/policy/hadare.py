@@ -20,7 +20,11 @@ compete for GPUs like any job.  One epoch:
    (:class:`~hadar_slurm.policy.hadar.HadarPolicy`, unchanged) orders, prices and places the
    copies like any job: a long job's copies run when they can no longer wait for the target
    (critical) or when GPUs are free, so short jobs are not starved.  Copies that land on a node
-   another copy of the same job holds are dropped.
+   another copy of the same job holds, or (copies being one node each) over several nodes or
+   types, are dropped.  Hadar does not know that copies must be node-disjoint, so where it
+   dropped copies while jobs wait, the GPUs it gave them would idle: the job's copies are
+   lowered to those kept and Hadar plans again (``replans`` times at most), so that the waiting
+   jobs get those GPUs.
 3. **Fill idle GPUs.**  GPUs nobody took this epoch go to more copies of the placed jobs,
    longest expected finish first, each on the fastest type with room, on nodes the job's other
    copies do not use, preferring nodes where the job ran a copy last epoch; a copy is only added
@@ -90,7 +94,9 @@ class HadarEPolicy:
     takes ``max_overhead`` of a round or more is not forked.  What the world allows comes from
     the snapshot, set by the backend: ``round_s`` for the overhead, and ``multi_node_copies``,
     whether one copy may span nodes (a gang, as the job itself may; ``False`` in Slurm, where
-    each copy is one component on one node, and in the simulator unless told otherwise)."""
+    each copy is one component on one node, and in the simulator unless told otherwise).
+    ``replans``: how many times at most Hadar plans the copies again without those the merge
+    dropped (step 2)."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
@@ -98,6 +104,7 @@ class HadarEPolicy:
     fork_all: bool = False
     max_overhead: float = 0.5
     share: bool = False
+    replans: int = 2
     name: str = "hadare"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
@@ -128,14 +135,21 @@ class HadarEPolicy:
         long_job = ((single > window) | self.fork_all) & (cap > 1)
         want[long_job] = cap[long_job]
 
-        # 2: Hadar over the copies.
-        virt, owner, copy_no = self.expand(snapshot, want, overhead, prev_hadar)
-        inner = self.hadar.allocate(virt)
-        placement, reason = self.merge(snapshot, inner, owner, copy_no)
+        # 2: Hadar over the copies; planned again, without the copies the merge had to drop,
+        # while their GPUs would idle as jobs wait.
+        runnable = snapshot.rate.max(axis=1) > 0
+        for _ in range(1 + self.replans):
+            virt, owner, copy_no = self.expand(snapshot, want, overhead, prev_hadar)
+            inner = self.hadar.allocate(virt)
+            placement, reason = self.merge(snapshot, inner, owner, copy_no)
+            everyone = bool(np.isin(snapshot.job_ids[runnable], placement.job).all())
+            fewer = self.dropped_copies(snapshot, want, inner.placement, owner, placement)
+            if everyone or fewer is None:
+                break
+            want = fewer
 
         # 3: idle GPUs to more copies, once no job waits for them.
-        runnable = snapshot.rate.max(axis=1) > 0
-        if np.isin(snapshot.job_ids[runnable], placement.job).all():
+        if everyone:
             placement = self.fill(snapshot, placement, cap, overhead)
         # 4: GPU sharing, where the world offers it: a waiting job joins an unforked placed
         # job (Hadar's rule), each host still ending by the fork target.
@@ -245,6 +259,21 @@ class HadarEPolicy:
         first = np.nonzero(copy_no == 0)[0]
         reason[owner[first]] = inner.reason[first]
         return self._placement(snapshot, rows), reason
+
+    @staticmethod
+    def dropped_copies(snapshot: Snapshot, want: IntArray, planned: Placement,
+                       owner: IntArray, placement: Placement) -> IntArray | None:
+        """``want`` lowered to the copies the merge kept, for each forked job whose copies Hadar
+        placed where they cannot run (on a node another copy holds, over several types or
+        nodes); None when it dropped none."""
+        kept = placement.num_copies()
+        placed = np.bincount(owner[np.unique(planned.job)], minlength=snapshot.num_jobs)
+        out = want.copy()
+        for i in np.nonzero((want > 1) & (placed > 1))[0].tolist():
+            k = kept.get(int(snapshot.job_ids[i]), 0)
+            if 0 < k < placed[i]:
+                out[i] = k
+        return None if (out == want).all() else out
 
     @staticmethod
     def _placement(snapshot: Snapshot, rows: list[tuple[int, int, int, int]]) -> Placement:

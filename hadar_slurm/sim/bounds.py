@@ -29,9 +29,12 @@ from hadar_slurm.rates.table import ThroughputTable
 
 def _bound(
     arrival: FloatArray, remaining: FloatArray, scale: IntArray, rate: FloatArray,
-    capacity: IntArray, per_job_cap: float | None,
+    capacity: IntArray, per_job_cap: float | FloatArray | None,
+    type_cap: FloatArray | None = None,
 ) -> float:
     n, h = rate.shape
+    job_cap = (None if per_job_cap is None
+               else np.broadcast_to(np.asarray(per_job_cap, dtype=np.float64), (n,)))
     t0 = float(arrival.min())
     cuts = np.unique(arrival)
     k_count = cuts.shape[0]
@@ -69,22 +72,38 @@ def _bound(
     t_rows: list[int] = []
     t_vals: list[float] = []
     rhs_extra: list[float] = []
-    if per_job_cap is not None:
-        # sum_g x[i, g, k] <= cap * len_k  (last interval: - cap * T <= -cap * t_last)
+    if job_cap is not None:
+        # sum_g x[i, g, k] <= cap_i * len_k  (last interval: - cap_i * T <= -cap_i * t_last)
         key = vi * k_count + vk
         uniq, inv = np.unique(key, return_inverse=True)
         rows_a.append(r + inv)
         cols_a.append(cols)
         vals_a.append(np.ones(cols.shape[0]))
         for u in uniq.tolist():
-            k = u % k_count
+            i, k = divmod(u, k_count)
+            cap = float(job_cap[i])
             if k == last:
                 t_rows.append(r)
-                t_vals.append(-per_job_cap)
-                rhs_extra.append(per_job_cap * (-float(cuts[last]) + t0))
+                t_vals.append(-cap)
+                rhs_extra.append(cap * (-float(cuts[last]) + t0))
             else:
-                rhs_extra.append(per_job_cap * float(lengths[k]))
+                rhs_extra.append(cap * float(lengths[k]))
             r += 1
+    if type_cap is not None:
+        # x[i, g, k] <= cap_ig * len_k, where that binds before the job's own cap does.
+        binds = np.nonzero(type_cap[vi, vg] < (np.inf if job_cap is None else job_cap[vi]))[0]
+        caps = type_cap[vi[binds], vg[binds]]
+        rows = r + np.arange(binds.shape[0])
+        rows_a.append(rows)
+        cols_a.append(binds + 1)
+        vals_a.append(np.ones(binds.shape[0]))
+        in_last = vk[binds] == last
+        t_rows.extend(rows[in_last].tolist())
+        t_vals.extend((-caps[in_last]).tolist())
+        lens = np.where(in_last, -float(cuts[last]) + t0,
+                        lengths[np.minimum(vk[binds], max(last - 1, 0))] if last > 0 else 0.0)
+        rhs_extra.extend((caps * lens).tolist())
+        r += int(binds.shape[0])
     # Capacity: sum_i scale * x[i, g, k] <= c_g * len_k.
     key = vg * k_count + vk
     uniq, inv = np.unique(key, return_inverse=True)
@@ -137,11 +156,40 @@ def fluid_makespan_bound(
 
 def fork_makespan_bound(
     arrival: FloatArray, remaining: FloatArray, scale: IntArray, rate: FloatArray,
-    capacity: IntArray, copies: int | None = None,
+    capacity: IntArray, copies: int | None = None, room: IntArray | None = None,
 ) -> float:
     """Makespan lower bound when a job may use any number of GPUs (forked copies), or at most
-    ``copies`` times its scale factor."""
+    ``copies`` times its scale factor.
+
+    ``room`` (jobs x types): how many copies of each job one type can hold at once, when
+    copies are node-disjoint and each lies on one node (Slurm's heterogeneous jobs, and the
+    simulator unless told otherwise): the type's nodes with at least the job's scale factor
+    of GPUs (:func:`copy_room`).  A job runs as one gang, which may span nodes, or as copies
+    within that room: at most ``max(1, room)`` at a time on a type and ``max(1, min(copies,
+    sum of room))`` in all.
+    """
     if copies is not None and copies < 1:
         raise ValueError(f"copies must be >= 1, got {copies}")
+    if room is None:
+        return _bound(arrival, remaining, scale, rate, capacity,
+                      per_job_cap=None if copies is None else float(copies))
+    if room.shape != rate.shape:
+        raise ValueError(f"room has shape {room.shape}, rates {rate.shape}")
+    total = room.sum(axis=1).astype(np.float64)
+    if copies is not None:
+        total = np.minimum(total, float(copies))
+    per_type = np.maximum(room.astype(np.float64), 1.0)
+    if copies is not None:
+        per_type = np.minimum(per_type, float(copies))
     return _bound(arrival, remaining, scale, rate, capacity,
-                  per_job_cap=None if copies is None else float(copies))
+                  per_job_cap=np.maximum(total, 1.0), type_cap=per_type)
+
+
+def copy_room(scale: IntArray, cluster: ClusterSpec) -> IntArray:
+    """Per job and GPU type of ``cluster``: the nodes of that type with at least the job's
+    scale factor of GPUs, i.e. how many node-disjoint one-node copies of it the type holds."""
+    gpus = {t: np.array([nd.gpus for nd in cluster.nodes if nd.gpu_type == t], dtype=np.int64)
+            for t in cluster.gpu_types}
+    return np.array([[int((gpus[t] >= s).sum()) for t in cluster.gpu_types]
+                     for s in np.asarray(scale).tolist()], dtype=np.int64).reshape(
+                         len(scale), len(cluster.gpu_types))
