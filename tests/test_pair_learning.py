@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hadar_slurm.errors import InputError
 from hadar_slurm.rates.learn import LEARN_FACTOR, Knowledge, SlurmRun
 from hadar_slurm.rates.store import LEARN_WINDOW, ThroughputStore
 from hadar_slurm.rates.table import default_table
@@ -50,6 +51,42 @@ def test_store_keeps_one_vote_per_job_and_a_window(tmp_path: Path) -> None:
             store.learn_pair(R50, A3C_TYPE, 1, "v100", 5.0, job=j, when=float(j))
         votes = store.pair_votes()[(R50, A3C_TYPE, 1)]["v100"]
         assert len(votes) == LEARN_WINDOW and 3.0 not in votes and 4.0 not in votes
+
+
+def test_learned_pairs_travel_in_the_json_export(tmp_path: Path) -> None:
+    with ThroughputStore(tmp_path / "t.db") as store:
+        store.learn_pair(R50, A3C_TYPE, 1, "v100", 3.0, job=1, when=2.0)
+        store.learn_pair(R50, A3C_TYPE, 1, "v100", 4.0, job=2, when=3.0)
+        store.record(R50, 1, "v100", 9.0)
+        out = tmp_path / "export.json"
+        store.export(out)
+    data = json.loads(out.read_text())
+    assert data["pair_votes"] == [
+        {"job_type": R50, "mate_type": A3C_TYPE, "scale_factor": 1, "gpu_type": "v100",
+         "job": j, "rate": r, "seen": t} for j, r, t in ((1, 3.0, 2.0), (2, 4.0, 3.0))]
+    with ThroughputStore(tmp_path / "copy.db") as copy:
+        copy.import_file(out)
+        assert copy.pair_votes() == {(R50, A3C_TYPE, 1): {"v100": [3.0, 4.0]}}
+        # the same job's vote again replaces it (one vote per job), as it does when learned
+        copy.import_file(out)
+        assert copy.pair_votes() == {(R50, A3C_TYPE, 1): {"v100": [3.0, 4.0]}}
+    # a bad vote names its field and nothing of the file is written
+    for field, value, match in (("rate", -1.0, r"pair_votes\[1\]\.rate"),
+                                ("job", "seven", r"pair_votes\[1\]\.job"),
+                                ("mate_type", "", r"pair_votes\[1\]\.mate_type")):
+        votes = [data["pair_votes"][0], dict(data["pair_votes"][1], **{field: value})]
+        bad = tmp_path / f"bad-{field}.json"
+        bad.write_text(json.dumps(dict(data, pair_votes=votes)))
+        with ThroughputStore(tmp_path / f"bad-{field}.db") as other:
+            with pytest.raises(InputError, match=match):
+                other.import_file(bad)
+            assert other.entries() == [] and other.pair_votes() == {}
+    # an export without the key (an older hadar-slurm) has no votes
+    del data["pair_votes"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    with ThroughputStore(tmp_path / "old.db") as old:
+        old.import_file(tmp_path / "old.json")
+        assert old.pair_votes() == {} and len(old.entries()) == 1
 
 
 def test_pairs_are_learned_through_the_gates(tmp_path: Path) -> None:

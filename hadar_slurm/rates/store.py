@@ -735,11 +735,14 @@ class ThroughputStore:
             if src is not None:
                 news = [Entry(*e.key, e.rate, src, e.samples, e.updated) for e in news]
             feet, mems = _parse_export_memory(data, where)
+            pairs = _parse_export_pairs(data, where)
             written = self._put_all(news)
             for job, sf, gpu, mib, fsrc, updated in feet:
                 self.record_footprint(job, sf, gpu, mib, source=fsrc, when=updated)
             for gpu, mib, updated in mems:
                 self.record_gpu_memory(gpu, mib, when=updated)
+            for a, b, sf, gpu, job_id, rate, seen in pairs:
+                self.learn_pair(a, b, sf, gpu, rate, job=job_id, when=seen)
             return written
         return self.import_table(parse_gavel_json(text, where), source=src or "imported")
 
@@ -798,7 +801,9 @@ class ThroughputStore:
     def export(self, path: str | os.PathLike[str], *, fmt: str = "json") -> int:
         """Write every entry to ``path`` (replaced atomically); returns how many.
 
-        ``json``: our format, ``{"format", "version", "entries": [every Entry field]}``, which
+        ``json``: our format, ``{"format", "version", "entries": [every Entry field],
+        "footprints", "gpu_memory", "pair_votes"}`` (memory footprints, GPU memory sizes and
+        the co-located rates learned from running pairs, one vote per job), which
         :meth:`import_file` reads back exactly.  ``csv``: ``job_type,scale_factor,gpu_type,
         steps_per_second`` (:func:`hadar_slurm.rates.table.load_table` reads it).  ``gavel``:
         Gavel's ``simulation_throughputs.json`` layout (``{"null": rate}`` entries).  The CSV and
@@ -815,9 +820,13 @@ class ThroughputStore:
                          "footprint ORDER BY job_type, scale_factor, gpu_type")]
             mems = [{"gpu_type": g, "mib": m, "updated": u} for g, m, u in self._read(
                 "SELECT gpu_type, mib, updated FROM gpu_memory ORDER BY gpu_type")]
+            pairs = [dict(zip(PAIR_FIELDS, row, strict=True)) for row in self._read(
+                f"SELECT {', '.join(PAIR_FIELDS)} FROM pair_observation ORDER BY job_type, "
+                "mate_type, scale_factor, gpu_type, job")]
             body = json.dumps({"format": FILE_FORMAT, "version": FILE_VERSION,
                                "entries": [asdict(e) for e in entries],
-                               "footprints": feet, "gpu_memory": mems}, indent=1) + "\n"
+                               "footprints": feet, "gpu_memory": mems,
+                               "pair_votes": pairs}, indent=1) + "\n"
         elif fmt == "csv":
             out = io.StringIO()
             writer = csv.writer(out, lineterminator="\n")
@@ -885,6 +894,37 @@ def _parse_export_memory(data: Mapping[str, Any], where: str
                          _check_scale_factor(item["scale_factor"], where,
                                              f"{at}.scale_factor"), gpu, mib, src, updated))
     return feet, mems
+
+
+#: The fields of one learned co-located rate (a vote) in our JSON export, in column order.
+PAIR_FIELDS = ("job_type", "mate_type", "scale_factor", "gpu_type", "job", "rate", "seen")
+
+
+def _parse_export_pairs(data: Mapping[str, Any], where: str
+                        ) -> list[tuple[str, str, int, GpuType, int, float, float]]:
+    """The learned co-located rates of our own JSON export (``pair_votes``, optional: an export
+    of a hadar-slurm without them has none), every field checked.  A vote keeps the job it
+    came from: one vote per job and key, as :meth:`ThroughputStore.learn_pair` counts them."""
+    items = data.get("pair_votes", [])
+    if not isinstance(items, list):
+        raise InputError("expected a list", source=where, field="pair_votes")
+    out: list[tuple[str, str, int, GpuType, int, float, float]] = []
+    for i, item in enumerate(items):
+        at = f"pair_votes[{i}]"
+        if not isinstance(item, dict) or set(item) != set(PAIR_FIELDS):
+            raise InputError("expected an object with exactly " + ", ".join(PAIR_FIELDS),
+                             source=where, field=at)
+        job_id = item["job"]
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 0:
+            raise InputError(f"expected a job id (an integer >= 0), got {job_id!r}",
+                             source=where, field=f"{at}.job")
+        out.append((_check_job_type(item["job_type"], where, f"{at}.job_type"),
+                    _check_job_type(item["mate_type"], where, f"{at}.mate_type"),
+                    _check_scale_factor(item["scale_factor"], where, f"{at}.scale_factor"),
+                    _check_gpu_type(item["gpu_type"], where, f"{at}.gpu_type"), job_id,
+                    _check_rate(item["rate"], where, f"{at}.rate"),
+                    _check_time(item["seen"], where, f"{at}.seen")))
+    return out
 
 
 def _parse_export(data: Mapping[str, Any], where: str) -> list[Entry]:
