@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pwd
 from collections.abc import Mapping
@@ -23,6 +24,8 @@ from hadar_slurm.errors import InputError
 from hadar_slurm.loop import Change, ChangeKind
 from hadar_slurm.policy.base import Decision, Placement, Reason
 from hadar_slurm.policy.hadar import HadarPolicy
+from hadar_slurm.rates.memory import MemoryLimits
+from hadar_slurm.rates.table import default_table
 from hadar_slurm.runtime.colocation import SHARING_FILE
 from hadar_slurm.sidecar.backend import SlurmBackend
 from hadar_slurm.sidecar.config import default_config
@@ -326,3 +329,23 @@ def test_only_shard_jobs_waiting_for_the_node_keep_a_pair_off_it() -> None:
         assert (("release", 2) in api.log) is placed, (required, b.report.detail)
         if not placed:
             assert "wait for node1 too" in b.report.detail[2]
+
+
+def test_the_sharing_event_says_why_pairs_do_not_fit_in_memory(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # ResNet-50 and A3C at 9,000 MiB a worker each: 18,000 MiB do not fit in a v100's 16,384
+    # less 512 kept free, so Gavel's measured pair is refused, and the event says so in MiB.
+    r50, a3c = "ResNet-50 (batch size 64)", "A3C"
+    memory = MemoryLimits({(r50, 1): {"v100": 9000.0}, (a3c, 1): {"v100": 9000.0}})
+    table = dataclasses.replace(default_table(), memory=memory)
+    api = Recording([shard_job(1, 0), pending(2, comment=A3C)], two_nodes((1, 0, 0, 0)))
+    b = SlurmBackend(api, table, preempt_grace_s=5.0, sleep=lambda s: None, share=True)
+    b.slurm_version = parse_version(api.version)
+    with caplog.at_level(logging.INFO, logger="hadar_slurm"):
+        b.snapshot(1, 2000.0, 60.0, None)
+    events = [getattr(r, "hadar_fields", {}) for r in caplog.records if r.msg == "sharing"]
+    assert events and events[0]["on"] is True
+    why = (f"{a3c} (9000 MiB) and {r50} (9000 MiB) need 18000 MiB; a v100 has 16384 MiB, "
+           "512 of it kept free")
+    assert why in events[0]["memory_refused_first"]
+    assert events[0]["memory_refused"] >= 1

@@ -562,7 +562,9 @@ class SlurmObserver:
             offered = self.table.colocated
             guessed = sorted({g for (_key, g) in offered.estimated
                               if g in self.gpu_types}) if not off else []
-            too_big = sorted(f"{a} + {b} on {g}" for (a, b, _s), g in offered.memory_refused
+            memory = self.table.memory
+            too_big = sorted(memory.why_not(a, b, s, g) or f"{a} + {b} on {g}"
+                             for (a, b, s), g in offered.memory_refused
                              if a <= b and g in self.gpu_types) if not off else []
             log_event(logger, "sharing", logging.WARNING if off else logging.INFO,
                       epoch=self.epoch, on=not off, why=off or "offered to the policy",
