@@ -300,6 +300,11 @@ def test_key_in_the_wrong_section_is_unknown() -> None:
         ("[slurm]\nconf = 1979-05-27", "got the date/time 1979-05-27"),
         ("[sidecar]\nstate_dir = {a = 1}", "got a table"),
         ("slurm = 3", "field 'slurm': must be a section, got 3"),
+        ("[scheduler]\ngpu_memory_mib = { v100 = 0 }",
+         "field '[scheduler] gpu_memory_mib': v100: must be a size in MiB above 0, got 0"),
+        ("[scheduler]\ngpu_memory_mib = { v100 = true }", "v100: must be a size in MiB above 0"),
+        ("[scheduler]\ngpu_memory_mib = { a100 = nan }", "a100: must be a size in MiB above 0"),
+        ("[scheduler]\ngpu_memory_mib = 32768", "must be a table of GPU type = MiB, got 32768"),
     ],
 )
 def test_bad_values(text: str, expected: str) -> None:

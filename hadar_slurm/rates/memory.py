@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
 
-__all__ = ["CONTEXT_MIB", "HEADROOM_MIB", "KNOWN_GPU_MIB", "MemoryLimits", "check_gpu_memory"]
+__all__ = ["CONTEXT_MIB", "HEADROOM_MIB", "KNOWN_GPU_MIB", "MIB", "MemoryLimits",
+           "check_gpu_memory", "is_memory_size"]
 
 #: Memory per GPU, MiB, of the smallest variant commonly sold of each type (a V100 may have
 #: 32 GB, an A100 80 GB: ``[scheduler] gpu_memory_mib`` or a ``profile`` run says so).
@@ -47,6 +48,9 @@ KNOWN_GPU_MIB: Mapping[GpuType, float] = {
 #: and the caching allocator's fragments.
 HEADROOM_MIB = 512.0
 
+#: Bytes in a MiB.
+MIB = 1024 * 1024
+
 #: A CUDA context's memory, MiB, added to torch's peak where NVML cannot tell what the process
 #: held (torch's count leaves the context out; 300-500 MiB on current drivers).
 CONTEXT_MIB = 512.0
@@ -55,13 +59,19 @@ CONTEXT_MIB = 512.0
 JobKey = tuple[str, int]
 
 
+def is_memory_size(value: object) -> bool:
+    """Whether ``value`` is a memory size in MiB: a finite number above 0 (not a bool)."""
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value) and value > 0)
+
+
 def check_gpu_memory(value: object, where: str, field_name: str) -> float:
     """A memory size in MiB: a finite number above 0."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
-            value) or value <= 0:
+    if not is_memory_size(value):
         raise InputError(f"{value!r} is not a memory size in MiB (a number above 0)",
                          source=where, field=field_name,
                          fix="give the size in MiB, e.g. 16384 for 16 GiB")
+    assert isinstance(value, int | float)
     return float(value)
 
 

@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import Any
 
 from hadar_slurm.errors import InputError
+from hadar_slurm.rates.memory import MIB
 
 __all__ = [
     "GpuInfo",
@@ -52,9 +53,6 @@ __all__ = [
     "short_type_name",
     "slurm_type_name",
 ]
-
-#: Bytes in a MiB.
-MIB = 1024 * 1024
 
 #: Vendor and product-line words before the model in NVML names ("NVIDIA", "Tesla", ...).
 _VENDOR_WORDS = ("nvidia", "tesla", "geforce", "quadro")

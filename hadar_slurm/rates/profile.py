@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.rates.memory import CONTEXT_MIB
+from hadar_slurm.rates.memory import CONTEXT_MIB, MIB
 from hadar_slurm.rates.nvml import GpuSampler, GpuUsage, NvmlUnavailable, list_gpus
 from hadar_slurm.rates.profile_models import BENCHMARKS, _build, check_gpu_type, job_type_for
 
@@ -211,7 +211,7 @@ class _Clock:
         """The most memory torch held on ``device`` in the timed region (None on the CPU)."""
         if not self.cuda:
             return None
-        return float(self._torch.cuda.max_memory_allocated(self.device)) / (1024 * 1024)
+        return float(self._torch.cuda.max_memory_allocated(self.device)) / MIB
 
 
 def _cpu_name() -> str:

@@ -23,7 +23,7 @@ from typing import IO, Any, TypeVar
 import torch
 
 from hadar_slurm.errors import InputError
-from hadar_slurm.rates.memory import CONTEXT_MIB
+from hadar_slurm.rates.memory import CONTEXT_MIB, MIB
 from hadar_slurm.runtime.config import (
     EXIT_COPY_LOST,
     EXIT_PREEMPTED,
@@ -521,7 +521,7 @@ class JobRuntime:
             peak = float(torch.cuda.max_memory_reserved(self.device))
         except RuntimeError:
             return None
-        return round(peak / (1024 * 1024) + CONTEXT_MIB, 1) if peak > 0 else None
+        return round(peak / MIB + CONTEXT_MIB, 1) if peak > 0 else None
 
     def _stop_reason(self) -> str | None:
         if self._signals:

@@ -40,6 +40,7 @@ from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import normalize_gpu_type
 from hadar_slurm.policy import REGISTRY
+from hadar_slurm.rates.memory import is_memory_size
 from hadar_slurm.rates.table import ThroughputTable, load_tables
 from hadar_slurm.slurm.version import tested_text
 
@@ -164,8 +165,7 @@ def _gpu_memory(value: object, _base: Path) -> tuple[tuple[str, float], ...]:
                                  example)
     out: list[tuple[str, float]] = []
     for gpu, mib in value.items():
-        if (isinstance(mib, bool) or not isinstance(mib, (int, float))
-                or not math.isfinite(mib) or mib <= 0):
+        if not is_memory_size(mib):
             raise _InvalidValueError(f"{gpu}: must be a size in MiB above 0, got {_show(mib)}",
                                      example)
         out.append((normalize_gpu_type(str(gpu)), float(mib)))
