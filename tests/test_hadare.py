@@ -406,3 +406,24 @@ def check_copies_disjoint(p: Placement) -> None:
     for copies in p.by_job_copies().values():
         nodes = [nd for rows in copies.values() for nd, _ in rows]
         assert len(nodes) == len(set(nodes))
+
+
+def test_idle_gpus_no_waiting_job_fits_go_to_copies() -> None:
+    # Five 2-GPU v100 nodes.  Three 10-hour jobs: 1 GPU (job 1), 8 GPUs (job 2), 4 GPUs
+    # (job 3).  Hadar runs jobs 3 and 1; job 2 waits, and the 5 GPUs left cannot hold it.
+    # Those GPUs go to copies of job 1, one per node it does not share with job 3 (nodes 0, 3
+    # and 4), where before they idled because a job was waiting.
+    table = parse_csv(TOY_CSV + "toy4,4,v100,4.0\ntoy8,8,v100,8.0\n", "toy.csv")
+    jobs = [make_job(1, 36000, 0), make_job(2, 288000, 0, "toy8", scale=8),
+            make_job(3, 144000, 0, "toy4", scale=4)]
+    snap = SimulatedCluster(jobs, parse_counts("v100=5x2"), table).snapshot(0, 0.0, 360.0,
+                                                                              None)
+    d = HadarEPolicy().allocate(snap)
+    p = d.placement
+    assert 2 not in p.job.tolist()
+    assert int(p.count[p.job == 3].sum()) == 4
+    copies = p.by_job_copies()[1]
+    assert len(copies) == 3 and sorted(nd for rows in copies.values() for nd, _ in rows) == [
+        0, 3, 4]
+    check_copies_disjoint(p)
+    assert HadarEPolicy.waiting_fits(snap, p, snap.rate.max(axis=1) > 0) is False

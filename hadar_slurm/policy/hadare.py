@@ -22,10 +22,11 @@ compete for GPUs like any job.  One epoch:
    (critical) or when GPUs are free, so short jobs are not starved.  Copies that land on a node
    another copy of the same job holds, or (copies being one node each) over several nodes or
    types, are dropped.  Hadar does not know that copies must be node-disjoint, so where it
-   dropped copies while jobs wait, the GPUs it gave them would idle: the job's copies are
+   dropped copies while a job waits that would fit in the GPUs left idle, the job's copies are
    lowered to those kept and Hadar plans again (``replans`` times at most), so that the waiting
    jobs get those GPUs.
-3. **Fill idle GPUs.**  GPUs nobody took this epoch go to more copies of the placed jobs,
+3. **Fill idle GPUs.**  GPUs nobody took this epoch, once no waiting job fits in them (an
+   8-GPU gang beside 7 idle GPUs does not), go to more copies of the placed jobs,
    longest expected finish first, each on the fastest type with room, on nodes the job's other
    copies do not use, preferring nodes where the job ran a copy last epoch; a copy is only added
    when it speeds the job up net of the consolidation it adds.
@@ -142,14 +143,16 @@ class HadarEPolicy:
             virt, owner, copy_no = self.expand(snapshot, want, overhead, prev_hadar)
             inner = self.hadar.allocate(virt)
             placement, reason = self.merge(snapshot, inner, owner, copy_no)
-            everyone = bool(np.isin(snapshot.job_ids[runnable], placement.job).all())
+            # (a job left waiting that fits in no type's idle GPUs, e.g. an 8-GPU gang beside
+            # 7 idle GPUs, gains nothing from them)
+            unused = not self.waiting_fits(snapshot, placement, runnable)
             fewer = self.dropped_copies(snapshot, want, inner.placement, owner, placement)
-            if everyone or fewer is None:
+            if unused or fewer is None:
                 break
             want = fewer
 
-        # 3: idle GPUs to more copies, once no job waits for them.
-        if everyone:
+        # 3: idle GPUs to more copies, once no waiting job could use them.
+        if unused:
             placement = self.fill(snapshot, placement, cap, overhead)
         # 4: GPU sharing, where the world offers it: a waiting job joins an unforked placed
         # job (Hadar's rule), each host still ending by the fork target.
@@ -259,6 +262,21 @@ class HadarEPolicy:
         first = np.nonzero(copy_no == 0)[0]
         reason[owner[first]] = inner.reason[first]
         return self._placement(snapshot, rows), reason
+
+    @staticmethod
+    def waiting_fits(snapshot: Snapshot, placement: Placement, runnable: np.ndarray) -> bool:
+        """Whether a runnable job left waiting would fit in the GPUs ``placement`` leaves idle
+        on one type where it runs (Hadar's back-fill left it out, so only GPUs freed by
+        dropped copies could make it fit)."""
+        waiting = runnable & ~np.isin(snapshot.job_ids, placement.job)
+        if not waiting.any():
+            return False
+        free = snapshot.node_gpus.astype(np.int64).copy()
+        np.subtract.at(free, placement.node, placement.count)
+        per_type = np.bincount(snapshot.node_type, weights=free,
+                               minlength=len(snapshot.gpu_types))
+        room = np.where(snapshot.rate[waiting] > 0, per_type[None, :], -1.0).max(axis=1)
+        return bool((room >= snapshot.scale[waiting]).any())
 
     @staticmethod
     def dropped_copies(snapshot: Snapshot, want: IntArray, planned: Placement,
