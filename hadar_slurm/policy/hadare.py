@@ -54,6 +54,7 @@ from hadar_slurm.policy.base import (
     Placement,
     Reason,
     Snapshot,
+    gpus_in_use,
 )
 from hadar_slurm.policy.hadar import HadarPolicy, drain_estimate
 from hadar_slurm.policy.sharing import pack_waiting
@@ -146,8 +147,9 @@ class HadarEPolicy:
             # (a job left waiting that fits in no type's idle GPUs, e.g. an 8-GPU gang beside
             # 7 idle GPUs, gains nothing from them)
             unused = not self.waiting_fits(snapshot, placement, runnable)
-            fewer = self.dropped_copies(snapshot, want, inner.placement, owner, placement)
-            if unused or fewer is None:
+            fewer = None if unused else self.dropped_copies(snapshot, want, inner.placement,
+                                                            owner, placement)
+            if fewer is None:
                 break
             want = fewer
 
@@ -271,8 +273,7 @@ class HadarEPolicy:
         waiting = runnable & ~np.isin(snapshot.job_ids, placement.job)
         if not waiting.any():
             return False
-        free = snapshot.node_gpus.astype(np.int64).copy()
-        np.subtract.at(free, placement.node, placement.count)
+        free = snapshot.node_gpus - gpus_in_use(placement, (), snapshot.node_gpus.shape[0])
         per_type = np.bincount(snapshot.node_type, weights=free,
                                minlength=len(snapshot.gpu_types))
         room = np.where(snapshot.rate[waiting] > 0, per_type[None, :], -1.0).max(axis=1)
@@ -317,8 +318,7 @@ class HadarEPolicy:
     def fill(self, snapshot: Snapshot, placement: Placement, cap: IntArray,
              overhead: FloatArray) -> Placement:
         """Give GPUs nobody took to more copies of placed jobs (step 3)."""
-        free = snapshot.node_gpus.astype(np.int64).copy()
-        np.subtract.at(free, placement.node, placement.count)
+        free = snapshot.node_gpus - gpus_in_use(placement, (), snapshot.node_gpus.shape[0])
         if free.sum() <= 0:
             return placement
         index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}

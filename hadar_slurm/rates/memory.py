@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import GpuType, normalize_gpu_type
@@ -59,7 +60,7 @@ CONTEXT_MIB = 512.0
 JobKey = tuple[str, int]
 
 
-def is_memory_size(value: object) -> bool:
+def is_memory_size(value: object) -> TypeGuard[int | float]:
     """Whether ``value`` is a memory size in MiB: a finite number above 0 (not a bool)."""
     return (not isinstance(value, bool) and isinstance(value, int | float)
             and math.isfinite(value) and value > 0)
@@ -71,7 +72,6 @@ def check_gpu_memory(value: object, where: str, field_name: str) -> float:
         raise InputError(f"{value!r} is not a memory size in MiB (a number above 0)",
                          source=where, field=field_name,
                          fix="give the size in MiB, e.g. 16384 for 16 GiB")
-    assert isinstance(value, int | float)
     return float(value)
 
 

@@ -297,9 +297,10 @@ def _check_time(value: object, where: str, field: str) -> float:
     return float(value)
 
 
-def _check_samples(value: object, where: str, field: str) -> int:
+def _check_count(value: object, where: str, field: str, what: str = "samples") -> int:
+    """A whole number >= 0 (a count of samples, a job id)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"samples must be a whole number >= 0, got {value!r}", source=where,
+        raise InputError(f"{what} must be a whole number >= 0, got {value!r}", source=where,
                          field=field)
     return value
 
@@ -914,10 +915,7 @@ def _parse_export_pairs(data: Mapping[str, Any], where: str
         if not isinstance(item, dict) or set(item) != set(PAIR_FIELDS):
             raise InputError("expected an object with exactly " + ", ".join(PAIR_FIELDS),
                              source=where, field=at)
-        job_id = item["job"]
-        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 0:
-            raise InputError(f"expected a job id (an integer >= 0), got {job_id!r}",
-                             source=where, field=f"{at}.job")
+        job_id = _check_count(item["job"], where, f"{at}.job", "job")
         out.append((_check_job_type(item["job_type"], where, f"{at}.job_type"),
                     _check_job_type(item["mate_type"], where, f"{at}.mate_type"),
                     _check_scale_factor(item["scale_factor"], where, f"{at}.scale_factor"),
@@ -955,7 +953,7 @@ def _parse_export(data: Mapping[str, Any], where: str) -> list[Entry]:
             _check_gpu_type(item["gpu_type"], where, f"{at}.gpu_type"),
             _check_rate(item["rate"], where, f"{at}.rate"),
             _check_source(item["source"], where, f"{at}.source"),
-            _check_samples(item["samples"], where, f"{at}.samples"),
+            _check_count(item["samples"], where, f"{at}.samples"),
             _check_time(item["updated"], where, f"{at}.updated"),
         )
         if entry.key in seen:

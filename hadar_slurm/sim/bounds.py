@@ -100,9 +100,9 @@ def _bound(
         in_last = vk[binds] == last
         t_rows.extend(rows[in_last].tolist())
         t_vals.extend((-caps[in_last]).tolist())
-        lens = np.where(in_last, -float(cuts[last]) + t0,
-                        lengths[np.minimum(vk[binds], max(last - 1, 0))] if last > 0 else 0.0)
-        rhs_extra.extend((caps * lens).tolist())
+        # the right-hand side's length per interval (the last one's is T - (t_last - t0))
+        rhs_len = np.append(lengths, t0 - float(cuts[last]))
+        rhs_extra.extend((caps * rhs_len[vk[binds]]).tolist())
         r += int(binds.shape[0])
     # Capacity: sum_i scale * x[i, g, k] <= c_g * len_k.
     key = vg * k_count + vk
