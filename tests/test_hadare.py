@@ -390,8 +390,8 @@ def test_copies_hadar_could_not_place_go_back_to_the_jobs_that_wait() -> None:
     # job 1 at the copies it kept, both jobs run.
     table = parse_csv(TOY_CSV + "toy4,4,v100,4.0\n", "toy.csv")
     jobs = [make_job(1, 360000, 0), make_job(2, 14400, 0, "toy4", scale=4)]
-    snap = SimulatedCluster(jobs, parse_counts("v100=3x2"), table).snapshot(0, 0.0, 360.0,
-                                                                              None)
+    sim = SimulatedCluster(jobs, parse_counts("v100=3x2"), table)
+    snap = sim.snapshot(0, 0.0, 360.0, None)
     old = HadarEPolicy(replans=0).allocate(snap).placement
     assert set(old.job.tolist()) == {1} and old.num_copies() == {1: 2}
     assert int(old.count.sum()) == 2
@@ -399,13 +399,8 @@ def test_copies_hadar_could_not_place_go_back_to_the_jobs_that_wait() -> None:
     assert set(new.placement.job.tolist()) == {1, 2}
     assert int(new.placement.count[new.placement.job == 2].sum()) == 4
     assert int(new.placement.count.sum()) >= 5
-    check_copies_disjoint(new.placement)
-
-
-def check_copies_disjoint(p: Placement) -> None:
-    for copies in p.by_job_copies().values():
-        nodes = [nd for rows in copies.values() for nd, _ in rows]
-        assert len(nodes) == len(set(nodes))
+    sim.current = new.placement
+    check_copies(sim, 3, False)
 
 
 def test_idle_gpus_no_waiting_job_fits_go_to_copies() -> None:
@@ -416,8 +411,8 @@ def test_idle_gpus_no_waiting_job_fits_go_to_copies() -> None:
     table = parse_csv(TOY_CSV + "toy4,4,v100,4.0\ntoy8,8,v100,8.0\n", "toy.csv")
     jobs = [make_job(1, 36000, 0), make_job(2, 288000, 0, "toy8", scale=8),
             make_job(3, 144000, 0, "toy4", scale=4)]
-    snap = SimulatedCluster(jobs, parse_counts("v100=5x2"), table).snapshot(0, 0.0, 360.0,
-                                                                              None)
+    sim = SimulatedCluster(jobs, parse_counts("v100=5x2"), table)
+    snap = sim.snapshot(0, 0.0, 360.0, None)
     d = HadarEPolicy().allocate(snap)
     p = d.placement
     assert 2 not in p.job.tolist()
@@ -425,5 +420,6 @@ def test_idle_gpus_no_waiting_job_fits_go_to_copies() -> None:
     copies = p.by_job_copies()[1]
     assert len(copies) == 3 and sorted(nd for rows in copies.values() for nd, _ in rows) == [
         0, 3, 4]
-    check_copies_disjoint(p)
+    sim.current = p
+    check_copies(sim, 4, False)
     assert HadarEPolicy.waiting_fits(snap, p, snap.rate.max(axis=1) > 0) is False
