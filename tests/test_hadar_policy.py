@@ -109,6 +109,33 @@ wide,4,a,1.0
     assert sorted(set(now.placement.job.tolist())) == [1, 2, 3]
 
 
+def test_a_gang_chain_runs_one_gang_at_a_time_shortest_first() -> None:
+    # One type of four GPUs and three 4-GPU gangs, A of 3600 s, B of 1800 s and C of 360 s:
+    # they never run side by side, so the last ends at 5760 s whatever the order.  The drain
+    # target is 5760 s away; the window after this round less the margin, 5760 - 1.5 * 360 =
+    # 5220 s, times chain_factor 0.95 is 4959 s < 5760 s of chain: one gang is critical.
+    # C, the shortest, goes first, since A still fits after it (360 + 3600 = 3960 <= 4959): C
+    # ends at 360 s.  Then the window is 5400 s, 4617 s by the same rule: B first would leave
+    # A too late (1800 + 3600 > 4617), so A goes, and keeps the type until it ends at 3960 s
+    # (the chain's gang of the last epoch, still running, with the longest in time), then B,
+    # 5760 s.  Average JCT (360 + 3960 + 5760) / 3 = 3360 s, no preemption.  (Longest first
+    # every round, A ran until it was shorter than B, then the type passed from one gang to the
+    # other every round, a restart each time, and C, shortest, waited to the end.)
+    table = parse_csv("""job_type,scale_factor,gpu_type,steps_per_second
+wide,4,a,1.0
+""", "chain2.csv")
+    cluster = parse_counts("a=4")
+    jobs = [Job(0, "wide", 4, 3600, 0.0), Job(1, "wide", 4, 1800, 0.0),
+            Job(2, "wide", 4, 360, 0.0)]
+    snap = first_snapshot(jobs, cluster, table)
+    first = HadarPolicy().allocate(snap)
+    assert sorted(set(first.placement.job.tolist())) == [2]
+    assert isinstance(first.policy_state, HadarState) and first.policy_state.chain == (2,)
+    result = simulate(jobs, cluster, table, HadarPolicy())
+    assert result.finish.tolist() == pytest.approx([3960.0, 5760.0, 360.0])
+    assert sum(r.preemptions for r in result.records) == 0
+
+
 def test_upgrade_idle_moves_whole_jobs_to_faster_idle_gpus_in_queue_order() -> None:
     # Types (fast, slow) with 2 and 4 GPUs; rates per worker 2.0 and 1.0.  Job 0 (1 GPU) runs on
     # slow; job 1, a 2-GPU gang over one GPU of each, is paced by slow; one fast GPU is idle.

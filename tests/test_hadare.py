@@ -17,6 +17,7 @@ from hadar_slurm.loop import ChangeKind, diff
 from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
+from hadar_slurm.policy.hadar import HadarState
 from hadar_slurm.policy.hadare import HadarEPolicy, fork_drain
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
@@ -223,6 +224,25 @@ def test_the_simulator_tells_what_the_world_allows(toy_table: ThroughputTable) -
     told = SimulatedCluster(jobs, parse_counts("v100=2"), toy_table, multi_node_copies=True,
                             migration_cost_s=30.0).snapshot(0, 0.0, 360.0, None)
     assert told.multi_node_copies is True and told.migration_s == 30.0
+
+
+def test_hadars_chain_gang_is_carried_by_job_and_copy(toy_table: ThroughputTable) -> None:
+    # Hadar keeps the gang its chain rule made critical by id (HadarState.chain); HadarE's
+    # virtual ids are renumbered every epoch, so it carries them as (job, copy) and maps them
+    # to the next epoch's copies.  Jobs 5 (2 copies wanted) and 9 (3): virtual ids 0-1 and
+    # 2-4.  Copy 1 of job 9 is virtual 3; next epoch, with job 5 gone, it is virtual 1.
+    jobs = [make_job(5, 36000, 0), make_job(9, 36000, 0)]
+    snap = SimulatedCluster(jobs, parse_counts("v100=4"), toy_table).snapshot(0, 0.0, 360.0, None)
+    pol = HadarEPolicy()
+    owner = np.array([0, 0, 1, 1, 1], dtype=I64)
+    copy_no = np.array([0, 1, 0, 1, 2], dtype=I64)
+    real = pol._real_chain(snap, HadarState(1000.0, (), (3,)), owner, copy_no)
+    assert isinstance(real, HadarState) and real.target == 1000.0
+    later = SimulatedCluster(jobs[1:], parse_counts("v100=4"), toy_table).snapshot(
+        1, 360.0, 360.0, None)
+    virt, _owner, _copy = pol.expand(later, np.array([3], dtype=I64),
+                                     pol.overhead(later), real)
+    assert isinstance(virt.policy_state, HadarState) and virt.policy_state.chain == (1,)
 
 
 def test_no_copy_spans_nodes_when_the_snapshot_says_so(toy_table: ThroughputTable) -> None:

@@ -236,6 +236,8 @@ class HadarState:
 
     target: float
     guests: tuple[int, ...] = ()
+    #: The gangs a type's chain made critical (the chain rule of ``critical_jobs``), by id.
+    chain: tuple[int, ...] = ()
 
 
 @dataclass
@@ -301,8 +303,9 @@ class HadarPolicy:
             target = max(prev.target, target)
 
         # 4-5: queue order.
-        critical, chain_now = self.critical_jobs(snapshot, rem_own, own, target - snapshot.now,
-                                                 capacity)
+        prev_chain = prev.chain if isinstance(prev, HadarState) else ()
+        critical, chain_now, chain_ids = self.critical_jobs(
+            snapshot, rem_own, own, target - snapshot.now, capacity, prev_chain)
         # A job that holds no GPUs must start before it progresses: its remaining time counts
         # the start (``migration_s``), so a new job displaces a running one only if it ends
         # sooner, its start included.
@@ -344,7 +347,7 @@ class HadarPolicy:
             guest_ids = tuple(sorted(int(j) for j in world.job_ids[guests].tolist()))
         reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
                                  packed, placed)
-        return Decision(snapshot.epoch, placement, reason, HadarState(target, guest_ids),
+        return Decision(snapshot.epoch, placement, reason, HadarState(target, guest_ids, chain_ids),
                         detail, packed=pairs)
 
     def plan_view(self, snapshot: Snapshot) -> Snapshot:
@@ -438,7 +441,8 @@ class HadarPolicy:
         return reason
 
     def critical_jobs(self, snapshot: Snapshot, rem_own: FloatArray, own: IntArray,
-                      window: float, capacity: IntArray) -> tuple[BoolArray, BoolArray]:
+                      window: float, capacity: IntArray, prev_chain: tuple[int, ...] = (),
+                      ) -> tuple[BoolArray, BoolArray, tuple[int, ...]]:
         """Jobs that cannot wait this round without the target becoming unreachable.
 
         Per type, its jobs split into *gangs* (multi-GPU jobs wider than half the type, which
@@ -448,7 +452,13 @@ class HadarPolicy:
         for preemptive parallel machines are checked for after this round: the ``k`` longest
         (while they fit on the type together) must fit in their GPUs over that reduced window;
         the longest prefix that does not is critical.  When the chain no longer fits in
-        ``chain_factor`` of the window, its longest gang is critical.
+        ``chain_factor`` of the window, one of its gangs is critical: any gang of the chain
+        shortens it as much, so the one the chain made critical last epoch (``prev_chain``,
+        ids) goes on while it runs on the type and the longest, started at the round after it
+        ends, still ends by the target (handing the type to the next longest every round
+        restarted both gangs each time); else the shortest, if the longest still fits after
+        it with the margins (Smith's rule: the shortest first lowers the average JCT); else
+        the longest.
 
         Where the chain *binds* (more jobs fail the test over the reduced window than over the
         whole one), the reserved chain time is only real if the chain runs: its shortest gang
@@ -457,10 +467,13 @@ class HadarPolicy:
         jobs by its time, one that waits is delayed by the window); then only the jobs critical
         over the whole window stay critical.  Running a chain gang now leaves the others' reduced
         window as it was (the window and the chain shrink together), so the makespan test still
-        holds.  Returns ``(critical, chain_now)``.
+        holds.  Returns ``(critical, chain_now, ids of the gangs the chain made critical)``.
         """
         after = window - float(snapshot.round_s) * self.margin_rounds
         scale = snapshot.scale.astype(np.float64)
+        held = snapshot.held()
+        was_chain = np.isin(snapshot.job_ids, np.array(prev_chain, dtype=np.int64))
+        chain_ids: list[int] = []
         critical = np.zeros(snapshot.num_jobs, dtype=np.bool_)
         chain_now = np.zeros(snapshot.num_jobs, dtype=np.bool_)
         for h in range(capacity.shape[0]):
@@ -487,8 +500,20 @@ class HadarPolicy:
                 else:
                     critical[others[:n_over]] = True
             if gangs.shape[0] and chain > after * self.chain_factor:
-                critical[gangs[0]] = True
-        return critical, chain_now
+                room = after * self.chain_factor
+                going = gangs[was_chain[gangs] & (held[gangs, h] > 0)]
+                # (a running gang's end is known: the longest starts at the round after it)
+                ends = (np.ceil(rem_own[going[0]] / max(float(snapshot.round_s), 1e-9))
+                        * float(snapshot.round_s) if going.shape[0] else np.inf)
+                if ends + rem_own[gangs[0]] <= window:
+                    pick = int(going[0])  # it goes on: the longest still ends by the target
+                elif rem_own[gangs[-1]] + rem_own[gangs[0]] <= room:
+                    pick = int(gangs[-1])  # the shortest, ending before the longest must start
+                else:
+                    pick = int(gangs[0])
+                critical[pick] = True
+                chain_ids.append(int(snapshot.job_ids[pick]))
+        return critical, chain_now, tuple(sorted(chain_ids))
 
 
 __all__ = ["HadarPolicy", "HadarState", "drain_estimate", "repack_gangs", "upgrade_idle",

@@ -56,8 +56,11 @@ from hadar_slurm.policy.base import (
     Snapshot,
     gpus_in_use,
 )
-from hadar_slurm.policy.hadar import HadarPolicy, drain_estimate
+from hadar_slurm.policy.hadar import HadarPolicy, HadarState, drain_estimate
 from hadar_slurm.policy.sharing import pack_waiting
+
+#: Hadar's chain gangs across epochs, as ``job id * _COPY_KEY + copy`` (copies are few).
+_COPY_KEY = 1 << 20
 
 
 # The algorithm: docs/algorithm.md, "How many copies".
@@ -172,7 +175,9 @@ class HadarEPolicy:
                   if k > 1}
         detail.update(shared)
         return Decision(snapshot.epoch, placement, reason,
-                        HadarEState(inner.policy_state, target), detail, packed=pairs)
+                        HadarEState(self._real_chain(snapshot, inner.policy_state, owner,
+                                                     copy_no), target),
+                        detail, packed=pairs)
 
     # -- pieces -------------------------------------------------------------------------------
 
@@ -197,6 +202,17 @@ class HadarEPolicy:
                 out[i] = int((runs_on & (snapshot.node_gpus >= scale[i])).sum())
         return np.maximum(out, 1)
 
+    @staticmethod
+    def _real_chain(snapshot: Snapshot, state: object, owner: IntArray,
+                    copy_no: IntArray) -> object:
+        """Hadar's state with its chain gangs (virtual ids, this epoch's copies) as
+        ``job id * 2**20 + copy``, which :meth:`expand` maps to the next epoch's copies."""
+        if not isinstance(state, HadarState) or not state.chain:
+            return state
+        real = tuple(int(snapshot.job_ids[owner[v]]) * _COPY_KEY + int(copy_no[v])
+                     for v in state.chain if 0 <= v < owner.shape[0])
+        return replace(state, chain=real)
+
     def expand(self, snapshot: Snapshot, want: IntArray, overhead: FloatArray,
                prev_hadar: object) -> tuple[Snapshot, IntArray, IntArray]:
         """The virtual snapshot with one job per wanted copy; ``owner``/``copy_no`` per copy."""
@@ -212,6 +228,10 @@ class HadarEPolicy:
         keep = (idx >= 0) & (cp < np.where(idx >= 0, want[np.maximum(idx, 0)], 0))
         virt_id = starts[np.maximum(idx, 0)] + cp
         current = Placement(virt_id[keep], cur.node[keep], cur.count[keep])
+        if isinstance(prev_hadar, HadarState) and prev_hadar.chain:
+            key = snapshot.job_ids[owner] * _COPY_KEY + copy_no
+            prev_hadar = replace(prev_hadar, chain=tuple(
+                int(v) for v in np.nonzero(np.isin(key, np.array(prev_hadar.chain)))[0]))
         virt = replace(
             snapshot,
             job_ids=np.arange(owner.shape[0], dtype=np.int64),
