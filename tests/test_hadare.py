@@ -228,21 +228,24 @@ def test_the_simulator_tells_what_the_world_allows(toy_table: ThroughputTable) -
 
 def test_hadars_chain_gang_is_carried_by_job_and_copy(toy_table: ThroughputTable) -> None:
     # Hadar keeps the gang its chain rule made critical by id (HadarState.chain); HadarE's
-    # virtual ids are renumbered every epoch, so it carries them as (job, copy) and maps them
-    # to the next epoch's copies.  Jobs 5 (2 copies wanted) and 9 (3): virtual ids 0-1 and
-    # 2-4.  Copy 1 of job 9 is virtual 3; next epoch, with job 5 gone, it is virtual 1.
+    # virtual ids are renumbered every epoch, so it carries them as (job, copy)
+    # (HadarEState.chain) and maps them to the next epoch's copies.  Jobs 5 (2 copies wanted)
+    # and 9 (3): virtual ids 0-1 and 2-4.  Virtual 3 is copy 1 of job 9; next epoch, with job
+    # 5 gone, that copy is virtual 1.
     jobs = [make_job(5, 36000, 0), make_job(9, 36000, 0)]
     snap = SimulatedCluster(jobs, parse_counts("v100=4"), toy_table).snapshot(0, 0.0, 360.0, None)
     pol = HadarEPolicy()
     owner = np.array([0, 0, 1, 1, 1], dtype=I64)
     copy_no = np.array([0, 1, 0, 1, 2], dtype=I64)
-    real = pol._real_chain(snap, HadarState(1000.0, (), (3,)), owner, copy_no)
-    assert isinstance(real, HadarState) and real.target == 1000.0
+    state = HadarState(1000.0, (), (3,))
+    chain = pol.chain_copies(snap, state, owner, copy_no)
+    assert chain == ((9, 1),)
     later = SimulatedCluster(jobs[1:], parse_counts("v100=4"), toy_table).snapshot(
         1, 360.0, 360.0, None)
     virt, _owner, _copy = pol.expand(later, np.array([3], dtype=I64),
-                                     pol.overhead(later), real)
+                                     pol.overhead(later), state, chain)
     assert isinstance(virt.policy_state, HadarState) and virt.policy_state.chain == (1,)
+    assert virt.policy_state.target == 1000.0
 
 
 def test_no_copy_spans_nodes_when_the_snapshot_says_so(toy_table: ThroughputTable) -> None:

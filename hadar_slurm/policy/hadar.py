@@ -305,7 +305,7 @@ class HadarPolicy:
         # 4-5: queue order.
         prev_chain = prev.chain if isinstance(prev, HadarState) else ()
         critical, chain_now, chain_ids = self.critical_jobs(
-            snapshot, rem_own, own, target - snapshot.now, capacity, prev_chain)
+            snapshot, rem_own, own, target - snapshot.now, capacity, current, prev_chain)
         # A job that holds no GPUs must start before it progresses: its remaining time counts
         # the start (``migration_s``), so a new job displaces a running one only if it ends
         # sooner, its start included.
@@ -441,7 +441,8 @@ class HadarPolicy:
         return reason
 
     def critical_jobs(self, snapshot: Snapshot, rem_own: FloatArray, own: IntArray,
-                      window: float, capacity: IntArray, prev_chain: tuple[int, ...] = (),
+                      window: float, capacity: IntArray, held: IntArray,
+                      prev_chain: tuple[int, ...] = (),
                       ) -> tuple[BoolArray, BoolArray, tuple[int, ...]]:
         """Jobs that cannot wait this round without the target becoming unreachable.
 
@@ -454,11 +455,11 @@ class HadarPolicy:
         the longest prefix that does not is critical.  When the chain no longer fits in
         ``chain_factor`` of the window, one of its gangs is critical: any gang of the chain
         shortens it as much, so the one the chain made critical last epoch (``prev_chain``,
-        ids) goes on while it runs on the type and the longest, started at the round after it
-        ends, still ends by the target (handing the type to the next longest every round
-        restarted both gangs each time); else the shortest, if the longest still fits after
-        it with the margins (Smith's rule: the shortest first lowers the average JCT); else
-        the longest.
+        ids) goes on while it runs on the type (``held``: GPUs per job and type) and the
+        longest, started at the round after it ends, still ends by the target (handing the type
+        to the next longest every round restarted both gangs each time); else the shortest, if
+        the longest still fits after it with the margins (Smith's rule: the shortest first
+        lowers the average JCT); else the longest.
 
         Where the chain *binds* (more jobs fail the test over the reduced window than over the
         whole one), the reserved chain time is only real if the chain runs: its shortest gang
@@ -471,7 +472,6 @@ class HadarPolicy:
         """
         after = window - float(snapshot.round_s) * self.margin_rounds
         scale = snapshot.scale.astype(np.float64)
-        held = snapshot.held()
         was_chain = np.isin(snapshot.job_ids, np.array(prev_chain, dtype=np.int64))
         chain_ids: list[int] = []
         critical = np.zeros(snapshot.num_jobs, dtype=np.bool_)

@@ -59,9 +59,6 @@ from hadar_slurm.policy.base import (
 from hadar_slurm.policy.hadar import HadarPolicy, HadarState, drain_estimate
 from hadar_slurm.policy.sharing import pack_waiting
 
-#: Hadar's chain gangs across epochs, as ``job id * _COPY_KEY + copy`` (copies are few).
-_COPY_KEY = 1 << 20
-
 
 # The algorithm: docs/algorithm.md, "How many copies".
 def fork_drain(remaining: FloatArray, scale: IntArray, rate: FloatArray,
@@ -85,10 +82,13 @@ def fork_drain(remaining: FloatArray, scale: IntArray, rate: FloatArray,
 
 @dataclass(frozen=True)
 class HadarEState:
-    """Carried from epoch to epoch: Hadar's own state and the fork drain target."""
+    """Carried from epoch to epoch: Hadar's own state, the fork drain target, and the copies
+    Hadar's gang-chain rule made critical (``HadarState.chain``), as ``(job id, copy)``: the
+    virtual ids Hadar saw are renumbered every epoch."""
 
     hadar: object
     target: float
+    chain: tuple[tuple[int, int], ...] = ()
 
 
 # The algorithm: docs/algorithm.md, "HadarE: forking jobs into copies".
@@ -116,6 +116,7 @@ class HadarEPolicy:
         n = snapshot.num_jobs
         prev = snapshot.policy_state
         prev_hadar = prev.hadar if isinstance(prev, HadarEState) else None
+        prev_chain = prev.chain if isinstance(prev, HadarEState) else ()
         if n == 0:
             return Decision(snapshot.epoch, Placement.empty(), np.zeros(0, dtype=np.int8),
                             HadarEState(prev_hadar, snapshot.now))
@@ -144,7 +145,8 @@ class HadarEPolicy:
         # while their GPUs would idle as jobs wait.
         runnable = snapshot.rate.max(axis=1) > 0
         for _ in range(1 + self.replans):
-            virt, owner, copy_no = self.expand(snapshot, want, overhead, prev_hadar)
+            virt, owner, copy_no = self.expand(snapshot, want, overhead, prev_hadar,
+                                               prev_chain)
             inner = self.hadar.allocate(virt)
             placement, reason = self.merge(snapshot, inner, owner, copy_no)
             # (a job left waiting that fits in no type's idle GPUs, e.g. an 8-GPU gang beside
@@ -175,8 +177,9 @@ class HadarEPolicy:
                   if k > 1}
         detail.update(shared)
         return Decision(snapshot.epoch, placement, reason,
-                        HadarEState(self._real_chain(snapshot, inner.policy_state, owner,
-                                                     copy_no), target),
+                        HadarEState(inner.policy_state, target,
+                                    self.chain_copies(snapshot, inner.policy_state, owner,
+                                                      copy_no)),
                         detail, packed=pairs)
 
     # -- pieces -------------------------------------------------------------------------------
@@ -203,19 +206,19 @@ class HadarEPolicy:
         return np.maximum(out, 1)
 
     @staticmethod
-    def _real_chain(snapshot: Snapshot, state: object, owner: IntArray,
-                    copy_no: IntArray) -> object:
-        """Hadar's state with its chain gangs (virtual ids, this epoch's copies) as
-        ``job id * 2**20 + copy``, which :meth:`expand` maps to the next epoch's copies."""
-        if not isinstance(state, HadarState) or not state.chain:
-            return state
-        real = tuple(int(snapshot.job_ids[owner[v]]) * _COPY_KEY + int(copy_no[v])
-                     for v in state.chain if 0 <= v < owner.shape[0])
-        return replace(state, chain=real)
+    def chain_copies(snapshot: Snapshot, state: object, owner: IntArray,
+                     copy_no: IntArray) -> tuple[tuple[int, int], ...]:
+        """The copies, ``(job id, copy)``, behind the virtual ids of Hadar's chain gangs."""
+        if not isinstance(state, HadarState):
+            return ()
+        return tuple((int(snapshot.job_ids[owner[v]]), int(copy_no[v])) for v in state.chain)
 
     def expand(self, snapshot: Snapshot, want: IntArray, overhead: FloatArray,
-               prev_hadar: object) -> tuple[Snapshot, IntArray, IntArray]:
-        """The virtual snapshot with one job per wanted copy; ``owner``/``copy_no`` per copy."""
+               prev_hadar: object, chain: tuple[tuple[int, int], ...] = (),
+               ) -> tuple[Snapshot, IntArray, IntArray]:
+        """The virtual snapshot with one job per wanted copy; ``owner``/``copy_no`` per copy.
+        ``chain``: the copies Hadar's chain made critical last epoch (``HadarEState.chain``),
+        given to Hadar as this epoch's virtual ids."""
         owner = np.repeat(np.arange(snapshot.num_jobs, dtype=np.int64), want)
         starts = np.cumsum(want) - want
         copy_no = np.arange(owner.shape[0], dtype=np.int64) - starts[owner]
@@ -228,10 +231,11 @@ class HadarEPolicy:
         keep = (idx >= 0) & (cp < np.where(idx >= 0, want[np.maximum(idx, 0)], 0))
         virt_id = starts[np.maximum(idx, 0)] + cp
         current = Placement(virt_id[keep], cur.node[keep], cur.count[keep])
-        if isinstance(prev_hadar, HadarState) and prev_hadar.chain:
-            key = snapshot.job_ids[owner] * _COPY_KEY + copy_no
+        if isinstance(prev_hadar, HadarState):
+            wanted = set(chain)
             prev_hadar = replace(prev_hadar, chain=tuple(
-                int(v) for v in np.nonzero(np.isin(key, np.array(prev_hadar.chain)))[0]))
+                v for v, (i, k) in enumerate(zip(owner.tolist(), copy_no.tolist(), strict=True))
+                if (int(snapshot.job_ids[i]), k) in wanted) if wanted else ())
         virt = replace(
             snapshot,
             job_ids=np.arange(owner.shape[0], dtype=np.int64),
