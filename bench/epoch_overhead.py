@@ -1,7 +1,7 @@
 """Epoch overhead of the sidecar against the real dev cluster, for growing numbers of pending jobs.
 
     python -m bench.epoch_overhead [--sizes 50,200,500] [--repeats 3]
-                                   [--json bench/results/epoch_overhead.json]
+                                   [--json bench/results/epoch_overhead.json] [--keep DIR]
 
 Needs root and Debian's Slurm (``make deps``).  Uses the dev cluster that answers at
 ``$SLURM_CONF`` (or in ``$HADAR_DEVCLUSTER_DIR``); when none answers it starts its own
@@ -23,8 +23,10 @@ policy, the actions.  Reported per epoch:
   ``sinfo --json``); ``placed`` (jobs the policy placed) and the actions applied;
 * ``steady_*``: the same for a second epoch right after, with nothing new (expected: the 2
   reads and hardly any action); ``steady_undone`` counts jobs the first epoch placed that the
-  steady one held or signaled again, the mark of Slurm starting a released job between the
-  epoch's ``squeue`` and ``sinfo`` reads (its GPUs then look taken by a foreign job);
+  steady one held or signaled again: the mark of an epoch that saw the jobs Slurm started since
+  as something other than the placements it made (a read race: a started job's GPUs taken for
+  someone else's; or, before ``Snapshot.fixed``, the bench's ``preempt=never`` jobs leaving the
+  snapshot once they ran, so that the jobs placed beside them were re-planned);
 * outside the epochs, ``squeue --json`` and ``sinfo --json`` once more, timed alone
   (``squeue_cmd_s``/``sinfo_cmd_s``: the command, ``squeue_parse_s``/``sinfo_parse_s``: parsing
   its output, ``squeue_kb``) to split the read.
@@ -347,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per size (default: 3)")
     ap.add_argument("--json", default="bench/results/epoch_overhead.json",
                     help="where to write rows (default: %(default)s)")
+    ap.add_argument("--keep", metavar="DIR", type=Path,
+                    help="keep each run's sidecar log and state directory in DIR (default: "
+                    "a temporary directory, removed)")
     args = ap.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.replace(" ", ",").split(",") if s]
@@ -362,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in sizes:
                 runs = []
                 for run in range(args.repeats):
-                    r = measure_once(cluster, n, Path(tmp), run)
+                    if args.keep is not None:
+                        args.keep.mkdir(parents=True, exist_ok=True)
+                    r = measure_once(cluster, n, args.keep or Path(tmp), run)
                     runs.append(r)
                     print(f"  N={n} run {run}: epoch {r['epoch_s']:.3f} s (wall "
                           f"{r['epoch_wall_s']:.3f}: read {r['read_s']:.3f} decide "
@@ -382,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"NOTE: reads per epoch at {r['pending_jobs']} jobs: {sorted(reads)}, not 2")
         if any(r["steady_undone_each"]):
             print(f"NOTE: at {r['pending_jobs']} jobs the steady epoch held or signaled jobs the "
-                  f"first epoch had placed ({r['steady_undone_each']} per run): Slurm started "
-                  "them between the squeue and the sinfo read, so their GPUs looked foreign")
+                  f"first epoch had placed ({r['steady_undone_each']} per run): it saw a "
+                  "different cluster than the first (see the sidecar logs: --keep DIR)")
     big = [r for r in rows if r["pending_jobs"] >= 500]
     for r in big:
         verdict = "meets" if r["epoch_wall_s"] < GOAL_S else "MISSES"

@@ -232,7 +232,8 @@ def fill_snapshot(snapshot: Snapshot) -> tuple[Snapshot, npt.NDArray[np.bool_]]:
         max_copies=None if snapshot.max_copies is None else snapshot.max_copies[keep],
         packed=(), may_share=None if snapshot.may_share is None else snapshot.may_share[keep],
         may_host=None if snapshot.may_host is None else snapshot.may_host[keep],
-        may_join=None if snapshot.may_join is None else snapshot.may_join[keep])
+        may_join=None if snapshot.may_join is None else snapshot.may_join[keep],
+        fixed=None if snapshot.fixed is None else snapshot.fixed[keep])
     return sub, holds
 
 
@@ -241,6 +242,72 @@ def kept_pairs(snapshot: Snapshot) -> tuple[tuple[int, int], ...]:
     fill keeps them packed; a job whose partner ended runs on alone."""
     running = set(snapshot.current.job[snapshot.current_index() >= 0].tolist())
     return tuple(p for p in snapshot.packed if p[0] in running and p[1] in running)
+
+
+def keep_fixed(snapshot: Snapshot, decision: Decision) -> Decision:
+    """``decision`` with every job of ``Snapshot.fixed`` where it runs (its ``current`` rows),
+    whatever the policy planned for it.  A job the policy placed on a node that this leaves
+    over-full, with more GPUs there than it holds now, gives way (most GPUs on such nodes
+    first): it stays where it runs if it runs and those GPUs are still free, else it is not
+    placed (``NO_FREE_GPU``, with the reason in ``detail``).  The policy saw the fixed jobs as
+    running jobs, so it rarely plans anything else on their GPUs; this makes sure of it."""
+    fixed = snapshot.fixed
+    if fixed is None or not np.asarray(fixed, dtype=np.bool_).any():
+        return decision
+    fixed_ids = snapshot.job_ids[np.asarray(fixed, dtype=np.bool_)]
+    cur = snapshot.current
+    p = decision.placement
+    forked = p.copy is not None or cur.copy is not None
+
+    def join(a: Placement, b: Placement) -> Placement:
+        return Placement(np.concatenate([a.job, b.job]), np.concatenate([a.node, b.node]),
+                         np.concatenate([a.count, b.count]),
+                         np.concatenate([a.copy_index(), b.copy_index()]) if forked else None)
+
+    placement = join(cur.select(np.isin(cur.job, fixed_ids)),
+                     p.select(~np.isin(p.job, fixed_ids)))
+    n_nodes = snapshot.node_gpus.shape[0]
+    held: dict[tuple[int, int], int] = {}
+    for j, n, c in zip(cur.job.tolist(), cur.node.tolist(), cur.count.tolist(), strict=True):
+        held[(j, n)] = held.get((j, n), 0) + c
+    fixed_set = set(fixed_ids.tolist())
+    dropped: list[int] = []
+    while True:
+        over = snapshot.node_gpus - gpus_in_use(placement, decision.packed, n_nodes) < 0
+        if not over.any():
+            break
+        newcomers: dict[int, int] = {}
+        for j, n, c in zip(placement.job.tolist(), placement.node.tolist(),
+                           placement.count.tolist(), strict=True):
+            if over[n] and j not in fixed_set and c > held.get((j, n), 0):
+                newcomers[j] = newcomers.get(j, 0) + c
+        if not newcomers:
+            break  # (over-full by the fixed jobs alone: nothing the policy placed to undo)
+        victim = min(newcomers, key=lambda j: (-newcomers[j], j))
+        placement = placement.select(placement.job != victim)
+        dropped.append(victim)
+    reason = decision.reason.copy()
+    detail = dict(decision.detail)
+    pos = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
+    for j in dropped:
+        mine = cur.select(cur.job == j)
+        free = snapshot.node_gpus - gpus_in_use(placement, decision.packed, n_nodes)
+        need = np.bincount(mine.node, weights=mine.count, minlength=n_nodes)
+        if len(mine) and not forked and (need <= free).all():
+            placement = join(placement, mine)  # it stays where it runs
+            detail[j] = ("stays where it runs: the GPUs planned for it are held by a job that "
+                         "runs until it ends (preempt=never)")
+            continue
+        if j in pos:
+            reason[pos[j]] = Reason.NO_FREE_GPU
+        detail[j] = ("the GPUs planned for it are held by a job that runs until it ends "
+                     "(preempt=never)")
+    for j in fixed_ids.tolist():
+        if j in pos and (cur.job == j).any():
+            reason[pos[j]] = Reason.PLACED
+    placed = set(placement.job.tolist())
+    packed = tuple(pr for pr in decision.packed if pr[0] in placed and pr[1] in placed)
+    return replace(decision, placement=placement, reason=reason, detail=detail, packed=packed)
 
 
 def fill_decision(snapshot: Snapshot, holds: npt.NDArray[np.bool_], sub: Decision,
@@ -312,7 +379,7 @@ class EpochLoop:
             sub, holds = fill_snapshot(snapshot)
             full = not holds.any()  # (nothing runs: the fill is the whole epoch)
         if full:
-            decision = self.policy.allocate(snapshot)
+            decision = keep_fixed(snapshot, self.policy.allocate(snapshot))
             self._last_full = now
         else:
             decision = fill_decision(snapshot, holds, self.policy.allocate(sub),

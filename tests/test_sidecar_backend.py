@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hadar_slurm.loop import Change, ChangeKind
-from hadar_slurm.policy.base import Decision, Placement, Reason
+from hadar_slurm.loop import Change, ChangeKind, EpochLoop, SimClock
+from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
 from hadar_slurm.rates.table import default_table
 from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.backend import SlurmBackend
@@ -575,12 +575,42 @@ def test_a_job_that_cannot_checkpoint_is_never_stopped() -> None:
     api = FakeSlurm([running(1, comment=NO_CHECKPOINT)], [*NODES[:2], node("node3", "k80", 2, 1)])
     b = backend(api)
     snap = b.snapshot(0, 2000.0, 60.0, None)
-    # not the policy's to move: outside the snapshot, its GPU not offered to others
-    assert snap.num_jobs == 0 and 1 in b.pinned
-    assert snap.node_gpus.tolist() == [4, 4, 1]
+    # the policy sees it as a running job fixed where it runs, on hadar's GPUs (not someone
+    # else's: a job the last epoch placed that Slurm started must not change what is free)
+    assert snap.job_ids.tolist() == [1] and 1 in b.pinned
+    assert snap.fixed is not None and snap.fixed.tolist() == [True]
+    assert snap.node_gpus.tolist() == [4, 4, 2]
+    assert snap.current.by_job_sorted() == {1: [(2, 1)]}
+    # a decision that drops it changes nothing: reconcile never sees it
     _, actions = decide(b, {})
     b.apply(actions, 2000.0)
     assert api.log == []
+    # through the epoch loop, a plan that moves it and puts two jobs on its node: it stays,
+    # and the job planned on its GPU waits (keep_fixed)
+    api.jobs[2] = job(2)
+    api.jobs[3] = job(3)
+
+    class MovesIt:
+        name = "moves-it"
+
+        def allocate(self, snap: Snapshot) -> Decision:
+            # (the pinned job comes after the jobs reconcile steers)
+            assert snap.job_ids.tolist() == [2, 3, 1]
+            assert snap.fixed is not None and snap.fixed.tolist() == [False, False, True]
+            rows = Placement(np.array([1, 2, 3]), np.array([0, 2, 2]), np.array([1, 1, 1]))
+            return Decision(snap.epoch, rows, np.full(3, Reason.PLACED, dtype=np.int8))
+
+    b = backend(api)
+    loop = EpochLoop(b, MovesIt(), SimClock(2000.0), round_s=60.0)
+    loop.run_epoch(full=True)
+    # node3 has 2 GPUs and job 1 holds one: of the two newcomers, job 2 (the lower id) waits
+    assert not [e for e in api.log if e[1] in (1, 2)]  # job 1 untouched, job 2 not released
+    assert decode(api.jobs[3].admin_comment).place == (("node3", 1),)
+    assert loop.last_decision is not None
+    assert loop.last_decision.reason.tolist() == [Reason.NO_FREE_GPU, Reason.PLACED,
+                                                  Reason.PLACED]
+    api.log.clear()
+    del api.jobs[2], api.jobs[3]
     # with preempt=requeue it may be stopped: requeued at once, without a signal or grace
     api.jobs[1] = running(1, comment=NO_CHECKPOINT + " preempt=requeue")
     slept: list[float] = []

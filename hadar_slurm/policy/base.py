@@ -260,6 +260,12 @@ class Snapshot:
     #: Per node, whether two jobs may share its GPUs (None: every node); the sidecar: the nodes
     #: whose GPUs are split into shards (``gres/shard``), two or more per GPU.
     share_nodes: BoolArray | None = None
+    #: Per job, whether it runs where it is until it ends, whatever the policy decides (None:
+    #: no job does).  The sidecar's running jobs that may not be stopped (``preempt=never``):
+    #: the policy sees them, their remaining work and the GPUs they hold as those of any
+    #: running job, and the epoch loop keeps them where they run
+    #: (:func:`hadar_slurm.loop.keep_fixed`).  Policies need not read it.
+    fixed: BoolArray | None = None
 
     @property
     def num_jobs(self) -> int:

@@ -253,6 +253,8 @@ class HadarEPolicy:
             max_copies=None,
             # (copies do not share: HadarE pairs the real jobs after the merge, step 4)
             colocated=None, packed=(), may_share=None,
+            # (the loop keeps a fixed job where it runs, on the real jobs' decision)
+            fixed=None,
         )
         return virt, owner, copy_no
 

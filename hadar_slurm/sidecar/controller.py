@@ -532,7 +532,7 @@ def epoch_state(
         int(b): int(a) for a, b in decision.packed}
     jobs: dict[str, object] = {}
     for i, job_id in enumerate(snapshot.job_ids.tolist()):
-        view = backend.views[job_id]
+        view = backend.views.get(job_id) or backend.pinned[job_id]
         code = Reason(int(decision.reason[i]))
         cp = copies_of.get(job_id, {})
         info = _job_info(

@@ -207,7 +207,8 @@ def summarize_epoch(
     ``finishes`` with the epoch's read."""
     placed = set() if decision is None else {int(j) for j in decision.placement.job.tolist()}
     states = dict.fromkeys(JOB_STATES, 0)
-    for job_id, view in backend.views.items():
+    # (the running jobs hadar may not stop are in the decision, fixed where they run)
+    for job_id, view in {**backend.views, **backend.pinned}.items():
         if job_id not in placed:
             states["waiting"] += 1
         elif view.running or view.forked_running:

@@ -4,11 +4,12 @@
 jobs* (whose comment carries hints, ``hadar: model=... steps=...``) become :class:`JobView`
 (hints, the record the sidecar keeps in the job's AdminComment, where it runs or was placed,
 progress and rates); jobs it will not steer (bad hints, no GPU type of the cluster runs them)
-become :class:`Unsteered`; a user's held jobs, ``preempt=never`` jobs that run
-(:attr:`~SlurmObserver.pinned`) and every other job are left alone, but the GPUs they hold are
-taken out of what the policy may hand out.  HadarE forks are found by their components'
-comments and checked to be the sidecar's own (:meth:`~SlurmObserver._made_here`); forks to end
-whatever the decision says are :attr:`~SlurmObserver.orphans`.
+become :class:`Unsteered`; a user's held jobs and every other job are left alone, but the GPUs
+they hold are taken out of what the policy may hand out.  ``preempt=never`` jobs that run
+(:attr:`~SlurmObserver.pinned`) are left alone too, but the policy sees them as running jobs
+fixed where they run (``Snapshot.fixed``), with their GPUs.  HadarE forks are found by their
+components' comments and checked to be the sidecar's own (:meth:`~SlurmObserver._made_here`);
+forks to end whatever the decision says are :attr:`~SlurmObserver.orphans`.
 
 :meth:`~SlurmObserver.build_snapshot` gives the policy its
 :class:`~hadar_slurm.policy.base.Snapshot`; :meth:`~SlurmObserver.observed` gives
@@ -420,9 +421,14 @@ class SlurmObserver:
             view.parked = is_parked(job, now)
             if view.running and view.group is None and (
                     view.hints.preempt_mode == "never" and view.record.state not in MOVE_STATES):
-                # it may not be stopped: it runs where it is, its GPUs are not the policy's
+                # it may not be stopped: it runs where it is until it ends.  The policy sees
+                # it as a running job (its work, and the GPUs it holds as hadar's: a job placed
+                # last epoch that Slurm started since must not turn its GPUs into someone
+                # else's, which would re-plan the others), fixed where it runs
+                # (Snapshot.fixed, kept by the epoch loop); reconcile never sees it.
                 self.pinned[job.job_id] = view
-                count(other_on_node, job)
+                for k, c in view.rows:
+                    hadar_on_node[k] += c
                 continue
             if view.running:
                 for k, c in view.rows:
@@ -442,7 +448,7 @@ class SlurmObserver:
         # shards in use is not in its count of used GPUs (``gpus_used`` counts gres/gpu only),
         # and two jobs may hold one GPU.
         self.shards = {n.name: shard.shards_per_gpu(n) for n in nodes}
-        ours = {j for j in views} | {c for c in self.copy_ids}
+        ours = {j for j in views} | {c for c in self.copy_ids} | set(self.pinned)
         gpus = np.zeros(len(nodes), dtype=np.int64)
         for k, n in enumerate(nodes):
             if not node_usable(n):
@@ -458,6 +464,7 @@ class SlurmObserver:
         # a study's trial that waits for a verdict, or that its study stopped, is not the
         # policy's: the changes stop it or keep it held (reconcile)
         ordered = [v for v in views.values() if v.study is None or v.study.offered]
+        ordered += [self.pinned[j] for j in sorted(self.pinned)]
         self._cap_trial_copies(ordered, int(gpus.sum()))
         sharing = self._sharing(nodes, ordered)
         if self.knowledge.store is not None and self.knowledge.learn:
@@ -505,6 +512,7 @@ class SlurmObserver:
             multi_node_copies=False, migration_s=self.migration_s,
             # and a job over several nodes has as many GPUs on each (a count per node)
             even_gangs=True,
+            fixed=np.array([v.job_id in self.pinned for v in ordered], dtype=np.bool_),
             **sharing,  # type: ignore[arg-type]
         )
 
@@ -609,7 +617,7 @@ class SlurmObserver:
                     held.update(use.indices)
             if not held and job.gpus_per_node:  # (no index given: counted as GPUs, lowest)
                 held = set(range(job.gpus_per_node))
-            steered = job.job_id in ours and job.job_id not in self.pinned
+            steered = job.job_id in ours
             (mine if steered else theirs).update(held)
         return min(len(busy - mine), len(theirs - mine))
 
