@@ -85,6 +85,7 @@ import numpy as np
 
 from bench.epoch_overhead import Cluster, all_jobs, cancel_bench_jobs, dev_cluster
 from bench.report import write_rows
+from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.costs import LiveCosts
 from hadar_slurm.logs import read_events
 from hadar_slurm.model import ClusterSpec, Job, Node
@@ -103,6 +104,9 @@ TABLE = REPO / "slurm_conf" / "dev-throughputs.csv"
 NODES = REPO / "slurm_conf" / "nodes.conf"
 JOB_NAME = "hadar-bench-fidelity"
 FORK = 3  # the fork= hint of every job (only hadare forks)
+#: What a consolidation costs, in simulated seconds: the simulator's and its hadare's (the
+#: defaults); the emulated payload and the live sidecar take it divided by the compression.
+CONSOLIDATION = ConsolidationCost()
 TARGETS = {"makespan_diff": 0.05, "avg_jct_diff": 0.10, "p90_jct_diff": 0.20}
 #: Simulated runs per policy (seeds of the finish and arrival polls' delays): their medians
 #: are compared with the live run.
@@ -421,6 +425,11 @@ preempt_grace_s = {st.grace_s}
 restart_s = {st.restart_s:.3f}
 throughputs = ["{table}"]
 learn_throughputs = false
+[hadare]
+# what a consolidation costs, compressed as the payload's (whose rounds sleep it) and as the
+# simulator's, which charges it in simulated seconds: hadare weighs it against the round
+consolidation_base_s = {CONSOLIDATION.base_s / st.compression!r}
+consolidation_s_per_gb = {CONSOLIDATION.s_per_gb / st.compression!r}
 [sidecar]
 state_dir = "{work}/state-{policy}"
 log_format = "json"

@@ -632,3 +632,24 @@ def test_stop_clock_wakes_early_when_a_job_ended() -> None:
     assert time.monotonic() - t0 >= 0.19
     with pytest.raises(ValueError, match="poll_s must be positive"):
         StopClock(stop, poll_s=0)
+
+
+def test_hadare_takes_its_consolidation_cost_from_the_config() -> None:
+    """``[hadare] consolidation_base_s`` / ``consolidation_s_per_gb`` reach the policy that
+    forks (e.g. a site with a faster link to the tracker, or the fidelity bench's compressed
+    time); a policy that does not fork gets nothing; a bad value names its field."""
+    from hadar_slurm.consolidation import ConsolidationCost
+    from hadar_slurm.policy import make_policy
+    from hadar_slurm.policy.hadare import HadarEPolicy
+    from hadar_slurm.sidecar.controller import consolidation_setting
+
+    base = default_config().with_overrides(policy="hadare")
+    assert consolidation_setting(base) == {"consolidation": ConsolidationCost(2.0, 10.0)}
+    fast = base.with_overrides(consolidation_base_s=0.5, consolidation_s_per_gb=1)
+    policy = make_policy("hadare", **consolidation_setting(fast))
+    assert isinstance(policy, HadarEPolicy)
+    # ResNet-50: 102.4 MB, 0.1 GB (of 1,024 MB): 0.5 + 0.1 * 1 seconds a consolidation
+    assert policy.consolidation.seconds("ResNet-50 (batch size 64)") == pytest.approx(0.6)
+    assert consolidation_setting(base.with_overrides(policy="hadar")) == {}
+    with pytest.raises(InputError, match=r"\[hadare\] consolidation_s_per_gb': must be a number"):
+        base.with_overrides(consolidation_s_per_gb=-1)

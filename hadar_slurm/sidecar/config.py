@@ -478,6 +478,22 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_optional_dir,
     ),
     ConfigKey(
+        "hadare", "consolidation_base_s", "seconds", "2",
+        "What one consolidation of a forked job's copies costs (the tracker gathers and averages "
+        "their models at the end of every round; they make no progress meanwhile): this many "
+        "seconds plus consolidation_s_per_gb per GB of the model's parameters. hadare forks a "
+        "job only where its copies gain net of that cost, and never where it takes half a "
+        "round (epoch_seconds) or more. The defaults assume about 200 MB/s of effective "
+        "bandwidth to the tracker; measure yours.",
+        check=_seconds(allow_zero=True),
+    ),
+    ConfigKey(
+        "hadare", "consolidation_s_per_gb", "seconds", "10",
+        "Seconds a consolidation of a forked job takes per GB of the model's parameters (see "
+        "consolidation_base_s).",
+        check=_seconds(allow_zero=True),
+    ),
+    ConfigKey(
         "sidecar", "dry_run", "bool", "false",
         "Shadow mode: compute and log every decision but change nothing in Slurm.",
         check=_bool,
@@ -565,6 +581,8 @@ class SidecarConfig:
     learn_throughputs: bool
     estimate_optimism: float
     tracker_root: str | None
+    consolidation_base_s: float
+    consolidation_s_per_gb: float
     dry_run: bool
     state_dir: str | None
     log_format: str

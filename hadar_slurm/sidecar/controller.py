@@ -48,6 +48,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.core.info import core_kind
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import log_event, log_exception, setup_logging
@@ -240,7 +241,8 @@ class Sidecar:
         self.api: SlurmApi = DryRunApi(api) if config.dry_run else api
         # What Slurm allows (one node per copy) and what a move costs reach the policy
         # through the backend's snapshots, not as settings.
-        self.policy = make_policy(config.policy, **share_setting(config))
+        self.policy = make_policy(config.policy, **share_setting(config),
+                                  **consolidation_setting(config))
         table = load_table_for(config)
         self.store: SidecarStore | None = open_store(config, self.logger)
         self.backend = SlurmBackend(
@@ -474,6 +476,16 @@ class Sidecar:
             except OSError as exc:
                 log_event(self.logger, "state_write_failed", logging.WARNING,
                           path=self.config.state_dir, error=str(exc))
+
+
+def consolidation_setting(config: SidecarConfig) -> dict[str, object]:
+    """The policy's ``consolidation`` setting (what a consolidation of a forked job's copies
+    costs) from ``[hadare] consolidation_base_s`` and ``consolidation_s_per_gb``, for a policy
+    that forks; ``{}`` for one that does not."""
+    if "consolidation" not in policy_settings(config.policy):
+        return {}
+    return {"consolidation": ConsolidationCost(base_s=config.consolidation_base_s,
+                                               s_per_gb=config.consolidation_s_per_gb)}
 
 
 def share_setting(config: SidecarConfig) -> dict[str, object]:
