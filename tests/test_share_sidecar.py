@@ -134,6 +134,22 @@ def test_the_snapshot_offers_pairs_only_where_slurm_can_make_them() -> None:
     assert snap.node_gpus.tolist() == [3, 4]
 
 
+
+def test_a_job_that_may_not_be_stopped_forms_no_new_pair() -> None:
+    # job 1 runs alone on GPU 0's shards and may not be stopped (no preempt hint): the policy
+    # sees it, fixed where it runs, but no job may join it (nor may it join one)
+    never = "hadar: model=resnet50 bs=64 steps=40000"
+    api = Recording([shard_job(1, 0, comment=never), pending(2)], two_nodes((1, 0, 0, 0)))
+    b = sharing(api)
+    snap = b.snapshot(1, 2000.0, 60.0, None)
+    assert snap.job_ids.tolist() == [2, 1] and 1 in b.pinned
+    assert snap.fixed is not None and snap.fixed.tolist() == [False, True]
+    assert snap.may_share is not None and snap.may_share.tolist() == [True, False]
+    assert snap.may_host is not None and snap.may_host.tolist() == [True, False]
+    assert snap.node_gpus.tolist() == [4, 4]  # its GPU is hadar's: it holds it in ``current``
+    assert snap.current.by_job_sorted() == {1: [(0, 1)]}
+
+
 @pytest.mark.parametrize("why, change", [
     ("22.05", {"version": "slurm 22.05.8"}),
     ("share = false", {"share": False}),

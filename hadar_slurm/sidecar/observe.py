@@ -588,9 +588,11 @@ class SlurmObserver:
             if self.shards.get(n.name):
                 for g in shard.node_gpus(n, self.jobs):
                     room[(n.name, g.index)] = g.free
+        # (a job that may not be stopped forms no new pair: it is fixed where it runs)
         may_share = np.array([
             v.hints.share and v.gpus == 1 and v.hints.fork <= 1 and v.group is None
-            and (not v.running or v.shard_gpu is not None) for v in ordered], dtype=np.bool_)
+            and (not v.running or v.shard_gpu is not None) and v.job_id not in self.pinned
+            for v in ordered], dtype=np.bool_)
         waits = np.array([not v.running and v.group is None for v in ordered], dtype=np.bool_)
         alone = np.array([v.shard_gpu is not None and not v.mate
                           and room.get((v.job.node_names[0], v.shard_gpu), 0) >= 1
