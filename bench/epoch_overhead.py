@@ -361,14 +361,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sizes must be positive and --repeats at least 1")
 
     rows: list[dict[str, Any]] = []
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hadar-bench-epoch.") as tmp, \
             dev_cluster() as cluster:
         try:
             for n in sizes:
                 runs = []
                 for run in range(args.repeats):
-                    if args.keep is not None:
-                        args.keep.mkdir(parents=True, exist_ok=True)
                     r = measure_once(cluster, n, args.keep or Path(tmp), run)
                     runs.append(r)
                     print(f"  N={n} run {run}: epoch {r['epoch_s']:.3f} s (wall "

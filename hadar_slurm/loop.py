@@ -244,6 +244,15 @@ def kept_pairs(snapshot: Snapshot) -> tuple[tuple[int, int], ...]:
     return tuple(p for p in snapshot.packed if p[0] in running and p[1] in running)
 
 
+def joined(a: Placement, b: Placement) -> Placement:
+    """The rows of ``a`` and then those of ``b`` (copy indices kept where either has them)."""
+    copy = None
+    if a.copy is not None or b.copy is not None:
+        copy = np.concatenate([a.copy_index(), b.copy_index()])
+    return Placement(np.concatenate([a.job, b.job]), np.concatenate([a.node, b.node]),
+                     np.concatenate([a.count, b.count]), copy)
+
+
 def keep_fixed(snapshot: Snapshot, decision: Decision) -> Decision:
     """``decision`` with every job of ``Snapshot.fixed`` where it runs (its ``current`` rows),
     whatever the policy planned for it.  A job the policy placed on a node that this leaves
@@ -258,14 +267,8 @@ def keep_fixed(snapshot: Snapshot, decision: Decision) -> Decision:
     cur = snapshot.current
     p = decision.placement
     forked = p.copy is not None or cur.copy is not None
-
-    def join(a: Placement, b: Placement) -> Placement:
-        return Placement(np.concatenate([a.job, b.job]), np.concatenate([a.node, b.node]),
-                         np.concatenate([a.count, b.count]),
-                         np.concatenate([a.copy_index(), b.copy_index()]) if forked else None)
-
-    placement = join(cur.select(np.isin(cur.job, fixed_ids)),
-                     p.select(~np.isin(p.job, fixed_ids)))
+    placement = joined(cur.select(np.isin(cur.job, fixed_ids)),
+                       p.select(~np.isin(p.job, fixed_ids)))
     n_nodes = snapshot.node_gpus.shape[0]
     held: dict[tuple[int, int], int] = {}
     for j, n, c in zip(cur.job.tolist(), cur.node.tolist(), cur.count.tolist(), strict=True):
@@ -294,7 +297,7 @@ def keep_fixed(snapshot: Snapshot, decision: Decision) -> Decision:
         free = snapshot.node_gpus - gpus_in_use(placement, decision.packed, n_nodes)
         need = np.bincount(mine.node, weights=mine.count, minlength=n_nodes)
         if len(mine) and not forked and (need <= free).all():
-            placement = join(placement, mine)  # it stays where it runs
+            placement = joined(placement, mine)  # it stays where it runs
             detail[j] = ("stays where it runs: the GPUs planned for it are held by a job that "
                          "runs until it ends (preempt=never)")
             continue
@@ -315,14 +318,7 @@ def fill_decision(snapshot: Snapshot, holds: npt.NDArray[np.bool_], sub: Decisio
     """The whole epoch's decision from the fill-only one (``sub``, over the jobs that hold no
     GPUs): the jobs that hold GPUs keep them, with ``policy_state`` (the last full epoch's);
     pairs of them stay packed, beside the pairs ``sub`` packs on the free GPUs."""
-    cur = snapshot.current.select(snapshot.current_index() >= 0)
-    new = sub.placement
-    copy = None
-    if cur.copy is not None or new.copy is not None:
-        copy = np.concatenate([cur.copy_index(), new.copy_index()])
-    placement = Placement(np.concatenate([cur.job, new.job]),
-                          np.concatenate([cur.node, new.node]),
-                          np.concatenate([cur.count, new.count]), copy)
+    placement = joined(snapshot.current.select(snapshot.current_index() >= 0), sub.placement)
     reason = np.full(snapshot.num_jobs, Reason.PLACED, dtype=np.int8)
     reason[~holds] = sub.reason
     packed = tuple(sorted(kept_pairs(snapshot) + tuple(sub.packed)))

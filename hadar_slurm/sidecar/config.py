@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time
 from pathlib import Path
 
+from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.costs import DEFAULT_RESTART_S, SLURM_MOVE_S, LiveCosts
 from hadar_slurm.durations import parse_seconds_value
 from hadar_slurm.errors import InputError
@@ -478,7 +479,7 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_optional_dir,
     ),
     ConfigKey(
-        "hadare", "consolidation_base_s", "seconds", "2",
+        "hadare", "consolidation_base_s", "seconds", f"{ConsolidationCost.base_s:g}",
         "What one consolidation of a forked job's copies costs (the tracker gathers and averages "
         "their models at the end of every round; they make no progress meanwhile): this many "
         "seconds plus consolidation_s_per_gb per GB of the model's parameters. hadare forks a "
@@ -488,7 +489,7 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_seconds(allow_zero=True),
     ),
     ConfigKey(
-        "hadare", "consolidation_s_per_gb", "seconds", "10",
+        "hadare", "consolidation_s_per_gb", "seconds", f"{ConsolidationCost.s_per_gb:g}",
         "Seconds a consolidation of a forked job takes per GB of the model's parameters (see "
         "consolidation_base_s).",
         check=_seconds(allow_zero=True),
