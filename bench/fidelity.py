@@ -58,7 +58,8 @@ simulated) and ``p90_jct_diff`` (the 90th percentile of the per-job relative JCT
 beside ``seed_p90_jct_diff``, the same figure between the simulated runs themselves
 (:func:`seed_spread`): what timing alone does to the policy's per-job outcome, which no live run
 can be expected to beat.  Targets (issue #14): within 5%, 10% and 20%.  ``--json`` also keeps
-every job's JCTs.
+every job's JCTs.  ``--repeats N`` runs each policy live N times and compares the medians (per
+job too, :func:`median_run`), with ``live_p90_jct_diff``, the same spread between the live runs.
 """
 
 from __future__ import annotations
@@ -258,6 +259,8 @@ def compare(sim: Run, live: Run, n_jobs: int) -> dict[str, Any]:
         "avg_jct_diff": round(li["avg_jct_s"] / s["avg_jct_s"] - 1, 4),
         "p90_jct_diff": round(float(np.percentile(per_job, 90)), 4) if per_job else math.nan,
         "seed_p90_jct_diff": sim.detail.get("seed_p90_jct_diff", math.nan),
+        **({"live_p90_jct_diff": live.detail["live_p90_jct_diff"]}
+           if "live_p90_jct_diff" in live.detail else {}),
         "jobs_compared": len(both),
     }
     out["within_targets"] = all(abs(out[k]) <= v for k, v in TARGETS.items())
@@ -302,6 +305,36 @@ def run_sim(jobs: Sequence[Job], policy_name: str, st: Settings, seeds: int = SE
                        "avg_jct_range": [round(min(avgs), 2), round(max(avgs), 2)],
                        "seed_p90_jct_diff": seed_spread(jcts)},
                makespan_s=statistics.median(spans), avg_jct_s=statistics.median(avgs))
+
+
+def median_run(runs: Sequence[Run]) -> Run:
+    """Live runs of one policy as one: per job the median JCT and finish over the runs where
+    it completed (a job that failed in any run is left out and the run's problems say so),
+    the median makespan, average JCT, moves and preemptions, and how far the runs are from
+    each other job by job (``live_p90_jct_diff``, as :func:`seed_spread` for the simulated
+    runs)."""
+    if len(runs) == 1:
+        return runs[0]
+    done = set.intersection(*(set(r.jct) for r in runs))
+    spans = [max(r.finish.values()) for r in runs if r.finish]
+    avgs = [statistics.fmean(r.jct.values()) for r in runs if r.jct]
+    problems = [f"run {k}: {p}" for k, r in enumerate(runs) for p in r.problems]
+    return Run(runs[0].policy, "live",
+               {j: statistics.median(r.jct[j] for r in runs) for j in sorted(done)},
+               {j: statistics.median(r.finish[j] for r in runs) for j in sorted(done)},
+               round(statistics.median(r.moves for r in runs)),
+               round(statistics.median(r.preemptions for r in runs)), problems,
+               detail={"runs": len(runs),
+                       "epochs": round(statistics.median(r.detail.get("epochs", 0)
+                                                         for r in runs)),
+                       "makespan_range": [round(min(spans), 2), round(max(spans), 2)]
+                       if spans else [], "avg_jct_range": [round(min(avgs), 2),
+                                                           round(max(avgs), 2)] if avgs else [],
+                       "live_p90_jct_diff": seed_spread([{j: r.jct[j] for j in done}
+                                                         for r in runs]),
+                       "work": [r.detail.get("work") for r in runs]},
+               makespan_s=statistics.median(spans) if spans else math.nan,
+               avg_jct_s=statistics.median(avgs) if avgs else math.nan)
 
 
 def seed_spread(jcts: Sequence[dict[int, float]]) -> float:
@@ -589,7 +622,9 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         if r["mode"] == "live/sim":
             print(f"{r['policy']:8s} {'diff':8s} {r['makespan_diff']:>+10.1%} "
                   f"{r['avg_jct_diff']:>+9.1%}   p90 per-job JCT diff {r['p90_jct_diff']:.1%}"
-                  f" (between seeds {r['seed_p90_jct_diff']:.1%})"
+                  f" (between seeds {r['seed_p90_jct_diff']:.1%}"
+                  + (f", between live runs {r['live_p90_jct_diff']:.1%}"
+                     if "live_p90_jct_diff" in r else "") + ")"
                   f"  ({'within' if r['within_targets'] else 'OUTSIDE'} 5/10/20%)")
         else:
             print(f"{r['policy']:8s} {r['mode']:8s} {r['makespan_s']:>10.1f} "
@@ -616,6 +651,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--restart-s", type=float,
                    help="what a run loses to its start and end (default: measured here)")
     p.add_argument("--sim-only", action="store_true", help="only the simulated runs")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="live runs per policy (default 1); with more, the live figures are "
+                   "their medians, per job too, and the rows say how far they spread")
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--from-dir", metavar="DIR", type=Path,
                    help="no live run: the live figures of a run kept with --keep in DIR")
@@ -624,6 +662,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--write-trace", action="store_true",
                    help=f"write the bundled trace to {TRACE.relative_to(REPO)} and exit")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give at least 1 live run per policy")
     if args.keep is not None and args.keep.is_dir() and any(args.keep.iterdir()):
         p.error(f"--keep {args.keep}: the directory is not empty (an earlier run's payload "
                 "logs would be counted as this run's); give a new or empty directory")
@@ -656,7 +696,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = [sims[pol].row(len(jobs)) for pol in policies]
         elif args.from_dir:
             for pol in policies:
-                live = live_result(jobs, pol, st, args.from_dir)
+                # (a run of --repeats N kept its runs in run0, run1, ...)
+                dirs = sorted(d for d in args.from_dir.glob("run*")
+                              if (d / f"slurm-ids-{pol}.json").exists()) or [args.from_dir]
+                live = median_run([live_result(jobs, pol, st, d) for d in dirs])
                 rows += [sims[pol].row(len(jobs)), live.row(len(jobs)),
                          compare(sims[pol], live, len(jobs))]
                 per_job[pol] = _per_job(sims[pol], live)
@@ -667,10 +710,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             work.mkdir(parents=True, exist_ok=True)
             work.chmod(0o755)
             for pol in policies:
-                print(f"{pol}: live run ...", flush=True)
-                t = time.monotonic()
-                live = run_live(cluster, jobs, pol, st, work, warm=warm)
-                print(f"{pol}: live run took {time.monotonic() - t:.0f} s", flush=True)
+                lives = []
+                for k in range(args.repeats):
+                    into = work
+                    if args.repeats > 1:  # each run in its own directory
+                        into = work / f"run{k}"
+                        into.mkdir(exist_ok=True)
+                        into.chmod(0o755)
+                    print(f"{pol}: live run {k + 1} of {args.repeats} ...", flush=True)
+                    t = time.monotonic()
+                    lives.append(run_live(cluster, jobs, pol, st, into, warm=warm))
+                    print(f"{pol}: live run took {time.monotonic() - t:.0f} s", flush=True)
+                    if args.repeats > 1:
+                        print_rows([lives[-1].row(len(jobs))])
+                live = median_run(lives)
                 rows += [sims[pol].row(len(jobs)), live.row(len(jobs)),
                          compare(sims[pol], live, len(jobs))]
                 per_job[pol] = _per_job(sims[pol], live)

@@ -32,13 +32,17 @@ and integer/bool dtype: they are converted with ``np.ascontiguousarray`` at the 
 import numpy as np
 
 cimport numpy as cnp
-from libc.math cimport INFINITY, exp, pow
+from libc.math cimport INFINITY, exp, fabs, floor, frexp, ldexp, pow
 
 cnp.import_array()
 
 ctypedef long long i64
 
 cdef double INF = INFINITY
+# Twins of ``reference._REL``, ``_TIE`` and ``_MANTISSA`` (the type split's tolerances).
+cdef double _REL = 1e-12
+cdef double _TIE = 1e-9
+cdef double _MANTISSA = <double>(1 << 30)
 
 # Error codes of the nogil helpers (0: fine).  Each stands for a ZeroDivisionError the
 # reference raises at the same point.
@@ -532,7 +536,14 @@ cdef inline bint _movable(
     if not phi[i, s] > 1e-12 or not (gpu_s[i, d] > 0.0 and gpu_s[i, d] < INF):
         return False
     grow = gpu_s[i, d] - gpu_s[i, s]
-    return not (grow > 0.0 and not slack[i] > 1e-9)
+    return not (grow > 0.0 and not slack[i] > _REL * gpu_s[i, d])
+
+
+cdef inline double _coarse(double x) noexcept nogil:
+    """Twin of ``reference._coarse``: ``x > 0`` with its mantissa rounded to 30 bits."""
+    cdef int e
+    cdef double m = frexp(x, &e)
+    return ldexp(floor(m * _MANTISSA + 0.5) / _MANTISSA, e)
 
 
 cdef class _MoveIndex:
@@ -606,7 +617,7 @@ cdef class _MoveIndex:
         if m and g_s != 0.0:
             ratio = self.gpu_s[i, d] / g_s
             if ratio < INF:
-                k = ratio
+                k = _coarse(ratio)
         self.key[p, self.size + i] = k
         return True
 
@@ -646,6 +657,33 @@ cdef class _MoveIndex:
         return ERR_NONE
 
 
+cdef inline void _extremes(const double[::1] load, const i64[::1] capacity,
+                           Py_ssize_t* src, Py_ssize_t* dst) noexcept nogil:
+    """Twin of ``reference._extremes``: the most and the least loaded type per GPU, loads
+    within ``_TIE`` counting as equal, the first such type taken."""
+    cdef double top = -INF
+    cdef double low = INF
+    cdef double per
+    cdef Py_ssize_t h
+    for h in range(load.shape[0]):
+        if capacity[h] > 0:
+            per = load[h] / <double>capacity[h]
+            if per > top:
+                top = per
+            if per < low:
+                low = per
+    src[0] = -1
+    dst[0] = -1
+    for h in range(load.shape[0]):
+        if capacity[h] <= 0:
+            continue
+        per = load[h] / <double>capacity[h]
+        if src[0] < 0 and per >= top - _TIE * fabs(top):
+            src[0] = h
+        if dst[0] < 0 and per <= low + _TIE * fabs(low):
+            dst[0] = h
+
+
 cdef inline double _max_per_gpu(const double[::1] load, const i64[::1] capacity) noexcept nogil:
     """Twin of ``reference._max_per_gpu``."""
     cdef double top = 0.0
@@ -662,22 +700,12 @@ cdef inline i64 _level(
     double level_to,
 ) noexcept nogil:
     """Twin of ``reference._level``; returns the moves made (``err`` on ZeroDivisionError)."""
-    cdef Py_ssize_t num_types = gpu_s.shape[1]
     cdef i64 moves = 0
-    cdef Py_ssize_t h, i, src, dst, best
-    cdef double per, per_src, per_dst, gap, scale_gap, best_ratio, grow
+    cdef Py_ssize_t i, src, dst, best
+    cdef double per_src, per_dst, gap, scale_gap, best_ratio, grow
     cdef double g_src, g_dst, d
     while moves < max_moves:
-        src = -1
-        dst = -1
-        for h in range(num_types):
-            if capacity[h] <= 0:
-                continue
-            per = load[h] / <double>capacity[h]
-            if src < 0 or per > load[src] / <double>capacity[src]:
-                src = h
-            if dst < 0 or per < load[dst] / <double>capacity[dst]:
-                dst = h
+        _extremes(load, capacity, &src, &dst)
         if src < 0:
             break
         per_src = load[src] / <double>capacity[src]
@@ -741,12 +769,17 @@ cdef inline bint _exchange(
                 err[0] = index.best(y, x, &b, &rb)
                 if err[0] != ERR_NONE:
                     return changed
-                if a < 0 or b < 0 or a == b or ra * rb >= 1.0 - 1e-9:
+                if a < 0 or b < 0 or a == b:
                     break
                 gax = gpu_s[a, x]
                 gay = gpu_s[a, y]
                 gbx = gpu_s[b, x]
                 gby = gpu_s[b, y]
+                # (the index's quotients are coarse, for the pick: the swap uses exact ones)
+                ra = gay / gax
+                rb = gbx / gby
+                if ra * rb >= 1.0 - 1e-9:
+                    break
                 # u GPU-seconds of a leave X and land as u*ra on Y; v = u*ra of b leave Y and
                 # land as v*rb on X.  Limited by what a and b hold and by their lengths.
                 u = phi[a, x] * gax
@@ -759,7 +792,7 @@ cdef inline bint _exchange(
                     u = slack[a] / grow_a
                 if grow_b > 0.0 and slack[b] / (grow_b * ra) < u:
                     u = slack[b] / (grow_b * ra)
-                if u <= 1e-9:
+                if u <= _REL * gax:
                     break
                 v = u * ra
                 phi[a, x] -= u / gax

@@ -333,16 +333,17 @@ def _level_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, load: 
     n, num_types = gpu_s.shape
     moves = 0
     while moves < max_moves:
-        src = -1
-        dst = -1
-        for h in range(num_types):
-            if capacity[h] <= 0:
-                continue
-            per = load[h] / float(capacity[h])
-            if src < 0 or per > load[src] / float(capacity[src]):
-                src = h
-            if dst < 0 or per < load[dst] / float(capacity[dst]):
-                dst = h
+        # the most and least loaded types, loads within 1e-9 of each other level: the first
+        pers = [load[h] / float(capacity[h]) if capacity[h] > 0 else None
+                for h in range(num_types)]
+        usable = [p for p in pers if p is not None]
+        src = dst = -1
+        if usable:
+            top, low = max(usable), min(usable)
+            src = next(h for h, p in enumerate(pers)
+                       if p is not None and p >= top - 1e-9 * abs(top))
+            dst = next(h for h, p in enumerate(pers)
+                       if p is not None and p <= low + 1e-9 * abs(low))
         if src < 0:
             break
         per_src = load[src] / float(capacity[src])
@@ -359,9 +360,9 @@ def _level_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, load: 
             if not phi[i, src] > 1e-12 or not 0.0 < gpu_s[i, dst] < INF:
                 continue
             grow = float(gpu_s[i, dst]) - float(gpu_s[i, src])
-            if grow > 0.0 and not slack[i] > 1e-9:
+            if grow > 0.0 and not slack[i] > 1e-12 * float(gpu_s[i, dst]):
                 continue
-            ratio = float(gpu_s[i, dst]) / float(gpu_s[i, src])
+            ratio = reference._coarse(float(gpu_s[i, dst]) / float(gpu_s[i, src]))
             if ratio < best_ratio:
                 best_ratio = ratio
                 best = i
@@ -411,22 +412,26 @@ def _exchange_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, loa
                     gy = float(gpu_s[i, y])
                     if not (0.0 < gx < INF and 0.0 < gy < INF):
                         continue
-                    if phi[i, x] > 1e-12 and (gy <= gx or slack[i] > 1e-9):
-                        r = gy / gx
+                    if phi[i, x] > 1e-12 and (gy <= gx or slack[i] > 1e-12 * gy):
+                        r = reference._coarse(gy / gx)
                         if r < ra:
                             ra = r
                             a = i
-                    if phi[i, y] > 1e-12 and (gx <= gy or slack[i] > 1e-9):
-                        r = gx / gy
+                    if phi[i, y] > 1e-12 and (gx <= gy or slack[i] > 1e-12 * gx):
+                        r = reference._coarse(gx / gy)
                         if r < rb:
                             rb = r
                             b = i
-                if a < 0 or b < 0 or a == b or ra * rb >= 1.0 - 1e-9:
+                if a < 0 or b < 0 or a == b:
                     break
                 gax = float(gpu_s[a, x])
                 gay = float(gpu_s[a, y])
                 gbx = float(gpu_s[b, x])
                 gby = float(gpu_s[b, y])
+                ra = gay / gax
+                rb = gbx / gby
+                if ra * rb >= 1.0 - 1e-9:
+                    break
                 u = phi[a, x] * gax
                 lim = phi[b, y] * gby / ra
                 if lim < u:
@@ -437,7 +442,7 @@ def _exchange_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, loa
                     u = slack[a] / grow_a
                 if grow_b > 0.0 and slack[b] / (grow_b * ra) < u:
                     u = slack[b] / (grow_b * ra)
-                if u <= 1e-9:
+                if u <= 1e-12 * gax:
                     break
                 v = u * ra
                 phi[a, x] -= u / gax
@@ -605,8 +610,9 @@ def test_balance_split_clips_rounding_below_zero(impl: Any) -> None:
                              np.array([2, 1, 1]), 92.0, 100)
     assert (phi >= 0.0).all() and not np.signbit(phi).any()
     assert phi[1, 1] == 0.0
-    assert phi[0].tolist() == [0.29411764718376826, 0.7058823528162319, 0.0]
-    assert phi[1, 0] == 0.29411764665275353 and phi[1, 2] == 0.7058823533472466
+    # (5/17 and 12/17 but for rounding; the bits since the split's relative tolerances)
+    assert phi[0].tolist() == [0.29411764727499534, 0.7058823527250048, 0.0]
+    assert phi[1, 0] == 0.29411764696875187 and phi[1, 2] == 0.7058823530312481
     assert np.allclose(phi.sum(axis=1), 1.0, rtol=0, atol=1e-12)
 
 

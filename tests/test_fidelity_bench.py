@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fidelity import Run, compare, main, seed_spread
+from bench.fidelity import Run, compare, main, median_run, seed_spread
 
 
 def test_seed_spread_is_the_median_over_seeds_of_each_ones_p90_from_the_others() -> None:
@@ -42,3 +42,34 @@ def test_keep_refuses_a_directory_with_an_earlier_runs_files(
     err = capsys.readouterr().err
     assert f"--keep {tmp_path}: the directory is not empty" in err
     assert "give a new or empty directory" in err
+
+
+def test_repeated_live_runs_count_by_their_medians() -> None:
+    # Three live runs of two jobs; job 2 failed in the last one.  Per job, the median over the
+    # runs it completed in all: job 1 only (10, 12, 20 -> 12).  The makespan is the median of
+    # each run's (30, 22, 20 -> 22), the average JCT the median of each run's averages
+    # ((10 + 30) / 2 = 20, (12 + 22) / 2 = 17, 20 -> 20); moves 2, 4, 9 -> 4.  Between runs
+    # (job 1 only): 10 is 6/16 from the others' median 16, 12 is 3/15 from 15, 20 is 9/11 from
+    # 11; the median of the three is 0.375.
+    runs = [Run("hadar", "live", {1: 10.0, 2: 30.0}, {1: 10.0, 2: 30.0}, 2, 1),
+            Run("hadar", "live", {1: 12.0, 2: 22.0}, {1: 12.0, 2: 22.0}, 4, 0),
+            Run("hadar", "live", {1: 20.0}, {1: 20.0}, 9, 3, ["job 2 (Slurm 7): FAILED"])]
+    out = median_run(runs)
+    assert out.jct == {1: 12.0} and out.finish == {1: 12.0}
+    assert out.makespan_s == 22.0 and out.avg_jct_s == 20.0
+    assert (out.moves, out.preemptions) == (4, 1)
+    assert out.problems == ["run 2: job 2 (Slurm 7): FAILED"]
+    assert out.detail["makespan_range"] == [20.0, 30.0]
+    assert out.detail["live_p90_jct_diff"] == 0.375
+    sim = Run("hadar", "sim", {1: 12.0}, {1: 12.0}, 0, 0, detail={"seed_p90_jct_diff": 0.1})
+    row = compare(sim, out, 2)
+    assert row["p90_jct_diff"] == 0.0 and row["live_p90_jct_diff"] == out.detail[
+        "live_p90_jct_diff"]
+    assert median_run(runs[:1]) is runs[0]
+
+
+def test_repeats_must_be_at_least_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--repeats", "0", "--sim-only"])
+    assert exc.value.code == 2
+    assert "--repeats 0: give at least 1 live run per policy" in capsys.readouterr().err

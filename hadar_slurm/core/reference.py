@@ -57,6 +57,11 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 INF = float("inf")
+#: The type split's tolerances, relative so that they mean the same in any time unit: work or
+#: slack below ``_REL`` of a job's GPU-seconds is none; loads within ``_TIE`` are level.
+_REL = 1e-12
+_TIE = 1e-9
+_MANTISSA = float(1 << 30)
 
 
 def _run_seconds(
@@ -548,7 +553,7 @@ def _movable(phi: F64, gpu_s: F64, slack: F64, i: int, s: int, d: int) -> bool:
     if not phi[i, s] > 1e-12 or not (gpu_s[i, d] > 0.0 and gpu_s[i, d] < INF):
         return False
     grow = float(gpu_s[i, d]) - float(gpu_s[i, s])
-    return not (grow > 0.0 and not slack[i] > 1e-9)
+    return not (grow > 0.0 and not slack[i] > _REL * float(gpu_s[i, d]))
 
 
 class _MoveIndex:
@@ -610,7 +615,7 @@ class _MoveIndex:
         if m and g_s != 0.0:
             ratio = float(self.gpu_s[i, d]) / g_s
             if ratio < INF:
-                key = ratio
+                key = _coarse(ratio)
         self.key[p, self.size + i] = key
         return True
 
@@ -643,6 +648,45 @@ class _MoveIndex:
         return int(self.job[p, 1]), float(self.key[p, 1])
 
 
+def _extremes(load: F64, capacity: I64) -> tuple[int, int]:
+    """The most and the least loaded type per GPU (``-1, -1``: no type has GPUs).  Loads within
+    ``_TIE`` of each other count as equal and the first such type is taken, so that the same
+    cluster in other time units (or summed in another order) levels along the same moves."""
+    top = -INF
+    low = INF
+    for h in range(load.shape[0]):
+        if capacity[h] > 0:
+            per = load[h] / float(capacity[h])
+            top = max(top, per)
+            low = min(low, per)
+    src = -1
+    dst = -1
+    for h in range(load.shape[0]):
+        if capacity[h] <= 0:
+            continue
+        per = load[h] / float(capacity[h])
+        if src < 0 and per >= top - _TIE * abs(top):
+            src = h
+        if dst < 0 and per <= low + _TIE * abs(low):
+            dst = h
+    return src, dst
+
+
+def coarse(x: F64) -> F64:
+    """:func:`_coarse` elementwise (any sign; 0, ``inf`` and NaN stay as they are): for sort
+    keys that must not order values equal but for rounding by their rounding."""
+    m, e = np.frexp(x)
+    out: F64 = np.ldexp(np.floor(m * _MANTISSA + 0.5) / _MANTISSA, e)
+    return np.where(np.isfinite(x), out, x)
+
+
+def _coarse(x: float) -> float:
+    """``x > 0`` with its mantissa rounded to 30 bits: quotients equal but for rounding (two
+    jobs of one model, the same job in other time units) tie, and the first job wins."""
+    m, e = math.frexp(x)
+    return math.ldexp(math.floor(m * _MANTISSA + 0.5) / _MANTISSA, e)
+
+
 def _max_per_gpu(load: F64, capacity: I64) -> float:
     """The greatest load per GPU over the types with GPUs."""
     top = 0.0
@@ -656,19 +700,9 @@ def _level(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64, max_moves
            index: _MoveIndex, level_to: float = 0.0) -> int:
     """Move work from the most to the least loaded type until level, or until the most loaded
     one drains by ``level_to`` (seconds per GPU); returns the moves made."""
-    num_types = gpu_s.shape[1]
     moves = 0
     while moves < max_moves:
-        src = -1
-        dst = -1
-        for h in range(num_types):
-            if capacity[h] <= 0:
-                continue
-            per = load[h] / float(capacity[h])
-            if src < 0 or per > load[src] / float(capacity[src]):
-                src = h
-            if dst < 0 or per < load[dst] / float(capacity[dst]):
-                dst = h
+        src, dst = _extremes(load, capacity)
         if src < 0:
             break
         per_src = load[src] / float(capacity[src])
@@ -728,12 +762,17 @@ def _exchange(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64,
             for _ in range(64):
                 a, ra = index.best(x, y)
                 b, rb = index.best(y, x)
-                if a < 0 or b < 0 or a == b or ra * rb >= 1.0 - 1e-9:
+                if a < 0 or b < 0 or a == b:
                     break
                 gax = float(gpu_s[a, x])
                 gay = float(gpu_s[a, y])
                 gbx = float(gpu_s[b, x])
                 gby = float(gpu_s[b, y])
+                # (the index's quotients are coarse, for the pick: the swap uses exact ones)
+                ra = gay / gax
+                rb = gbx / gby
+                if ra * rb >= 1.0 - 1e-9:
+                    break
                 # u GPU-seconds of a leave X and land as u*ra on Y; v = u*ra of b leave Y and
                 # land as v*rb on X.  Limited by what a and b hold and by their lengths.
                 u = phi[a, x] * gax
@@ -746,7 +785,7 @@ def _exchange(phi: F64, gpu_s: F64, capacity: I64, load: F64, slack: F64,
                     u = slack[a] / grow_a
                 if grow_b > 0.0 and slack[b] / (grow_b * ra) < u:
                     u = slack[b] / (grow_b * ra)
-                if u <= 1e-9:
+                if u <= _REL * gax:
                     break
                 v = u * ra
                 phi[a, x] -= u / gax

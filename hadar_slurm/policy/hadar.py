@@ -66,6 +66,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hadar_slurm.core import balance_split, drain_prices, plan
+from hadar_slurm.core.reference import coarse
 from hadar_slurm.policy.base import (
     BoolArray,
     Decision,
@@ -298,20 +299,26 @@ class HadarPolicy:
         own = np.argmax(phi, axis=1)
         rem_own = (phi * need0).sum(axis=1) / scale
         prev = snapshot.policy_state
-        target = snapshot.now + drain
-        if isinstance(prev, HadarState) and prev.target > snapshot.now:
-            target = max(prev.target, target)
+        # The window is ``drain`` itself unless the carried target lies later: never
+        # ``(now + drain) - now``, which rounds ``drain`` to the precision of ``now`` (a Unix
+        # time's 2e-7 s), so that the same cluster in other time units gets the same window.
+        window = drain
+        if isinstance(prev, HadarState) and prev.target - snapshot.now > drain:
+            window = prev.target - snapshot.now
+        target = snapshot.now + window
 
         # 4-5: queue order.
         prev_chain = prev.chain if isinstance(prev, HadarState) else ()
         critical, chain_now, chain_ids = self.critical_jobs(
-            snapshot, rem_own, own, target - snapshot.now, capacity, current, prev_chain)
+            snapshot, rem_own, own, window, capacity, current, prev_chain)
         # A job that holds no GPUs must start before it progresses: its remaining time counts
         # the start (``migration_s``), so a new job displaces a running one only if it ends
         # sooner, its start included.
         srpt = (rem_best + np.where(current.sum(axis=1) > 0, 0.0, float(snapshot.migration_s))
                 ) / snapshot.weight
-        key_crit = np.where(critical, -rem_own, np.inf)
+        # Critical jobs levelled to the window have equal ``rem_own`` but for rounding: they
+        # tie (``coarse``), and the later keys order them as in any other time unit.
+        key_crit = np.where(critical, -coarse(rem_own), np.inf)
         order = np.lexsort((snapshot.job_ids, srpt, ~chain_now, key_crit,
                             ~critical)).astype(np.int64)
 
@@ -341,8 +348,7 @@ class HadarPolicy:
         detail: dict[int, str] = {}
         guest_ids: tuple[int, ...] = ()
         if self.share and world.colocated is not None:
-            placement, pairs, guests, detail = pack_waiting(world, placement, order,
-                                                            target - world.now)
+            placement, pairs, guests, detail = pack_waiting(world, placement, order, window)
             placed = placed | guests
             guest_ids = tuple(sorted(int(j) for j in world.job_ids[guests].tolist()))
         reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
@@ -480,7 +486,8 @@ class HadarPolicy:
             members = np.nonzero(own == h)[0]
             if members.shape[0] == 0:
                 continue
-            by_len = members[np.argsort(-rem_own[members], kind="stable")]
+            # (equal lengths but for rounding tie, in index order: see ``coarse``)
+            by_len = members[np.argsort(-coarse(rem_own[members]), kind="stable")]
             is_gang = (scale[by_len] * 2 > capacity[h]) & (scale[by_len] > 1)
             gangs = by_len[is_gang]
             others = by_len[~is_gang]

@@ -131,10 +131,10 @@ class HadarEPolicy:
         # 1: copies wanted per job.
         capacity = snapshot.capacity()
         window = fork_drain(snapshot.remaining, scale, snapshot.rate, capacity)
+        if isinstance(prev, HadarEState) and prev.target - snapshot.now > window:
+            window = prev.target - snapshot.now  # as Hadar's: no rounding through ``now``
         target = snapshot.now + window
-        if isinstance(prev, HadarEState) and prev.target > snapshot.now:
-            target = max(target, prev.target)
-        window = max(target - snapshot.now, float(snapshot.round_s))
+        window = max(window, float(snapshot.round_s))
         best = snapshot.rate.max(axis=1)
         single = np.divide(snapshot.remaining, best, out=np.zeros(n), where=best > 0)
         want = np.ones(n, dtype=np.int64)
@@ -170,7 +170,7 @@ class HadarEPolicy:
                              out=np.full(n, np.inf), where=best > 0)
             order = np.lexsort((snapshot.job_ids, srpt)).astype(np.int64)
             placement, pairs, _guests, shared = pack_waiting(snapshot, placement, order,
-                                                             target - snapshot.now)
+                                                             window)
         reason = np.where(np.isin(snapshot.job_ids, placement.job), np.int8(Reason.PLACED),
                           reason).astype(np.int8)
         detail = {j: f"forked into {k} copies" for j, k in placement.num_copies().items()
