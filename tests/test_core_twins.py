@@ -330,20 +330,11 @@ def test_twins_reject_bad_horizons_and_rounds_with_the_same_message() -> None:
 def _level_scan(phi: np.ndarray, gpu_s: np.ndarray, capacity: np.ndarray, load: np.ndarray,
                 slack: np.ndarray, max_moves: int, index: object, level_to: float = 0.0) -> int:
     """``_level`` as first written: a scan over all jobs for every move."""
-    n, num_types = gpu_s.shape
+    n = gpu_s.shape[0]
     moves = 0
     while moves < max_moves:
-        # the most and least loaded types, loads within 1e-9 of each other level: the first
-        pers = [load[h] / float(capacity[h]) if capacity[h] > 0 else None
-                for h in range(num_types)]
-        usable = [p for p in pers if p is not None]
-        src = dst = -1
-        if usable:
-            top, low = max(usable), min(usable)
-            src = next(h for h, p in enumerate(pers)
-                       if p is not None and p >= top - 1e-9 * abs(top))
-            dst = next(h for h, p in enumerate(pers)
-                       if p is not None and p <= low + 1e-9 * abs(low))
+        # (the types are picked as _level picks them: only the job scan is written again)
+        src, dst = reference._extremes(load, capacity)
         if src < 0:
             break
         per_src = load[src] / float(capacity[src])

@@ -123,6 +123,17 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
 
 
 
+def carried_window(window: float, prev_target: float | None, now: float) -> tuple[float, float]:
+    """``(window, target)``: the seconds to the drain target and the target itself, which only
+    moves later (``prev_target``: the one carried from the last epoch, or None).  The window is
+    ``window`` itself unless the carried target lies later: never ``(now + window) - now``,
+    which rounds it to the precision of ``now`` (a Unix time's 2e-7 s), so that the same
+    cluster in other time units gets the same window."""
+    if prev_target is not None and prev_target - now > window:
+        window = prev_target - now
+    return window, now + window
+
+
 def repack_gangs(alloc: IntArray, scale: IntArray, main: BoolArray, rate: FloatArray,
                  order: IntArray, capacity: IntArray) -> IntArray:
     """Give a waiting multi-GPU job the GPUs that smaller, later jobs hold on its main type.
@@ -299,13 +310,8 @@ class HadarPolicy:
         own = np.argmax(phi, axis=1)
         rem_own = (phi * need0).sum(axis=1) / scale
         prev = snapshot.policy_state
-        # The window is ``drain`` itself unless the carried target lies later: never
-        # ``(now + drain) - now``, which rounds ``drain`` to the precision of ``now`` (a Unix
-        # time's 2e-7 s), so that the same cluster in other time units gets the same window.
-        window = drain
-        if isinstance(prev, HadarState) and prev.target - snapshot.now > drain:
-            window = prev.target - snapshot.now
-        target = snapshot.now + window
+        window, target = carried_window(
+            drain, prev.target if isinstance(prev, HadarState) else None, snapshot.now)
 
         # 4-5: queue order.
         prev_chain = prev.chain if isinstance(prev, HadarState) else ()
@@ -523,5 +529,5 @@ class HadarPolicy:
         return critical, chain_now, tuple(sorted(chain_ids))
 
 
-__all__ = ["HadarPolicy", "HadarState", "drain_estimate", "repack_gangs", "upgrade_idle",
-           "utility_bounds"]
+__all__ = ["HadarPolicy", "HadarState", "carried_window", "drain_estimate", "repack_gangs",
+           "upgrade_idle", "utility_bounds"]

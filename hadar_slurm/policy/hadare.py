@@ -56,7 +56,7 @@ from hadar_slurm.policy.base import (
     Snapshot,
     gpus_in_use,
 )
-from hadar_slurm.policy.hadar import HadarPolicy, HadarState, drain_estimate
+from hadar_slurm.policy.hadar import HadarPolicy, HadarState, carried_window, drain_estimate
 from hadar_slurm.policy.sharing import pack_waiting
 
 
@@ -130,10 +130,9 @@ class HadarEPolicy:
 
         # 1: copies wanted per job.
         capacity = snapshot.capacity()
-        window = fork_drain(snapshot.remaining, scale, snapshot.rate, capacity)
-        if isinstance(prev, HadarEState) and prev.target - snapshot.now > window:
-            window = prev.target - snapshot.now  # as Hadar's: no rounding through ``now``
-        target = snapshot.now + window
+        window, target = carried_window(
+            fork_drain(snapshot.remaining, scale, snapshot.rate, capacity),
+            prev.target if isinstance(prev, HadarEState) else None, snapshot.now)
         window = max(window, float(snapshot.round_s))
         best = snapshot.rate.max(axis=1)
         single = np.divide(snapshot.remaining, best, out=np.zeros(n), where=best > 0)
