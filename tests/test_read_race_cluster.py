@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from hadar_slurm.sidecar.config import load_config
 from hadar_slurm.sidecar.controller import Sidecar, slurm_api
+from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import SlurmJob, SlurmNode
 from hadar_slurm.slurm.api import PassThroughApi, SlurmApi
 from tests.slurm_cluster import jobs, nodes_conf
@@ -181,5 +182,36 @@ def test_jobs_placed_beside_one_that_started_are_not_replanned(work: Workdir) ->
         assert api.handed is before and not api.not_started
         assert not [a for a in applied if a["action"] in STOPS and a["job"] in first], applied
         assert not placed(applied) & first
+    finally:
+        sidecar.close()
+
+
+def test_a_requeued_job_keeps_its_arrival(work: Workdir) -> None:
+    """Slurm sets a requeued job's SubmitTime to the time of the requeue (each move or
+    preemption of the sidecar's is one): the job's arrival, in the policy's snapshot, stays the
+    submit time the sidecar recorded on it before."""
+    job_id = work.submit("requeued", 120, hints="hadar: model=a3c steps=100000")
+    sidecar, _ = start(work)
+    try:
+        first = jobs(work.cluster)[job_id].submit_time
+        assert first is not None
+        assert placed(epoch(sidecar)) == {job_id}
+        wait_running(work, {job_id})
+        time.sleep(1.2)  # (SubmitTime is in whole seconds)
+        record = decode(jobs(work.cluster)[job_id].admin_comment)
+        assert record.submit == first  # (written with the placement)
+        sidecar.backend.applier._requeue(job_id, record, sidecar.loop.epoch)  # as a preemption
+        end = time.monotonic() + 60
+        while (now := jobs(work.cluster)[job_id]).state != "PENDING":
+            assert time.monotonic() < end, now.state
+            time.sleep(0.3)
+        end = time.monotonic() + 60
+        while (now := jobs(work.cluster)[job_id]).submit_time == first:
+            assert time.monotonic() < end, "Slurm kept the SubmitTime of a requeued job"
+            time.sleep(0.3)
+        assert now.submit_time is not None and now.submit_time > first
+        snap = sidecar.backend.snapshot(sidecar.loop.epoch, time.time(), 60.0, None)
+        assert snap.job_ids.tolist() == [job_id]
+        assert snap.arrival.tolist() == [float(first)]
     finally:
         sidecar.close()

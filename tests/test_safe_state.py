@@ -19,6 +19,7 @@ import pytest
 from hadar_slurm.cli.main import main
 from hadar_slurm.errors import InputError
 from hadar_slurm.logs import read_events
+from hadar_slurm.rates import learn
 from hadar_slurm.rates.store import StoreDamagedError, ThroughputStore
 from hadar_slurm.rates.store_recovery import DAMAGED_SUFFIX, check_store
 from hadar_slurm.sidecar.config import SidecarConfig, load_config
@@ -412,3 +413,35 @@ def test_other_slurm_errors_stay_epoch_failed(config_file: Path) -> None:
 ])
 def test_is_unreachable(error: Exception, unreachable: bool) -> None:
     assert is_unreachable(error) is unreachable
+
+
+# -- the first epoch is not late ---------------------------------------------------------------
+
+
+def test_throughputs_are_estimated_before_the_first_epoch(
+        config_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first estimate of what the table lacks chooses its fit by cross-validation (about a
+    second): made inside the first epoch, it delayed every placement of that epoch after the
+    epoch's start (``bench.fidelity``: 10 first starts 1.5 s late).  The sidecar makes it when
+    it reads Slurm at start, and the epochs reuse it while nothing changed."""
+    table = config_file.parent / "extra.csv"
+    table.write_text(CSV + "MyNet,1,v100,10.0\n")  # (MyNet lacks p100 and k80: estimated)
+    fits: list[tuple[str, ...]] = []
+    real_complete = learn.complete
+
+    def counted(*args: object, **kw: object) -> object:
+        fits.append(tuple(kw["gpu_types"]))  # type: ignore[arg-type]
+        return real_complete(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(learn, "complete", counted)
+    sidecar = Sidecar(config_of(config_file), api=FakeSlurm(held_jobs(), NODES))
+    try:
+        assert sidecar.recover_epoch() == 0
+        assert fits == [("v100", "p100", "k80")]
+        assert sidecar.backend.gpu_types == ("v100", "p100", "k80")
+        assert sidecar.backend.knowledge.source("MyNet", 1, "k80") == "estimated"
+        fits.clear()
+        sidecar.loop.run_epoch()
+        assert fits == []  # the epoch reused the fit
+    finally:
+        sidecar.close()

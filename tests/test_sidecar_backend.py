@@ -208,6 +208,28 @@ def test_record_round_trip_and_foreign_comments() -> None:
         assert decode(other) == JobRecord()
 
 
+def test_a_requeued_job_keeps_its_first_submit_time() -> None:
+    """Slurm sets a requeued job's SubmitTime to the time of the requeue: after a move or a
+    preemption the job looked just arrived, so its age (in the policy's utility) and its JCT
+    (in the metrics) started again.  The first submit time seen is recorded on the job and
+    wins over Slurm's from then on."""
+    assert decode(JobRecord(epoch=1, state="held", submit=1795875496.4, why="a b").encode()
+                  ) == JobRecord(epoch=1, state="held", submit=1795875496.0, why="a b")
+    api = FakeSlurm([job(1), job(2)], NODES)
+    b = backend(api)
+    _, changes = decide(b, {1: [(0, 1)]})
+    b.apply(changes, 2000.0)
+    assert decode(api.jobs[1].admin_comment).submit == 1000.0  # (with the placement)
+    # job 1 was moved: Slurm requeued it and reset its SubmitTime; job 2 is new
+    api.jobs[1] = replace(api.jobs[1], submit_time=2010, admin_comment=JobRecord(
+        epoch=0, state="preempted", submit=1000.0).encode())
+    api.jobs[2] = replace(api.jobs[2], submit_time=2005)
+    snap = b.snapshot(1, 2020.0, 60.0, None)
+    assert dict(zip(snap.job_ids.tolist(), snap.arrival.tolist(), strict=True)) == {
+        1: 1000.0, 2: 2005.0}
+    assert b.views[1].arrival(2020.0) == 1000.0
+
+
 def test_snapshot_reads_once_and_counts_other_jobs_gpus() -> None:
     api = FakeSlurm([
         job(1), job(2, gpus=2),

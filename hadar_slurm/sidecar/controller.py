@@ -307,10 +307,12 @@ class Sidecar:
         signal.signal(signal.SIGINT, handler)
 
     def recover_epoch(self) -> int:
-        """Read Slurm once; the next epoch follows the latest one recorded on a job or in the
-        state_dir's epoch file, whichever is later (Slurm forgets finished jobs, so its
-        records alone could take the counter back)."""
+        """Read Slurm once and make the throughputs ready for the first epoch
+        (:meth:`~hadar_slurm.sidecar.observe.SlurmObserver.prepare`); the next epoch follows
+        the latest one recorded on a job or in the state_dir's epoch file, whichever is later
+        (Slurm forgets finished jobs, so its records alone could take the counter back)."""
         self.backend.read()
+        self.backend.prepare()
         return max(self.backend.last_epoch(), read_epoch(self.state_dir)) + 1
 
     def check_slurm_version(self) -> None:

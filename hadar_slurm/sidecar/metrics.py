@@ -238,7 +238,7 @@ def summarize_epoch(
             hadar[t] = hadar.get(t, 0) + int(c)
     actions = Tally(str(a.get("action", "")) for a in backend.stats.applied)
     now = snapshot.now if snapshot is not None else record.start
-    live = {job_id: float(v.job.submit_time or now) for job_id, v in backend.views.items()}
+    live = {job_id: v.arrival(now) for job_id, v in backend.views.items()}
     finished = finishes.update(live, backend.jobs, now)
     return EpochSummary(
         epoch=record.epoch, start=record.start, duration_s=duration_s,

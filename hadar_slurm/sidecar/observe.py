@@ -121,6 +121,11 @@ class JobView:
     def forked_running(self) -> bool:
         return self.group is not None and self.group.running
 
+    def arrival(self, now: float) -> float:
+        """When the job arrived: its first submit time (``JobRecord.submit``; Slurm resets
+        ``SubmitTime`` on a requeue), else Slurm's, else ``now``."""
+        return float(self.record.submit or self.job.submit_time or now)
+
     def copy_rows(self) -> list[tuple[tuple[int, int], ...]]:
         """Its current copies as sorted tuples of rows, in a canonical order (for comparing
         with a decision regardless of how copies are numbered)."""
@@ -348,21 +353,38 @@ class SlurmObserver:
         self.read()
         return self.build_snapshot(epoch, now, round_s, policy_state)
 
-    def build_snapshot(
-        self, epoch: int, now: float, round_s: float, policy_state: object,
-    ) -> Snapshot:
-        """The policy's view of the jobs and nodes of the last :meth:`read`."""
-        nodes = sorted((n for n in self.nodes if n.gpu_type and n.gpus > 0),
-                       key=lambda n: n.name)
+    def prepare(self) -> None:
+        """Make the throughputs of the nodes of the last :meth:`read` ready before the first
+        epoch: the first estimate of what the table lacks chooses its fit by cross-validation
+        (about a second), which would otherwise delay every placement of the first epoch after
+        its start (``bench.fidelity``: 10 first starts 1.5 s late).  The epochs refresh again,
+        at no cost while nothing changed."""
+        self._refresh_knowledge(self._gpu_nodes())
+
+    def _gpu_nodes(self) -> list[SlurmNode]:
+        """The nodes of the last :meth:`read` with GPUs, by name."""
+        return sorted((n for n in self.nodes if n.gpu_type and n.gpus > 0),
+                      key=lambda n: n.name)
+
+    def _refresh_knowledge(self, nodes: Sequence[SlurmNode]) -> None:
+        """The GPU types of ``nodes`` (in their order) become :attr:`gpu_types`, and what was
+        learned up to now plans the next epoch (estimates fill the gaps)."""
         types: list[str] = []
         for n in nodes:
             assert n.gpu_type is not None
             if n.gpu_type not in types:
                 types.append(n.gpu_type)
         self.gpu_types = tuple(types)
-        # what was learned up to the last epoch plans this one (and estimates fill the gaps)
         self.knowledge.gpu_types = tuple(types)
         self.knowledge.refresh()
+
+    def build_snapshot(
+        self, epoch: int, now: float, round_s: float, policy_state: object,
+    ) -> Snapshot:
+        """The policy's view of the jobs and nodes of the last :meth:`read`."""
+        nodes = self._gpu_nodes()
+        self._refresh_knowledge(nodes)
+        types = list(self.gpu_types)
         self.node_names = tuple(n.name for n in nodes)
         self.node_type_names = tuple(n.gpu_type or "" for n in nodes)
         self._node_type = dict(zip(self.node_names, self.node_type_names, strict=True))
@@ -495,8 +517,7 @@ class SlurmObserver:
             epoch=epoch, now=now, round_s=round_s, gpu_types=self.gpu_types,
             node_names=self.node_names, node_type=node_type, node_gpus=gpus,
             job_ids=ids, job_types=tuple(v.hints.job_type for v in ordered),
-            arrival=np.array([float(v.job.submit_time or now) for v in ordered],
-                             dtype=np.float64),
+            arrival=np.array([v.arrival(now) for v in ordered], dtype=np.float64),
             total=total, remaining=remaining,
             scale=np.array([v.gpus for v in ordered], dtype=np.int64),
             weight=np.array([v.hints.weight for v in ordered], dtype=np.float64),
@@ -733,6 +754,10 @@ class SlurmObserver:
     def _view(self, job: SlurmJob, now: float, node_index: dict[str, int],
               group: CopyGroup | None = None) -> JobView | None:
         record = decode(job.admin_comment)
+        if not record.submit and job.submit_time:
+            # the first submit time seen is kept (in every record written from this one):
+            # Slurm's is reset when the job is requeued (moved or preempted)
+            record = record.with_(submit=float(job.submit_time))
         running = job.state in RUNNING_STATES
         gpus = record.gpus or job.gpus_per_node * max(1, len(job.node_names) if running else 1)
         gpus = max(gpus, 1)

@@ -6,7 +6,7 @@ writes it with every decision it applies to a job (in the same ``scontrol update
 placement), so that a restarted sidecar knows, from Slurm alone, what it decided and in which
 epoch, and how much work a job did in its earlier runs.  The text reads as one line::
 
-    hadar epoch=12 state=placed place=node2:2 gpus=2 done=1234.5 att=v100:120,p100:40
+    hadar epoch=12 state=placed place=node2:2 gpus=2 done=1234.5 att=v100:120 submit=1795875496
 
 ``state`` is ``placed`` (released to run on ``place``), ``held`` (waits for a placement),
 ``preempting`` (a move has begun: the job was sent its checkpoint signal and must be back in the
@@ -23,6 +23,10 @@ it failed, or its copies ended by themselves: it finishes unforked).
 them at submit (:func:`encode_args`; Slurm 24.11+ keeps them nowhere else, and 22.05 only joined
 by spaces): HadarE's copies run the script with them.  The plugin's own marks (``hadar: waits for
 the sidecar args=...``) carry them too; every record the sidecar writes keeps them.
+``submit`` is when the job was submitted, as the sidecar first saw it: Slurm sets a requeued
+job's ``SubmitTime`` to the time of the requeue, so after a move or a preemption Slurm's own
+figure would make the job look just arrived (its age, which the policy's utility weighs, and its
+JCT in the metrics would start again).
 ``done`` is the steps done and ``att`` the seconds run per GPU type in earlier (finished or
 preempted) runs; the current run adds to them from its start time, or from ``until`` when that
 is later (the work up to ``until`` is already in ``done``).
@@ -63,6 +67,7 @@ class JobRecord:
     deadline: float = 0.0  # preempting: Unix time by which it must be back in the queue
     args: tuple[str, ...] | None = None  # the script's arguments (None: not recorded)
     mate: int = 0  # GPU sharing: the job placed beside it on one GPU (0: none)
+    submit: float = 0.0  # Unix time of the job's first submit, as first seen (0: not recorded)
     why: str = ""
 
     @property
@@ -95,6 +100,8 @@ class JobRecord:
             parts.append(f"deadline={self.deadline:.0f}")
         if self.mate:
             parts.append(f"mate={self.mate}")
+        if self.submit > 0:
+            parts.append(f"submit={self.submit:.0f}")
         if self.args is not None:
             parts.append("args=" + encode_args(self.args))
         if self.why:
@@ -140,6 +147,7 @@ def decode(text: str) -> JobRecord:
             nofork=values.get("nofork", "0") == "1",
             deadline=_finite(values.get("deadline", "0")),
             mate=_whole(values.get("mate", "0")),
+            submit=_finite(values.get("submit", "0")),
             args=decode_args(values["args"]) if "args" in values else None,
             why=values.get("why", ""),
         )
