@@ -18,7 +18,9 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    that no type is overloaded).  A running job's work on a type where it holds no GPU also
    costs the move (:meth:`HadarPolicy.split_need`), so that near-ties do not swap jobs
    between types from one epoch to the next.  In the dual pass a job may use only the main
-   types of its split; idle GPUs are back-filled on any type.
+   types of its split, and the types it holds GPUs of (staying is then a choice the prices
+   weigh against the move, not one the split takes away); idle GPUs are back-filled on any
+   type.
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
    :class:`HadarState`, pushed back only when the remaining work cannot make it).
 4. **Critical jobs first** (longest first): per type, McNaughton's conditions for preemptive
@@ -331,8 +333,14 @@ class HadarPolicy:
         floor = pi / max(float(pi.max()), 1e-300) * (0.5 * lo)
         floor = np.maximum(floor, 0.5 * lo * self.min_floor)
         # The dual pass uses a job's main types only: a sliver of a split (a job levelled over
-        # two types) is for back-fill, not a reason to take a GPU another job needs more.
+        # two types) is for back-fill, not a reason to take a GPU another job needs more.  And
+        # the types a job holds GPUs of: the split says where its work is cheapest for the
+        # drain, the dual pass whether going there pays (a move loses ``migration_s`` of the
+        # epoch), rather than the split's turn forcing it off (the split is one of many
+        # near-equal levellings, which turns with the GPUs jobs hold: jobs went back and forth
+        # between two types every epoch or two).
         main = (phi > 0.0) & (phi >= self.split_share * phi.max(axis=1, keepdims=True))
+        main |= (current > 0) & (worker_rate > 0)
         split_rate = np.where(main, worker_rate, 0.0)
         alloc, payoff, status = plan(
             snapshot.remaining.astype(np.float64), scale, split_rate, worker_rate, ukey, age,
