@@ -186,7 +186,8 @@ def test_equal_jobs_are_not_swapped_between_types() -> None:
     # average JCT, but swapping them costs each a move (60 s of progress).  The type split
     # counts that cost (a running job's work on a type where it holds no GPU also costs
     # ``scale * migration_s`` GPU-seconds), so both stay where they are.  With free moves
-    # the tie is broken by job order, which swaps them: the split alone decides.
+    # the split breaks the tie by job order, which swaps them; the decision keeps them anyway:
+    # a job may stay on the types it holds, and the dual pass gains nothing by the swap.
     cluster = parse_counts("a=1:b=1")
     snap = first_snapshot([job(0, "fair", 3600), job(1, "fair", 3600)], cluster, TWO_TYPES)
     held = Placement(np.array([0, 1]), np.array([0, 1]), np.array([1, 1]))  # node 0: a
@@ -198,8 +199,18 @@ def test_equal_jobs_are_not_swapped_between_types() -> None:
         return {int(j): s.gpu_types[s.node_type[n]]
                 for j, n in zip(d.placement.job, d.placement.node, strict=True)}
 
-    assert types(60.0) == {0: "a", 1: "b"}
-    assert types(0.0) == {0: "b", 1: "a"}
+    def split(migration_s: float) -> dict[int, str]:
+        s = dataclasses.replace(snap, current=held, migration_s=migration_s)
+        policy, scale, capacity = HadarPolicy(), s.scale.astype(np.int64), s.capacity()
+        drain, pi = drain_estimate(s.remaining, scale, s.rate, capacity)
+        need = scale[:, None] * s.remaining[:, None] / s.rate  # (every rate here is > 0)
+        phi = policy.type_split(policy.split_need(need, s.held(), scale, migration_s),
+                                capacity, pi, scale, drain, float(s.round_s))
+        return {i: s.gpu_types[int(np.argmax(phi[i]))] for i in range(2)}
+
+    assert split(60.0) == types(60.0) == {0: "a", 1: "b"}
+    assert split(0.0) == {0: "b", 1: "a"}
+    assert types(0.0) == {0: "a", 1: "b"}
 
 
 def test_a_new_job_displaces_a_running_one_only_if_it_ends_sooner_start_included() -> None:
