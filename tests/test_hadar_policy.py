@@ -201,11 +201,7 @@ def test_equal_jobs_are_not_swapped_between_types() -> None:
 
     def split(migration_s: float) -> dict[int, str]:
         s = dataclasses.replace(snap, current=held, migration_s=migration_s)
-        policy, scale, capacity = HadarPolicy(), s.scale.astype(np.int64), s.capacity()
-        drain, pi = drain_estimate(s.remaining, scale, s.rate, capacity)
-        need = scale[:, None] * s.remaining[:, None] / s.rate  # (every rate here is > 0)
-        phi = policy.type_split(policy.split_need(need, s.held(), scale, migration_s),
-                                capacity, pi, scale, drain, float(s.round_s))
+        phi = HadarPolicy().split_of(s)[3]
         return {i: s.gpu_types[int(np.argmax(phi[i]))] for i in range(2)}
 
     assert split(60.0) == types(60.0) == {0: "a", 1: "b"}
