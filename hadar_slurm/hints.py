@@ -126,7 +126,7 @@ HINT_KEYS = ("model", "bs", "steps", "sync", "weight", "fork", "preempt", "share
 #: How a running job may be stopped to move it (the ``preempt`` hint).
 PREEMPT_MODES = ("checkpoint", "requeue", "never")
 #: The halving rules of a study (the ``rule`` hint; hadar_slurm.studies.spec.Rule).
-STUDY_RULES = ("asha", "sh", "none")
+STUDY_RULES = ("asha", "sh", "hyperband", "none")
 #: Whether a study's metric is better higher (``max``) or lower (``min``) (the ``mode`` hint).
 STUDY_MODES = ("max", "min")
 # the hints that only a study (study=NAME) may have
@@ -552,7 +552,8 @@ def _study(given: Mapping[str, str], steps: int, array: bool | None) -> StudyHin
         return None
     name = _name(given, "study", "", "e.g. study=lr-search")
     rule = _choice(given, "rule", STUDY_RULES, "asha: asynchronous successive halving; sh: "
-                   "synchronous successive halving; none: every trial trains to the end")
+                   "synchronous successive halving; hyperband: brackets of sh that start at "
+                   "each rung; none: every trial trains to the end")
     rungs = _whole(given, "rungs", 4, 1, MAX_RUNGS, "e.g. rungs=4, three halvings")
     eta = _whole(given, "eta", 3, MIN_ETA, MAX_ETA,
                  "e.g. eta=3: the best third of the trials go on at each rung")

@@ -125,7 +125,7 @@ local VALUE_FORM = {model = "model=NAME", bs = "bs=N", steps = "steps=N", sync =
                     rungs = "rungs=N", eta = "eta=N", metric = "metric=NAME", mode = "mode=max"}
 local PREEMPT_MODES = {checkpoint = true, requeue = true, never = true}
 -- the halving rules and metric modes of a study, the first of each the default
-local STUDY_RULES = {"asha", "sh", "none"}
+local STUDY_RULES = {"asha", "sh", "hyperband", "none"}
 local STUDY_MODES = {"max", "min"}
 -- the hints that only a study (study=NAME) may have
 local STUDY_KEYS = {"rule", "rungs", "eta", "metric", "mode"}
@@ -267,7 +267,8 @@ local function study_hints(given, steps, array)
   if study == nil then return false, bad end
   local rule
   rule, bad = choice(given, "rule", STUDY_RULES, "asha: asynchronous successive halving; sh: "
-                     .. "synchronous successive halving; none: every trial trains to the end")
+                     .. "synchronous successive halving; hyperband: brackets of sh that start "
+                     .. "at each rung; none: every trial trains to the end")
   if rule == nil then return false, bad end
   local rungs
   rungs, bad = whole_hint(given, "rungs", 4, 1, HADAR_LIMITS.rungs,

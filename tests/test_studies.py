@@ -57,9 +57,10 @@ def test_a_bad_study_names_its_field(kwargs: dict[str, object], field: str) -> N
 
 
 def test_an_unknown_rule_lists_the_rules() -> None:
-    with pytest.raises(InputError, match=r"asha.*sh.*none"):
-        Rule.parse("hyperband")
+    with pytest.raises(InputError, match=r"asha.*sh.*hyperband.*none"):
+        Rule.parse("bohb")
     assert Rule.parse(" ASHA ") is Rule.ASHA
+    assert Rule.parse("Hyperband") is Rule.HYPERBAND
 
 
 # -- halving, worked by hand --------------------------------------------------------------------
@@ -113,6 +114,51 @@ def test_sh_waits_for_the_cohort_then_keeps_the_best_half() -> None:
     reports[2] = {2: 0.9}
     assert verdicts(s, range(4), reports, {2: 2}) == {2: Verdict.DONE}
     assert best_trial(s, reports) == 2
+
+
+def test_hyperband_brackets_have_the_papers_sizes() -> None:
+    # Li et al., JMLR 2018, Table 1 (R = 81, eta = 3): brackets of 81, 34, 15, 8 and 5 trials
+    # starting at budgets 1, 3, 9, 27 and 81, i.e. rungs 0 to 4 of a 5-rung study of 143 trials
+    s = spec(Rule.HYPERBAND, trials=143, max_steps=81.0, rungs=5, eta=3.0)
+    start = s.brackets(range(143))
+    assert [sum(1 for b in start.values() if b == k) for k in range(5)] == [81, 34, 15, 8, 5]
+    # in submission order: the first 81 trials start at rung 0, the last 5 at rung 4
+    assert (start[0], start[80], start[81], start[138], start[142]) == (0, 0, 1, 4, 4)
+    # few trials: one per bracket first (weights 6.75, 3, 1.5, 1 for 5 trials: 2.76, 1.22,
+    # 0.61, 0.41 -> 2, 1, 0, 0 and the largest remainders 0.76, 0.61 -> 3, 1, 1, 0 -> the
+    # empty last bracket takes one from the first)
+    few = spec(Rule.HYPERBAND, trials=5, max_steps=81.0, rungs=4, eta=3.0).brackets(range(5))
+    assert list(few.values()) == [0, 0, 1, 2, 3]
+    assert spec(Rule.HYPERBAND, trials=2, rungs=3).brackets([7, 9]) == {7: 0, 9: 1}
+    assert set(spec(Rule.SH, trials=4).brackets(range(4)).values()) == {0}
+
+
+def test_hyperband_halves_each_bracket_apart_from_its_first_rung() -> None:
+    # 7 trials, 3 rungs, eta 2: weights 4/3, 1, 1 -> 2.8, 2.1, 2.1 -> brackets of 3, 2, 2:
+    # trials 0-2 halve from rung 0, 3-4 from rung 1, 5-6 train to the end
+    s = spec(Rule.HYPERBAND, trials=7, rungs=3, eta=2.0)
+    assert s.brackets(range(7)) == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2}
+    reports: list[dict[int, float]] = [{0: 0.5, 3: 0.9, 1: 0.7, 5: 0.1}, {}, {}]
+    # below their first rung, trials 3 and 5 go on whatever they report; bracket 0 waits
+    # for trial 2
+    assert verdicts(s, range(7), reports, {0: 0, 1: 0, 3: 0, 5: 0}) == {
+        0: Verdict.WAIT, 1: Verdict.WAIT, 3: Verdict.GO, 5: Verdict.GO}
+    reports[0][2] = 0.6
+    # bracket 0 complete: the best max(1, 3 // 2) = 1 of its 3 goes on
+    assert verdicts(s, range(7), reports, {0: 0, 1: 0, 2: 0}) == {
+        0: Verdict.STOP, 1: Verdict.GO, 2: Verdict.STOP}
+    assert cohorts(s, [3, 4], reports, 1) == [[3, 4]]
+    # rung 1: trial 1 is bracket 0's whole cohort there and goes on at once, though trial 3
+    # (bracket 1) reported better; bracket 1 waits for trial 4
+    reports[1] = {3: 0.95, 1: 0.8}
+    assert verdicts(s, range(7), reports, {1: 1, 3: 1}) == {1: Verdict.GO, 3: Verdict.WAIT}
+    reports[1][4] = 0.97
+    assert verdicts(s, range(7), reports, {3: 1, 4: 1}) == {3: Verdict.STOP, 4: Verdict.GO}
+    assert cohorts(s, [3, 4], reports, 1) == [[3, 4], [4]]
+    reports[2] = {1: 0.85, 4: 0.96, 5: 0.99}
+    assert verdicts(s, range(7), reports, {1: 2, 4: 2, 5: 2}) == {
+        1: Verdict.DONE, 4: Verdict.DONE, 5: Verdict.DONE}
+    assert best_trial(s, reports) == 5  # (the bracket that never halves found it)
 
 
 def test_none_never_stops() -> None:
@@ -256,9 +302,11 @@ def test_bench_studies_writes_every_run_and_its_checks(tmp_path: Path) -> None:
     assert studies.main(["--only", "lm-32", "--scenario", "alone", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     runs = [r["run"] for r in rows if "run" in r]
-    assert runs == ["array", "static-asha", "static-sh", "ours-asha", "ours-sh"]
+    assert runs == ["array", "static-asha", "static-sh", "static-hb", "ours-asha", "ours-sh",
+                    "ours-hb"]
     check = next(r for r in rows if r.get("check"))
     assert check["same_best_sh"] is True  # synchronous halving decides on reports alone
+    assert check["same_best_hb"] is True  # (so do Hyperband's brackets)
     by = {r["run"]: r for r in rows if "run" in r}
     assert by["array"]["stopped_at"] == [0, 0, 0]
     assert by["array"]["best_trial"] == by["array"]["oracle_trial"]
@@ -266,3 +314,9 @@ def test_bench_studies_writes_every_run_and_its_checks(tmp_path: Path) -> None:
     assert np.isclose(check["sh_speedup"],
                       by["static-sh"]["time_to_best_s"] / by["ours-sh"]["time_to_best_s"],
                       rtol=1e-2)
+    assert np.isclose(check["hb_speedup"],
+                      by["static-hb"]["time_to_best_s"] / by["ours-hb"]["time_to_best_s"],
+                      rtol=1e-2)
+    # Hyperband's last bracket (rung 2 of lm-32's 3) trains its trials to the end unstopped,
+    # so it sends more trials to the last rung than sh, which halves all of them from rung 0
+    assert sum(by["ours-hb"]["stopped_at"]) < sum(by["ours-sh"]["stopped_at"])

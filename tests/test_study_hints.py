@@ -34,8 +34,9 @@ NAME_MSG = ("{} must be letters, digits, '_', '.' or '-', starting with a letter
             "got '{}' ({})")
 STUDY_FIX = "e.g. study=lr-search"
 METRIC_FIX = "e.g. metric=accuracy, what the trials report"
-RULE_MSG = ("rule must be asha, sh or none, got '{}' (asha: asynchronous successive halving; "
-            "sh: synchronous successive halving; none: every trial trains to the end)")
+RULE_MSG = ("rule must be asha, sh, hyperband or none, got '{}' (asha: asynchronous successive "
+            "halving; sh: synchronous successive halving; hyperband: brackets of sh that start "
+            "at each rung; none: every trial trains to the end)")
 RUNGS_MSG = "rungs must be a whole number from 1 to 10, got '{}' (e.g. rungs=4, three halvings)"
 ETA_MSG = ("eta must be a whole number from 2 to 16, got '{}' (e.g. eta=3: the best third of "
            "the trials go on at each rung)")
@@ -72,12 +73,13 @@ def test_defaults(array: bool | None) -> None:
     assert study is not None
     assert (study.rule, study.rungs, study.eta, study.metric, study.mode) == (
         "asha", 4, 3, "accuracy", "max")
-    assert (STUDY_RULES, STUDY_MODES) == (("asha", "sh", "none"), ("max", "min"))
+    assert (STUDY_RULES, STUDY_MODES) == (("asha", "sh", "hyperband", "none"), ("max", "min"))
 
 
 @pytest.mark.parametrize("comment, study", [
     (f"{BASE} study=a", StudyHints("a")),
     (f"{BASE} study=A.b_c-9 rule=none", StudyHints("A.b_c-9", rule="none")),
+    (f"{BASE} study=hb rule=hyperband", StudyHints("hb", rule="hyperband")),
     (f"{BASE} study=9lives rule=asha mode=min metric=val_loss",
      StudyHints("9lives", metric="val_loss", mode="min")),
     (f"{BASE} study=x rungs=1 eta=2", StudyHints("x", rungs=1, eta=2)),
@@ -133,7 +135,7 @@ BAD = [
     # rules: lower case only, as preempt
     ("study=s rule=ASHA", "rule", RULE_MSG.format("ASHA")),
     ("study=s rule=Sh", "rule", RULE_MSG.format("Sh")),
-    ("study=s rule=hyperband", "rule", RULE_MSG.format("hyperband")),
+    ("study=s rule=HyperBand", "rule", RULE_MSG.format("HyperBand")),
     ("study=s rule=asha\x00", "rule", RULE_MSG.format("asha\\x00")),
     ("study=s rule=", "rule", "hint 'rule' has no value (write rule=asha)"),
     # rungs: 1 to 10

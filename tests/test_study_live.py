@@ -274,6 +274,38 @@ def test_sh_waits_for_the_cohort_and_a_lost_trial_does_not_hold_it(tmp_path: Pat
         (3, 2, 1, 1), (2, 1, 1, 0), (1, 0, 0, 0)]
 
 
+def test_hyperband_halves_each_bracket_from_its_own_rung(tmp_path: Path) -> None:
+    # 4 trials, 3 rungs, eta 2: Hyperband's weights 4/3, 1, 1 give brackets of 2, 1 and 1:
+    # tasks 0 and 1 halve from rung 0, task 2 from rung 1, task 3 trains to the end
+    jobs = [task(30, t, 30 + t, "hyperband", tmp_path) for t in range(4)]
+    book = StudyBook()
+    book.observe(jobs, hints_of(jobs), 2000.0, 0)  # type: ignore[arg-type]
+    for t, v in enumerate((0.5, 0.9, 0.1, 0.2)):
+        report(tmp_path, 30 + t, 0, v, 1100.0 + t)
+    st = book.observe(jobs, hints_of(jobs), 2001.0, 1)  # type: ignore[arg-type]
+    # bracket 0 keeps floor(2/2) = 1 of its 2; the worst two reports of rung 0 go on, being
+    # below their brackets' first rungs
+    assert [st[j].state for j in (30, 31, 32, 33)] == ["stopped", "train", "train", "train"]
+    assert "ranks 2 of its cohort of 2; hyperband (bracket 0) keeps the best 1: stop" in (
+        st[30].detail)
+    assert "hyperband: its bracket starts halving at rung 1: go" in st[32].detail
+    assert {st[j].rung for j in (31, 32, 33)} == {1}
+    # rung 1: task 1 is bracket 0's cohort there, task 2 bracket 1's, each alone: both go on,
+    # though task 3 reported better
+    for t, v in ((1, 0.8), (2, 0.3), (3, 0.95)):
+        report(tmp_path, 30 + t, 1, v, 1200.0 + t)
+    st = book.observe(jobs, hints_of(jobs), 2002.0, 2)  # type: ignore[arg-type]
+    assert [(st[j].state, st[j].rung) for j in (31, 32, 33)] == [("train", 2)] * 3
+    for t, v in ((1, 0.85), (2, 0.4), (3, 0.97)):
+        report(tmp_path, 30 + t, 2, v, 1300.0 + t)
+    jobs = [replace(j, state="COMPLETED") for j in jobs]
+    book.observe(jobs, hints_of(jobs), 2003.0, 3)  # type: ignore[arg-type]
+    s = study_summary(book.studies[30])
+    assert s["best"]["task"] == 3 and s["best"]["value"] == 0.97
+    assert [(r["reported"], r["go"], r["stop"]) for r in s["by_rung"]] == [
+        (4, 3, 1), (3, 3, 0), (3, 0, 0)]
+
+
 def test_the_book_survives_a_restart_and_a_damaged_one_is_set_aside(tmp_path: Path) -> None:
     path = tmp_path / "state" / STUDIES_FILE
     jobs = [task(30, t, 30 + t, "asha", tmp_path) for t in range(2)]

@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "hints", help="check job hints (the hadar: comment); print the job_submit.lua catalog",
         description="Job hints: sbatch --comment='hadar: model=NAME bs=N steps=N "
         "[sync=true|false] [weight=W] [fork=N] [preempt=MODE] [share=true|false] "
-        "[study=NAME rule=asha|sh|none rungs=N eta=N metric=NAME mode=max|min]'.")
+        "[study=NAME rule=asha|sh|hyperband|none rungs=N eta=N metric=NAME mode=max|min]'.")
     sub = hints.add_subparsers(dest="hints_command", required=True, metavar="{check,lua}")
     check = sub.add_parser("check", help="parse and check a comment as job_submit.lua will")
     check.add_argument("comment", help="the job's comment, e.g. 'hadar: model=a3c steps=1000'; "

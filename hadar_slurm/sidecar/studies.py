@@ -439,10 +439,10 @@ class StudyBook:
                          for t in study.trials.values() if rung in t.reports)
             row = {task: value for (_, _, task), value in got}
             for t in study.trials.values():
-                # sh: a lost trial is the worst of its cohort at the rung it trained for (and
-                # after, were it promoted), so that the cohort completes
-                if (study.rule == Rule.SH.value and t.final == "lost" and t.rung <= rung
-                        and rung not in t.reports):
+                # sh, hyperband: a lost trial is the worst of its cohort at the rung it
+                # trained for (and after, were it promoted), so that the cohort completes
+                if (study.rule in (Rule.SH.value, Rule.HYPERBAND.value) and t.final == "lost"
+                        and t.rung <= rung and rung not in t.reports):
                     row[t.task] = worst
             reports.append(row)
         pending = {t.task: t.rung for t in study.trials.values()
@@ -492,15 +492,23 @@ class StudyBook:
                     Verdict.STOP: "can no longer be among the best 1/eta of them: stop"}
             return (f"{head} ranks {rank} of the {len(row)} reports of that rung so far; "
                     f"asha: it {says.get(verdict, verdict.value)}")
+        start = study.spec.brackets(sorted(study.trials))
+        first = start[trial.task]
+        if rung < first:
+            return (f"{head}; hyperband: its bracket starts halving at rung {first}: "
+                    f"{verdict.value}")
+        mates = {t for t, b in start.items() if b == first}
+        rule = "sh" if study.rule == Rule.SH.value else f"hyperband (bracket {first})"
         if verdict is Verdict.WAIT:
             missing = [t.task for t in study.trials.values()
-                       if not t.final and t.rung == rung and rung not in t.reports]
-            return (f"{head}; sh waits for the rest of its cohort ({len(missing)} trial(s) "
-                    "still training to that rung)")
-        cohort = [v for v in row.values()]
+                       if not t.final and t.rung == rung and rung not in t.reports
+                       and t.task in mates]
+            return (f"{head}; {rule} waits for the rest of its cohort ({len(missing)} "
+                    "trial(s) still training to that rung)")
+        cohort = [v for t, v in row.items() if t in mates]
         keep = study.spec.survivors(len(cohort))
         rank = 1 + sum(1 for v in cohort if sign * v < sign * value)
-        return (f"{head} ranks {rank} of its cohort of {len(cohort)}; sh keeps the best "
+        return (f"{head} ranks {rank} of its cohort of {len(cohort)}; {rule} keeps the best "
                 f"{keep}: {verdict.value}")
 
     def _trial_status(self, study: Study, trial: Trial, job: SlurmJob,

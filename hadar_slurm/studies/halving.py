@@ -16,6 +16,9 @@ controllers keep the reports and carry the verdicts out.  The rules are those of
 * ``sh``: the cohort of rung 0 is every trial; the cohort of rung ``k + 1`` is the best
   ``max(1, floor(n_k / eta))`` of the cohort of rung ``k`` by their rung-``k`` reports.  A trial
   waits at rung ``k`` until every trial of the cohort has reported there.
+* ``hyperband``: the trials are split into brackets (:meth:`StudySpec.brackets`); bracket ``b``
+  is ``sh`` over its own trials from rung ``b`` on (its cohort at rung ``b`` is all of them),
+  and below rung ``b`` its trials go on without waiting.
 * ``none``: every trial goes on.
 
 At the last rung every trial is done.  Reports are ``reports[k][trial] = metric`` in the order
@@ -46,11 +49,12 @@ def _ranked(spec: StudySpec, values: Mapping[int, float]) -> list[int]:
 
 
 def cohorts(spec: StudySpec, trials: Sequence[int],
-            reports: Sequence[Mapping[int, float]]) -> list[list[int]]:
+            reports: Sequence[Mapping[int, float]], start: int = 0) -> list[list[int]]:
     """``sh``: the trials of each rung's cohort that are known so far (a cohort is known once
-    the one before it has reported in full)."""
+    the one before it has reported in full), from rung ``start`` (``hyperband``: a bracket's
+    first rung, whose cohort is ``trials``, the bracket's): item ``j`` is rung ``start + j``'s."""
     out = [list(trials)]
-    for k in range(spec.rungs - 1):
+    for k in range(start, spec.rungs - 1):
         cohort = out[-1]
         got = reports[k] if k < len(reports) else {}
         if any(t not in got for t in cohort):
@@ -68,7 +72,12 @@ def verdicts(spec: StudySpec, trials: Sequence[int], reports: Sequence[Mapping[i
     ended), which ``asha`` needs to know when a rung is complete."""
     last = spec.rungs - 1
     out: dict[int, Verdict] = {}
-    known = cohorts(spec, trials, reports) if spec.rule is Rule.SH else []
+    # sh: one bracket of every trial from rung 0; hyperband: one per first rung
+    start = spec.brackets(trials)
+    known: dict[int, list[list[int]]] = {}
+    if spec.rule in (Rule.SH, Rule.HYPERBAND):
+        for b in sorted(set(start.values())):
+            known[b] = cohorts(spec, [t for t in trials if start[t] == b], reports, b)
     complete = _complete(spec, trials, reports, pending, stopped) if (
         spec.rule is Rule.ASHA) else []
     for trial, rung in pending.items():
@@ -91,8 +100,11 @@ def verdicts(spec: StudySpec, trials: Sequence[int], reports: Sequence[Mapping[i
                 to_come = sum(1 for t in trials if t not in got and t not in stopped)
                 out[trial] = (Verdict.STOP if rank >= spec.survivors(n + to_come)
                               else Verdict.WAIT)
-        elif rung + 1 < len(known):
-            out[trial] = Verdict.GO if trial in known[rung + 1] else Verdict.STOP
+        elif rung < start[trial]:
+            out[trial] = Verdict.GO  # (hyperband: below its bracket's first rung)
+        elif rung + 1 - start[trial] < len(known[start[trial]]):
+            out[trial] = (Verdict.GO if trial in known[start[trial]][rung + 1 - start[trial]]
+                          else Verdict.STOP)
         else:
             out[trial] = Verdict.WAIT
     return out

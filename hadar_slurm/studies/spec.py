@@ -16,6 +16,13 @@ stops it:
   cohort.
 * ``sh``: synchronous successive halving (one Hyperband bracket): trials wait at a rung until
   every trial promoted into it has reported; then the best ``1/eta`` go on and the rest stop.
+* ``hyperband``: Hyperband (Li et al., JMLR 2018): the trials are split into ``rungs``
+  brackets, each synchronous successive halving that starts at another rung
+  (:meth:`StudySpec.brackets`).  The first bracket starts at rung 0 with the most trials and
+  halves most often, as ``sh`` does; the last starts at the last rung: its few trials train
+  to the end unstopped.  A trial trains on below its bracket's first rung.  Where aggressive
+  stopping would drop a configuration that learns slowly but ends best, a later bracket still
+  gives some of them the whole budget.
 * ``none``: no early stopping: every trial trains to ``max_steps`` (a plain Slurm job array).
 
 A study's best configuration is known when every trial has stopped or finished; the best is the
@@ -27,6 +34,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hadar_slurm.errors import InputError
@@ -41,6 +49,7 @@ class Rule(enum.StrEnum):
 
     ASHA = "asha"
     SH = "sh"
+    HYPERBAND = "hyperband"
     NONE = "none"
 
     @staticmethod
@@ -50,7 +59,8 @@ class Rule(enum.StrEnum):
         except ValueError:
             raise InputError(f"unknown halving rule {text!r}", source=source, field=field,
                              fix="one of: asha (asynchronous), sh (synchronous successive "
-                                 "halving), none (every trial to the end)") from None
+                                 "halving), hyperband (brackets of sh that start at each "
+                                 "rung), none (every trial to the end)") from None
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,42 @@ class StudySpec:
     def sort_key(self, value: float) -> float:
         """A key that sorts metrics best first."""
         return -value if self.mode == "max" else value
+
+    def brackets(self, trials: Sequence[int]) -> dict[int, int]:
+        """``hyperband``: the rung each trial's bracket starts halving at, for ``trials`` in
+        submission order (every other rule: 0 for all).  Bracket ``b`` starts at rung ``b``
+        and halves ``s = rungs - 1 - b`` times; it gets trials in Hyperband's proportions,
+        ``eta ** s / (s + 1)`` (Li et al., JMLR 2018, Algorithm 1: the same budget per
+        bracket), rounded by largest remainder, at least one per bracket while there are
+        trials enough (fewer trials than brackets: the first brackets, one trial each).  The
+        first bracket takes the first trials of the array, and so on."""
+        order = list(trials)
+        if self.rule is not Rule.HYPERBAND:
+            return {t: 0 for t in order}
+        n = len(order)
+        count = [0] * self.rungs
+        if n < self.rungs:
+            count[:n] = [1] * n
+        else:
+            weights = [self.eta ** (self.rungs - 1 - b) / (self.rungs - b)
+                       for b in range(self.rungs)]
+            share = [n * w / sum(weights) for w in weights]
+            count = [math.floor(x) for x in share]
+            by_rest = sorted(range(self.rungs),
+                             key=lambda b: (-(share[b] - math.floor(share[b])), b))
+            for b in by_rest[:n - sum(count)]:
+                count[b] += 1
+            for b in range(self.rungs):  # (at least one each, from the largest)
+                if count[b] == 0:
+                    count[count.index(max(count))] -= 1
+                    count[b] = 1
+        out: dict[int, int] = {}
+        k = 0
+        for b, c in enumerate(count):
+            for t in order[k:k + c]:
+                out[t] = b
+            k += c
+        return out
 
     def survivors(self, n: int) -> int:
         """How many of ``n`` trials that completed a rung a synchronous rule promotes: the best

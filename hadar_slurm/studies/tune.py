@@ -8,7 +8,7 @@ The file (TOML)::
     bs = 64
     steps = 40000
     trials = 64               # one array task per trial
-    rule = "sh"               # asha (default), sh, none
+    rule = "sh"               # asha (default), sh, hyperband, none
     rungs = 4                 # default 4
     eta = 3                   # default 3
     metric = "accuracy"       # default accuracy
