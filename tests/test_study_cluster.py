@@ -1,6 +1,8 @@
-"""Tuning studies live (issue #17): the sidecar applies successive halving to two studies of
-emulated trials on the real dev cluster, one asynchronous (``asha``) and one synchronous
-(``sh``), submitted at once as hadar job arrays.
+"""Tuning studies live (issue #17): the sidecar applies successive halving to three studies of
+emulated trials on the real dev cluster, one asynchronous (``asha``), one synchronous (``sh``)
+and one in Hyperband's brackets (``hyperband``: with 6 trials, 3 rungs and eta 2, tasks 0-1
+halve from rung 0, 2-3 from rung 1, 4-5 train to the end), submitted at once as hadar job
+arrays.
 
 Each study: 6 trials of ResNet-18 (batch size 64), 3 rungs, eta 2: a trial reports at 400, 800
 and 1600 steps what the simulator's synthetic learning curves say of it
@@ -53,7 +55,7 @@ pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
 TRIALS, RUNGS, ETA, STEPS, COMPRESSION = 6, 3, 2, 1600, 10
 JOB_TYPE = "ResNet-18 (batch size 64)"
-SEEDS = {"asha": 11, "sh": 12}
+SEEDS = {"asha": 11, "sh": 12, "hyperband": 13}
 PAYLOAD = """#!/bin/bash
 export PYTHONPATH=@REPO@ OMP_NUM_THREADS=1 HADAR_STUDY_RUNGS=@RUNGS@ HADAR_STUDY_ETA=@ETA@
 export HADAR_STUDY="$1"
@@ -182,7 +184,7 @@ def wait_arrays(cluster: DevCluster, arrays: list[int], proc: subprocess.Popen[b
         time.sleep(1.0)
 
 
-def test_two_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
+def test_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
                                                          tmp_path: Path, warm: str) -> None:
     cluster = dev_cluster
     tmp_path.chmod(0o755)
@@ -258,6 +260,16 @@ def test_two_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
                 assert (verdict, t["final"], job.state) == ("done", "done", "COMPLETED")
                 assert progress["done"] == STEPS and progress["complete"]
             assert job.state not in PENDING_STATES
+        if rule == "hyperband":
+            # below its bracket's first rung a trial is told go, whatever it reported
+            start = StudySpec("b", "trial", TRIALS, float(STEPS), RUNGS, float(ETA),
+                              Rule.HYPERBAND).brackets(range(TRIALS))
+            assert start == {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}
+            for t in trials:
+                for k, v in t["verdicts"].items():
+                    if int(k) < start[t["task"]]:
+                        assert v == "go", (t["task"], k, v)
+            assert {t["task"] for t in trials if t["final"] == "done"} >= {4, 5}
         if rule == "sh":
             # the others reported rung 0 before the late trial: they waited for it, requeued
             # held (checkpoint signal), and those promoted ran again from their rung
