@@ -201,7 +201,7 @@ def test_equal_jobs_are_not_swapped_between_types() -> None:
 
     def split(migration_s: float) -> dict[int, str]:
         s = dataclasses.replace(snap, current=held, migration_s=migration_s)
-        phi = HadarPolicy().split_of(s)[3]
+        phi = HadarPolicy().split_of(s, s.held())[3]
         return {i: s.gpu_types[int(np.argmax(phi[i]))] for i in range(2)}
 
     assert split(60.0) == types(60.0) == {0: "a", 1: "b"}

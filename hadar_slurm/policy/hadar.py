@@ -302,9 +302,9 @@ class HadarPolicy:
         capacity = snapshot.capacity()
 
         # 1-3: drain prices, type split, target.
-        drain, pi, need, phi = self.split_of(snapshot)
-        need0 = np.where(runs, need, 0.0)
         current = snapshot.held()
+        drain, pi, need, phi = self.split_of(snapshot, current)
+        need0 = np.where(runs, need, 0.0)
         own = np.argmax(phi, axis=1)
         rem_own = (phi * need0).sum(axis=1) / scale
         prev = snapshot.policy_state
@@ -387,10 +387,11 @@ class HadarPolicy:
             return snapshot
         return replace(snapshot, current=snapshot.current.select(~drop))
 
-    def split_of(self, snapshot: Snapshot) -> tuple[float, FloatArray, FloatArray, FloatArray]:
+    def split_of(self, snapshot: Snapshot, held: IntArray,
+                 ) -> tuple[float, FloatArray, FloatArray, FloatArray]:
         """Steps 1-2 of the module docstring on ``snapshot``: the drain bound, the drain
         prices, each job's GPU-seconds of remaining work per type (``inf`` where it cannot
-        run) and the type split."""
+        run) and the type split.  ``held``: ``snapshot.held()``, which the caller has."""
         scale = snapshot.scale.astype(np.int64)
         rate = snapshot.rate
         runs = rate > 0
@@ -399,7 +400,7 @@ class HadarPolicy:
         need = np.where(runs, scale[:, None] * snapshot.remaining[:, None]
                         / np.where(runs, rate, 1.0), np.inf)
         phi = self.type_split(
-            self.split_need(need, snapshot.held(), scale, float(snapshot.migration_s)),
+            self.split_need(need, held, scale, float(snapshot.migration_s)),
             capacity, pi, scale, drain, float(snapshot.round_s))
         return drain, pi, need, phi
 
