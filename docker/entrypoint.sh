@@ -9,8 +9,8 @@
 #                                slurmctld answers
 #   entrypoint.sh CMD...         anything else runs as it is (e.g. bash)
 #
-# Each role first renders slurm.conf, gres.conf and job_submit.lua into $DIR/etc from the
-# repository's slurm_conf/, mounted at $SRC (slurm_conf/render.py compose): the same templates
+# Each role first renders slurm.conf, gres.conf, prolog.sh and job_submit.lua into $DIR/etc from
+# the repository's slurm_conf/, mounted at $SRC (slurm_conf/render.py compose): the same templates
 # and node list as the local cluster of slurm_conf/dev-cluster.sh, not a copy of them.
 # The munge key is made once by slurmctld in the volume shared by all containers ($KEYDIR).
 set -euo pipefail

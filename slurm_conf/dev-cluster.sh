@@ -10,8 +10,8 @@
 #   dev-cluster.sh restart-ctld
 #                           stop slurmctld (SIGTERM: it saves its state) and start it again with
 #                           that state; jobs keep running (a fault drill for the sidecar)
-#   dev-cluster.sh render   only write slurm.conf, gres.conf (and job_submit.lua) into $DIR/etc/,
-#                           as `up` does; starts nothing, needs no root
+#   dev-cluster.sh render   only write slurm.conf, gres.conf, prolog.sh (and job_submit.lua)
+#                           into $DIR/etc/, as `up` does; starts nothing, needs no root
 #
 # Typical use:   eval "$(slurm_conf/dev-cluster.sh up)"; sinfo; ...; slurm_conf/dev-cluster.sh down
 #
@@ -108,7 +108,7 @@ check_tools() {
 }
 
 # ------------------------------------------------------------------ config
-render_config() {  # slurm.conf, gres.conf (and job_submit.lua) -> $DIR/etc/
+render_config() {  # slurm.conf, gres.conf, prolog.sh (and job_submit.lua) -> $DIR/etc/
   local lua=()
   [ "${HADAR_DEVCLUSTER_LUA:-0}" = 1 ] && lua=(--lua)   # Slurm reads job_submit.lua beside slurm.conf
   "$PYTHON" "$SRC/render.py" local --dir "$DIR" --port "$PORT" "${lua[@]}" --shards "$SHARDS" \

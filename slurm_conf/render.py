@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Render the Slurm configuration of hadar-slurm's test clusters from one source.
 
-The one source is this directory: ``nodes.conf`` (the node list), ``slurm.conf.in`` and
-``gres.conf.in`` (the templates) and ``job_submit.lua``.  Two targets are rendered from it:
+The one source is this directory: ``nodes.conf`` (the node list), ``slurm.conf.in``,
+``gres.conf.in`` and ``prolog.sh.in`` (the templates) and ``job_submit.lua``.  Two targets are
+rendered from it:
 
 ``local``
     the loopback dev cluster of ``dev-cluster.sh``: every node on 127.0.0.1 with its own port
@@ -12,9 +13,10 @@ The one source is this directory: ``nodes.conf`` (the node list), ``slurm.conf.i
     by its hostname (``slurmctld``, the node names), on Slurm's default ports 6817/6818.
 
 Given the same ``--dir`` and ``--lua``, the two ``slurm.conf`` files differ only in the keys of
-:data:`TARGET_KEYS` and ``NodeName`` lines only in :data:`TARGET_NODE_KEYS`; ``gres.conf`` and
-``job_submit.lua`` are the same (``tests/test_compose.py`` checks this).  ``docker-compose.yml``
-itself is rendered from ``nodes.conf`` too (``compose-file``), and its containers render their
+:data:`TARGET_KEYS` and ``NodeName`` lines only in :data:`TARGET_NODE_KEYS`; ``gres.conf``,
+``prolog.sh`` (a fault drill) and ``job_submit.lua`` are the same (``tests/test_compose.py``
+checks this).  ``docker-compose.yml`` itself is rendered from ``nodes.conf`` too
+(``compose-file``), and its containers render their
 ``slurm.conf`` at start from this directory, mounted read-only (``docker/entrypoint.sh``).
 
 Usage::
@@ -219,6 +221,7 @@ def render(target: Target, nodes: Sequence[Node], src: Path = HERE) -> dict[str,
         "gres.conf": fill((src / "gres.conf.in").read_text(), "gres.conf.in",
                           {**common, "GRES": "\n".join(gres_lines)}),
     }
+    out["prolog.sh"] = fill((src / "prolog.sh.in").read_text(), "prolog.sh.in", common)
     if target.lua:
         out["job_submit.lua"] = (src / "job_submit.lua").read_text()
     return out
@@ -229,6 +232,8 @@ def write(files: dict[str, str], out: Path) -> None:
     for name, text in files.items():
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)
+        if name.endswith(".sh"):
+            tmp.chmod(0o755)  # (slurmd runs the prolog)
         tmp.replace(out / name)  # atomic: a daemon never reads half a file
 
 

@@ -196,6 +196,9 @@ def test_local_and_compose_configs_differ_only_in_target_keys(tmp_path: Path) ->
     gres_a = _conf_lines((state / "etc" / "gres.conf").read_text())
     assert gres_a == _conf_lines((compose_etc / "gres.conf").read_text())
     assert len(gres_a) == len(want)
+    prolog = (state / "etc" / "prolog.sh")
+    assert prolog.read_text() == (compose_etc / "prolog.sh").read_text()
+    assert os.access(prolog, os.X_OK) and la["Prolog"] == f"Prolog={prolog}" == lb["Prolog"]
     lua = (SLURM_CONF_DIR / "job_submit.lua").read_text()
     assert (state / "etc" / "job_submit.lua").read_text() == lua
     assert (compose_etc / "job_submit.lua").read_text() == lua
@@ -204,7 +207,7 @@ def test_local_and_compose_configs_differ_only_in_target_keys(tmp_path: Path) ->
 def test_render_without_lua_drops_the_plugin(tmp_path: Path) -> None:
     files = render.render(render.local_target(str(tmp_path), 17900, lua=False),
                           render.read_nodes())
-    assert set(files) == {"slurm.conf", "gres.conf"}
+    assert set(files) == {"slurm.conf", "gres.conf", "prolog.sh"}
     assert "JobSubmitPlugins" not in files["slurm.conf"]
 
 

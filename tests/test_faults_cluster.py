@@ -20,9 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from hadar_slurm.sidecar.observe import (
+    MAX_RELAUNCH,
+    launch_failed,
+    launch_failed_text,
+    relaunchable,
+)
 from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import RunAs, SlurmJob, commands, parse_sbatch_parsable
-from tests.slurm_cluster import DevCluster, jobs
+from hadar_slurm.slurm.parse import LAUNCH_FAILED_HELD
+from tests.slurm_cluster import DevCluster, jobs, nodes_conf
 from tests.test_sidecar_cluster import (
     FINAL,
     Sidecar,
@@ -339,3 +346,81 @@ def test_hints_changed_after_submit_cannot_stop_the_sidecar(
     assert "Traceback" not in out, out[-3000:]
     assert "place" in actions(sidecar.events(), good)
 
+
+
+@pytest.fixture
+def prolog_faults(work: Workdir) -> Iterator[Path]:
+    """The dev cluster's run dir, where the fault files of its prolog go
+    (slurm_conf/prolog.sh.in: ``fail-prolog.NODE``, ``fail-prolog.once``).  At the end every
+    fault file is removed and the nodes a failed prolog drained are resumed."""
+    run = work.cluster.dir / "run"
+    yield run
+    for f in run.glob("fail-prolog.*"):
+        f.unlink(missing_ok=True)
+    for node in nodes_conf():
+        work.cluster.runner.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                                check=False)
+    # (the next tests want every node back: wait, bounded, until none is drained)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        out = work.cluster.runner.run(["sinfo", "-h", "-N", "-t", "drain,draining,drained",
+                                       "-o", "%N"], check=False).stdout
+        if not out.strip():
+            break
+        time.sleep(1)
+
+
+def launch_failures(events: list[dict[str, object]], job_id: int) -> list[dict[str, object]]:
+    return [e for e in events if e.get("event") == "launch_failed" and e.get("job") == job_id]
+
+
+def test_a_job_whose_launch_failed_is_placed_anew(work: Workdir, prolog_faults: Path) -> None:
+    # Before: slurmctld held the job after its launch failed where the sidecar had placed it
+    # (JobHeldUser, "launch failed requeued held"), the sidecar took that for its user's hold,
+    # and the job stayed held for ever (seen once in CI on 26.05.5, after a node failure).
+    (prolog_faults / "fail-prolog.once").touch()
+    job_id = submit(work, script(work, "plain.sh", PLAIN), "hadar: model=resnet50 bs=64 "
+                    "steps=1000", "3")
+    watch = Watch(work.cluster)
+    sidecar = work.start_sidecar()
+    final = watch.all_final([job_id], 90, (sidecar,))
+    assert final[job_id].state == "COMPLETED", final[job_id]
+    assert not (prolog_faults / "fail-prolog.once").exists()  # (the launch that failed took it)
+    [failed] = launch_failures(sidecar.events(), job_id)
+    assert failed["relaunch"] == 1, failed
+    node = str(failed["nodes"])
+    assert decode(final[job_id].admin_comment).relaunch == 1, final[job_id].admin_comment
+    # the failed prolog drained that node: the job ran once, elsewhere
+    drained = work.cluster.runner.run(["sinfo", "-h", "-N", "-t", "drain", "-o", "%N"]).stdout
+    assert node in drained.split(), (node, drained)
+    log = work.job_log(job_id)
+    assert [w[0] for w in log] == ["start", "done"] and log[0][1] != node, log
+    assert actions(sidecar.events(), job_id).count("place") == 2, sidecar.events()
+
+
+def test_a_launch_that_keeps_failing_is_left_held_for_a_person(
+        work: Workdir, prolog_faults: Path) -> None:
+    # Every node's prolog fails: the sidecar places the job anew MAX_RELAUNCH times, each
+    # failure draining one more node, then leaves it held as Slurm did (no round for ever).
+    for node in nodes_conf():
+        (prolog_faults / f"fail-prolog.{node}").touch()
+    job_id = submit(work, script(work, "plain.sh", PLAIN), "hadar: model=resnet50 bs=64 "
+                    "steps=1000", "3")
+    watch = Watch(work.cluster)
+    sidecar = work.start_sidecar()
+
+    def given_up(now: dict[int, SlurmJob]) -> bool:
+        job = now[job_id]
+        return (job.state_desc == LAUNCH_FAILED_HELD
+                and decode(job.admin_comment).relaunch == MAX_RELAUNCH)
+
+    watch.until("the last launch failed", given_up, 120, (sidecar,))
+    time.sleep(10)  # (three epochs more)
+    job = watch.poll()[job_id]
+    assert job.state == "PENDING" and job.state_reason == "JobHeldUser", job
+    assert job.state_desc == LAUNCH_FAILED_HELD and launch_failed(job), job
+    assert not relaunchable(job, decode(job.admin_comment))
+    assert [e["relaunch"] for e in launch_failures(sidecar.events(), job_id)] == [1, 2, 3]
+    assert actions(sidecar.events(), job_id).count("place") == MAX_RELAUNCH + 1
+    assert work.job_log(job_id) == []  # (it never started)
+    assert "hadar leaves it held" in launch_failed_text(job)

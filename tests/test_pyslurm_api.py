@@ -300,6 +300,18 @@ def test_job_state_flags(state: str, base: str, flags: tuple[str, ...]) -> None:
     assert mapped.held == (base == "PENDING")
 
 
+def test_slurmctlds_hold_after_a_failed_launch_reads_as_squeue_gives_it() -> None:
+    # pyslurm gives the description in place of the reason code; squeue --json gives both
+    failed, other = held_job(), held_job()
+    failed.state_reason = "launch failed requeued held"
+    other.state_reason = "job requeued in held state"
+    (a,) = PyslurmApi(module=FakePyslurm([failed])).read_jobs()
+    assert (a.state_reason, a.state_desc, a.held) == (
+        "JobHeldUser", "launch failed requeued held", True)
+    (b,) = PyslurmApi(module=FakePyslurm([other])).read_jobs()
+    assert (b.state_reason, b.state_desc) == ("job requeued in held state", "")
+
+
 def test_user_falls_back_to_uid_and_unlimited_numbers() -> None:
     job = running_job()
     job.user_name = None

@@ -21,10 +21,11 @@ from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
 from hadar_slurm.rates.table import default_table
 from hadar_slurm.sidecar import fork as hadare
 from hadar_slurm.sidecar.backend import SlurmBackend
+from hadar_slurm.sidecar.observe import MAX_RELAUNCH, launch_failed_text
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
 from hadar_slurm.slurm.api import UPDATE_FIELDS, DryRunApi, SlurmApi
-from hadar_slurm.slurm.parse import FINAL_STATES, Gres, expand_array_tasks
+from hadar_slurm.slurm.parse import FINAL_STATES, LAUNCH_FAILED_HELD, Gres, expand_array_tasks
 from hadar_slurm.slurm.runner import write_files_as
 from hadar_slurm.slurm.version import SlurmVersion, parse_version
 
@@ -197,14 +198,16 @@ def decide(b: SlurmBackend, rows: dict[int, list[tuple[int, int]]], epoch: int =
 
 def test_record_round_trip_and_foreign_comments() -> None:
     rec = JobRecord(epoch=7, state="placed", place=(("node2", 2),), gpus=2, done=12.5,
-                    attained={"v100": 30.0, "p100": 0.0}, until=1700000000.0,
+                    attained={"v100": 30.0, "p100": 0.0}, until=1700000000.0, relaunch=2,
                     why="two words")
     text = rec.encode()
     assert text.startswith("hadar epoch=7 state=placed place=node2:2 gpus=2 done=12.5 ")
     back = decode(text)
     assert back.place == rec.place and back.attained == {"v100": 30.0}
     assert (back.epoch, back.done, back.until, back.why) == (7, 12.5, 1700000000.0, "two words")
-    for other in ("", "site note", "hadar: held for the sidecar", "hadar epoch=x"):
+    assert back.relaunch == 2 and "relaunch" not in JobRecord(epoch=1, state="held").encode()
+    for other in ("", "site note", "hadar: held for the sidecar", "hadar epoch=x",
+                  "hadar epoch=1 state=placed relaunch=-1"):
         assert decode(other) == JobRecord()
 
 
@@ -714,6 +717,66 @@ def test_a_sidecar_that_dies_between_record_and_release_leaves_no_user_hold() ->
     assert b.user_held == []
     b.apply(actions, 2000.0)
     assert api.log[-1] == ("release", 1)
+
+
+def launch_failed_job(job_id: int, record: JobRecord) -> SlurmJob:
+    """As slurmctld leaves a job whose launch failed (a prolog failed, or slurmd refused it)."""
+    return replace(job(job_id, reason="JobHeldUser", admin=record.encode()),
+                   state_desc=LAUNCH_FAILED_HELD, required_nodes="node1")
+
+
+def test_a_job_slurm_held_after_its_launch_failed_is_placed_anew() -> None:
+    # Before: JobHeldUser read as its user's hold, and the job stayed held for ever
+    placed = JobRecord(epoch=3, state="placed", place=(("node1", 1),), gpus=1, submit=900.0)
+    api = FakeSlurm([launch_failed_job(1, placed)], NODES)
+    b = backend(api)
+    snap = b.snapshot(4, 2000.0, 60.0, None)
+    # a pending job again, no longer on node1 for the policy
+    assert snap.job_ids.tolist() == [1] and b.user_held == []
+    assert snap.current.job.tolist() == []
+    assert "places it anew at its next epoch (relaunch 1 of 3)" in launch_failed_text(api.jobs[1])
+    _, actions = decide(b, {1: [(1, 1)]}, epoch=4)
+    b.apply(actions, 2000.0)
+    # its hold made the sidecar's before the record (as for any user-held job it places)
+    assert api.log == [("hold", 1), ("update", 1), ("release", 1)]
+    rec = decode(api.jobs[1].admin_comment)
+    assert (rec.state, rec.place, rec.relaunch, rec.submit) == ("placed", (("node2", 1),), 1,
+                                                                  900.0)
+
+
+def test_a_job_whose_launch_failed_waits_held_by_the_sidecar_when_not_placed() -> None:
+    placed = JobRecord(epoch=3, state="placed", place=(("node1", 1),), gpus=1, relaunch=1)
+    api = FakeSlurm([launch_failed_job(1, placed)], NODES)
+    b = backend(api)
+    _, actions = decide(b, {}, epoch=4)
+    b.apply(actions, 2000.0)
+    assert api.log == [("hold", 1), ("update", 1)]
+    rec = decode(api.jobs[1].admin_comment)
+    assert (rec.state, rec.place, rec.relaunch) == ("held", (), 2)
+    assert api.jobs[1].state_reason == "JobHeldAdmin"
+    # counted once: the next epochs see a job the sidecar holds
+    api.log.clear()
+    _, actions = decide(b, {}, epoch=5)
+    b.apply(actions, 2000.0)
+    assert api.log == [] and decode(api.jobs[1].admin_comment).relaunch == 2
+
+
+def test_a_launch_that_failed_too_often_is_left_held_for_a_person() -> None:
+    placed = JobRecord(epoch=3, state="placed", place=(("node1", 1),), gpus=1,
+                       relaunch=MAX_RELAUNCH)
+    unplaced = JobRecord(epoch=3, state="unsteered", gpus=1, why="bad hints")
+    api = FakeSlurm([launch_failed_job(1, placed), launch_failed_job(2, unplaced)], NODES)
+    b = backend(api)
+    snap = b.snapshot(4, 2000.0, 60.0, None)
+    assert snap.job_ids.tolist() == [] and b.user_held == [1, 2]
+    _, actions = decide(b, {}, epoch=4)
+    b.apply(actions, 2000.0)
+    assert api.log == []
+    text = launch_failed_text(api.jobs[1])
+    assert "(4 failed launches where hadar placed it): hadar leaves it held" in text
+    assert "scontrol release 1" in text and "node1" in text
+    # a job the sidecar never placed is Slurm's to launch: only its node and the way out
+    assert launch_failed_text(api.jobs[2]).startswith("Slurm held it after its launch on node1")
 
 
 def test_a_users_own_hold_is_respected() -> None:

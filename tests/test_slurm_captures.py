@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hadar_slurm.sidecar.observe import launch_failed
 from hadar_slurm.slurm import (
     Gres,
     SlurmJob,
@@ -22,7 +23,7 @@ from hadar_slurm.slurm import (
     parse_sinfo_json,
     parse_squeue_json,
 )
-from hadar_slurm.slurm.parse import FINAL_STATES
+from hadar_slurm.slurm.parse import FINAL_STATES, LAUNCH_FAILED_HELD
 
 DATA = Path(__file__).resolve().parent / "data" / "slurm"
 
@@ -575,6 +576,28 @@ def test_a_job_slurmctld_is_still_ending_is_completing(version: str) -> None:
     (job,) = parse_squeue_json({"jobs": [raw]})
     assert (job.state, job.state_flags) == ("COMPLETING", ("FAILED",))
     assert job.state not in FINAL_STATES and not job.held
+
+
+# A batch job whose launch failed (its prolog failed: the dev cluster's fault drill), requeued
+# held by slurmctld, on every release (tests/data/slurm/launch-failed/capture.sh): the reason
+# code reads as a user's hold, the description says it is Slurm's.
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
+def test_a_job_slurmctld_held_after_a_failed_launch(version: str) -> None:
+    (job,) = parse_squeue_json(load(f"launch-failed/{version}-squeue.json"))
+    assert (job.job_id, job.name, job.state, job.state_reason, job.priority) == (
+        1, "launch", "PENDING", "JobHeldUser", 0)
+    assert job.state_desc == LAUNCH_FAILED_HELD and job.held and launch_failed(job)
+    assert job.required_nodes == "node1" and job.node_names == ()
+    # scontrol prints the description in place of the reason code
+    shown = parse_scontrol_show(load(f"launch-failed/{version}-scontrol-show-job.txt"))
+    assert (shown["JobState"], shown["Reason"], shown["Restarts"]) == (
+        "PENDING", "launch_failed_requeued_held", "1")
+    # no job of the other captures reads so; their descriptions are read as Slurm gave them
+    for name in JOB_DOCS:
+        assert not any(launch_failed(j) for j in parse_squeue_json(load(name))), name
+    other = jobs_of("squeue-24.11-states-all-after-actions.json")
+    assert (other[13].state_reason, other[13].state_desc) == ("JobHeldUser",
+                                                               "job requeued in held state")
 
 
 def test_every_capture_is_read_here() -> None:

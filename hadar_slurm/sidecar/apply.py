@@ -528,8 +528,10 @@ class SlurmApplier:
     def _keep_waiting(self, view: JobView, epoch: int) -> None:
         """A pending job without a place this epoch must not be started by Slurm elsewhere."""
         job_id = view.job_id
-        if (view.held or view.parked) and view.record.state != "placed":
+        if (view.held or view.parked) and view.record.state != "placed" and not view.relaunch:
             return  # (it waits as job_submit.lua left it, or held by the sidecar)
+        # (a job slurmctld held after a failed launch: its hold is made the sidecar's, and the
+        # record says it waits, so that it no longer reads as held by its user)
         if not view.held:
             if not self._write("hold", job_id, self.api.hold):
                 return

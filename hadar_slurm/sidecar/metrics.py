@@ -33,7 +33,8 @@ so that tests can make several)::
     hadar_errors_total{kind}            counter    warning/error log events, by event name:
                                                    epoch_failed, action_failed, fork_failed,
                                                    slurm_unreachable, state_write_failed,
-                                                   store_failed, store_recovered, ...
+                                                   store_failed, store_recovered,
+                                                   launch_failed, ...
     hadar_slurm_unreachable             gauge      1 while slurmctld does not answer (a read
                                                    timed out or could not reach it), else 0
     hadar_slurm_unreachable_since_seconds gauge    when the current outage was first seen

@@ -42,7 +42,12 @@ from hadar_slurm.sidecar.record import MAX_ARGS_BYTES, JobRecord, decode, mark
 from hadar_slurm.sidecar.studies import StudyBook, TrialStatus
 from hadar_slurm.slurm import SlurmJob, SlurmNode
 from hadar_slurm.slurm.api import SlurmApi
-from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES, RUNNING_STATES
+from hadar_slurm.slurm.parse import (
+    FINAL_STATES,
+    LAUNCH_FAILED_HELD,
+    PENDING_STATES,
+    RUNNING_STATES,
+)
 from hadar_slurm.slurm.version import SlurmVersion
 from hadar_slurm.studies.spec import copies_cap
 
@@ -69,6 +74,11 @@ MOVE_STATES = frozenset({"preempting", "preempted"})
 #: (EX_TEMPFAIL; hadar_slurm.runtime exits so).  A job the sidecar preempts that ends with it
 #: during the grace period is requeued held like one still running, not taken for finished.
 CHECKPOINT_EXIT = 75
+#: How many times the sidecar takes back a job that slurmctld held after its launch failed
+#: (:func:`relaunchable`) before it leaves it held for a person: a launch that fails again and
+#: again (a prolog that always fails, a job its nodes refuse) must not go round for ever, each
+#: round draining a node.
+MAX_RELAUNCH = 3
 #: Pending reasons that say a placed job can never start as its request stands: the sidecar
 #: places it again from scratch (every field of the request rewritten).
 STUCK_REASONS = frozenset({"BadConstraints"})
@@ -108,6 +118,9 @@ class JobView:
     mate: int = 0
     #: A study's trial (issue #17): what its study makes of it this epoch (None: not a trial)
     study: TrialStatus | None = None
+    #: slurmctld held it after its launch failed where the sidecar had placed it
+    #: (:func:`relaunchable`): it waits as a pending job again, its hold made the sidecar's
+    relaunch: bool = False
 
     @property
     def job_id(self) -> int:
@@ -200,12 +213,46 @@ def held_by_hadar(job: SlurmJob) -> bool:
         return True
     if mark(job.admin_comment) == SUBMIT_HELD:
         return True
-    return decode(job.admin_comment).state in MOVE_STATES
+    record = decode(job.admin_comment)
+    return record.state in MOVE_STATES or relaunchable(job, record)
+
+
+def launch_failed(job: SlurmJob) -> bool:
+    """Held by slurmctld after its launch failed: a prolog failed (the node is drained), or the
+    node's slurmd refused the batch launch.  Slurm requeues such a job held with reason
+    ``JobHeldUser``, which would read as its user's own hold, and description
+    :data:`~hadar_slurm.slurm.parse.LAUNCH_FAILED_HELD`."""
+    return (job.state in PENDING_STATES and job.state_reason == "JobHeldUser"
+            and job.state_desc == LAUNCH_FAILED_HELD)
+
+
+def relaunchable(job: SlurmJob, record: JobRecord) -> bool:
+    """A job the sidecar placed (record ``placed``) whose launch failed (:func:`launch_failed`):
+    the hold is slurmctld's, not its user's, and the sidecar takes the job back to place it
+    anew, as a pending job, at most :data:`MAX_RELAUNCH` times over its life (then it stays
+    held for a person: ``hadar-slurm explain`` says why)."""
+    return launch_failed(job) and record.state == "placed" and record.relaunch < MAX_RELAUNCH
 
 
 def held_by_user(job: SlurmJob) -> bool:
     """Held by its user (see :func:`held_by_hadar`)."""
     return job.held and not held_by_hadar(job)
+
+
+def launch_failed_text(job: SlurmJob) -> str:
+    """What ``status`` and ``explain`` say of a job slurmctld held after a failed launch."""
+    record = decode(job.admin_comment)
+    where = ", ".join(n for n, _ in record.place) or job.required_nodes or "its node"
+    if relaunchable(job, record):
+        return (f"Slurm held it after its launch on {where} failed; the sidecar places it "
+                f"anew at its next epoch (relaunch {record.relaunch + 1} of {MAX_RELAUNCH})")
+    if record.state == "placed":
+        return (f"Slurm held it after its launch on {where} failed ({record.relaunch + 1} "
+                "failed launches where hadar placed it): hadar leaves it held (see slurmd's "
+                "log on that node; a failed prolog drains it), `scontrol "
+                f"release {job.job_id}` once the cause is fixed")
+    return (f"Slurm held it after its launch on {where} failed (see slurmd's log there); "
+            f"`scontrol release {job.job_id}` once the cause is fixed")
 
 
 def is_parked(job: SlurmJob, now: float) -> bool:
@@ -786,6 +833,7 @@ class SlurmObserver:
             progress = hadare.read_progress(tracker) if tracker else None
         done = record.done
         attained = dict(record.attained)
+        relaunch = False
         rows: list[tuple[int, int]] = []
         row_copy: list[int] = []
         run_rate, run_start = 0.0, now  # what runs now, for the progress since the tracker's
@@ -823,6 +871,12 @@ class SlurmObserver:
                       record=job.admin_comment)
             return JobView(job, hints, record.with_(state="held", place=()), gpus, False, (),
                            done, attained, rates, repair=True)
+        elif relaunchable(job, record):
+            log_event(logger, "launch_failed", logging.WARNING, job=job.job_id,
+                      nodes=",".join(n for n, _ in record.place), relaunch=record.relaunch + 1,
+                      max=MAX_RELAUNCH)
+            record = record.with_(state="held", place=(), mate=0, relaunch=record.relaunch + 1)
+            relaunch = True
         elif record.state == "placed":
             rows = [(node_index[n], c) for n, c in record.place if n in node_index]
         if progress is not None:
@@ -847,7 +901,7 @@ class SlurmObserver:
             group=group, max_copies=hints.fork if hints.fork > 1 and not blocked else 1,
             fork_blocked=blocked, tracker=tracker, progress=progress,
             rate_sources=tuple(self.knowledge.source(hints.job_type, gpus, t)
-                               for t in self.gpu_types))
+                               for t in self.gpu_types), relaunch=relaunch)
 
     def _working(self, start: float, until: float, now: float) -> float:
         """Seconds of progress of a run that started at ``start`` whose work up to ``until``

@@ -23,6 +23,10 @@ it failed, or its copies ended by themselves: it finishes unforked).
 them at submit (:func:`encode_args`; Slurm 24.11+ keeps them nowhere else, and 22.05 only joined
 by spaces): HadarE's copies run the script with them.  The plugin's own marks (``hadar: waits for
 the sidecar args=...``) carry them too; every record the sidecar writes keeps them.
+``relaunch`` counts the times slurmctld held the job after its launch failed (a prolog that
+failed, a node that refused it: ``launch failed requeued held``, which reads as the user's own
+hold) and the sidecar took it back to place it anew; after
+:data:`~hadar_slurm.sidecar.observe.MAX_RELAUNCH` such failures it is left held for a person.
 ``submit`` is when the job was submitted, as the sidecar first saw it: Slurm sets a requeued
 job's ``SubmitTime`` to the time of the requeue, so after a move or a preemption Slurm's own
 figure would make the job look just arrived (its age, which the policy's utility weighs, and its
@@ -68,6 +72,9 @@ class JobRecord:
     args: tuple[str, ...] | None = None  # the script's arguments (None: not recorded)
     mate: int = 0  # GPU sharing: the job placed beside it on one GPU (0: none)
     submit: float = 0.0  # Unix time of the job's first submit, as first seen (0: not recorded)
+    #: times the sidecar took the job back after slurmctld held it on a failed launch
+    #: (``launch failed requeued held``) to place it anew
+    relaunch: int = 0
     why: str = ""
 
     @property
@@ -102,6 +109,8 @@ class JobRecord:
             parts.append(f"mate={self.mate}")
         if self.submit > 0:
             parts.append(f"submit={self.submit:.0f}")
+        if self.relaunch:
+            parts.append(f"relaunch={self.relaunch}")
         if self.args is not None:
             parts.append("args=" + encode_args(self.args))
         if self.why:
@@ -148,6 +157,7 @@ def decode(text: str) -> JobRecord:
             deadline=_finite(values.get("deadline", "0")),
             mate=_whole(values.get("mate", "0")),
             submit=_finite(values.get("submit", "0")),
+            relaunch=_whole(values.get("relaunch", "0")),
             args=decode_args(values["args"]) if "args" in values else None,
             why=values.get("why", ""),
         )

@@ -92,6 +92,9 @@ ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "CO
 #: order the command line gives them: :data:`UNFINISHED_STATES` and the states this module
 #: never reads as a base state (``RESV_DEL_HOLD``, ``STOPPED``, ``SIGNALING``, ``STAGE_OUT``,
 #: ``RESIZING``).
+#: slurmctld's description of its own hold of a batch job whose launch failed (its prolog
+#: failed, or slurmd refused the launch): reason ``JobHeldUser``, priority 0, requeued.
+LAUNCH_FAILED_HELD = "launch failed requeued held"
 SQUEUE_LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING",
                       "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
                       "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING")
@@ -146,6 +149,9 @@ class SlurmJob:
     #: (24.11+); read with :func:`parse_gres_use`.  () while pending, and from readers that
     #: do not fill it in (pyslurm's), hence not compared.
     gres_detail: tuple[str, ...] = field(default=(), compare=False)
+    #: what Slurm says of the reason beyond its code ("" when nothing): slurmctld's own hold
+    #: after a failed launch is ``JobHeldUser`` with :data:`LAUNCH_FAILED_HELD`
+    state_desc: str = ""
 
     @property
     def gpus_per_node(self) -> int:
@@ -614,6 +620,7 @@ def _job(raw: object, source: str, index: int) -> SlurmJob:
         **array_fields(f.number("array_job_id"), f.number("array_task_id"),
                         f.text("array_task_string")),
         gres_detail=f.strings("gres_detail"),
+        state_desc=f.text("state_description"),
     )
 
 

@@ -39,7 +39,9 @@ Known differences from the CLI, all from pyslurm itself:
   ``squeue --json`` of Slurm 23.02+ reports them; others (``COMPLETING``, ``STAGE_OUT``,
   ``SIGNALING``, ``REVOKED``) stay as the state, as on Slurm 22.05.
 - ``Job.state_reason`` is the reason's description when Slurm set one (``state_desc``), else the
-  reason code (``"JobHeldUser"``); ``squeue --json`` always gives the code.
+  reason code (``"JobHeldUser"``); ``squeue --json`` always gives the code.  slurmctld's hold
+  after a failed launch (``"launch failed requeued held"``) is read back as ``JobHeldUser`` with
+  that description, as ``squeue --json`` gives it; other descriptions stay in place of the code.
 - pyslurm cannot submit a batch script as another user nor hand out a pending job's script,
   so HadarE forks go through the Slurm CLI: :meth:`PyslurmApi.batch_script` and
   :meth:`PyslurmApi.submit_as` are the :class:`~hadar_slurm.slurm.api.CliApi`'s (``scontrol
@@ -75,6 +77,7 @@ from hadar_slurm.slurm.errors import (
 )
 from hadar_slurm.slurm.parse import (
     FINAL_STATES,
+    LAUNCH_FAILED_HELD,
     Gres,
     SlurmJob,
     SlurmNode,
@@ -575,13 +578,18 @@ def _job(job: Any) -> SlurmJob:
         uid = r.number("user_id")
         user = "" if uid is None else str(uid)
     nodes = r.text("allocated_nodes")
+    # pyslurm gives the reason's description in place of its code when Slurm set one: the one
+    # the sidecar acts on (slurmctld's hold after a failed launch) is given its code back
+    reason, desc = r.text("state_reason"), ""
+    if reason == LAUNCH_FAILED_HELD:
+        reason, desc = "JobHeldUser", LAUNCH_FAILED_HELD
     return SlurmJob(
         job_id=job_id,
         name=r.text("name"),
         user=user,
         state=state,
         state_flags=flags,
-        state_reason=r.text("state_reason"),
+        state_reason=reason,
         partition=r.text("partition"),
         nodes=nodes,
         node_names=expand_hostlist(nodes),
@@ -606,6 +614,7 @@ def _job(job: Any) -> SlurmJob:
         eligible_time=r.number("eligible_time") or None,
         **array_fields(r.number("array_id"), r.number("array_task_id"),
                         r.text("array_tasks_waiting")),
+        state_desc=desc,
     )
 
 
