@@ -37,7 +37,11 @@ order; shorter with --quick): SIGKILL of the sidecar (restarted 0-5 s later), sl
 (SIGSTOP 20-40 s, then SIGCONT), slurmctld restarted (``dev-cluster.sh restart-ctld``), a node
 set DOWN (its jobs are requeued; with ReturnToService=2 it is back at once) or DRAIN for 10-30 s,
 then ``State=RESUME``; a second ``hadar-slurm run --dry-run`` on the same state_dir, which must
-refuse to start (one clear line, no traceback).  Submissions and releases wait while slurmctld
+refuse to start (one clear line, no traceback); the next launch on any node made to fail (the
+dev cluster's fault-drill prolog, for 10-30 s or until a launch takes it: slurmd drains that node
+and slurmctld requeues the job held, "launch failed requeued held"; a hadar job the sidecar
+placed must be placed anew by it, any other is released by the soak as an admin would, and the
+node resumed).  Submissions and releases wait while slurmctld
 is stopped or restarting.
 
 Slurm 22.05 itself loses the GPUs of jobs it starts right after a slurmctld restart (before the
@@ -86,6 +90,8 @@ from types import FrameType
 from typing import Any
 
 from bench.devcluster import dev_script, free_port_base
+from hadar_slurm.sidecar.observe import launch_failed, relaunchable
+from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import (
     RunAs,
     SlurmError,
@@ -335,7 +341,7 @@ def plan_jobs(opts: Options, rng: random.Random, sentinel: Path) -> list[Spec]:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    kind: str  # sidecar_kill ctld_stop ctld_restart node_down node_drain
+    kind: str  # sidecar_kill ctld_stop ctld_restart node_down node_drain launch_fail
     hold_s: float  # how long it lasts (stop, node down) or the restart delay (sidecar)
     node: str = ""
 
@@ -346,7 +352,8 @@ def plan_faults(opts: Options, rng: random.Random, nodes: list[str]) -> list[Fau
     kinds: list[str] = []
     while True:
         if not kinds:
-            kinds = ["sidecar_kill", "ctld_stop", "ctld_restart", "node", "second_sidecar"]
+            kinds = ["sidecar_kill", "ctld_stop", "ctld_restart", "node", "second_sidecar",
+                     "launch_fail"]
             rng.shuffle(kinds)
         kind = kinds.pop()
         if kind == "sidecar_kill":
@@ -355,6 +362,8 @@ def plan_faults(opts: Options, rng: random.Random, nodes: list[str]) -> list[Fau
             f = Fault(t, kind, round(rng.uniform(*opts.ctld_stop_s), 1))
         elif kind in ("ctld_restart", "second_sidecar"):
             f = Fault(t, kind, 0.0)
+        elif kind == "launch_fail":
+            f = Fault(t, kind, round(rng.uniform(*opts.node_s), 1))
         else:
             f = Fault(t, rng.choice(("node_down", "node_drain", "node_drain")),
                       round(rng.uniform(*opts.node_s), 1), rng.choice(nodes))
@@ -771,6 +780,8 @@ class Soak:
                 self.ctld_ok.set()
         elif f.kind == "second_sidecar":
             entry.update(self.second_sidecar())
+        elif f.kind == "launch_fail":
+            entry.update(self.launch_fail(f.hold_s))
         elif f.kind == "ctld_restart":
             self.ctld_ok.clear()
             try:
@@ -796,6 +807,43 @@ class Soak:
                 self.resume_nodes()
         self.faults_done.append(entry)
         self.say(f"t={t:.0f}s fault {f.kind} {f.node} {f.hold_s:g}s".rstrip())
+
+    def launch_fail(self, hold_s: float) -> dict[str, Any]:
+        """The next launch on any node fails for ``hold_s`` (the dev cluster's fault-drill
+        prolog, ``run/fail-prolog.once``): slurmd drains that node and slurmctld requeues the
+        job held, "launch failed requeued held".  A hadar job the sidecar placed is the
+        sidecar's to place anew (never touched here); any other (a plain job, one the sidecar
+        left to Slurm) stays held, as Slurm leaves it, until an admin releases it, which the
+        soak does here (and resumes the node), as it resumes the nodes of the other faults."""
+        marker = self.cluster.dir / "run" / "fail-prolog.once"
+        marker.touch()
+        self.stop.wait(hold_s)
+        took = not marker.exists()
+        marker.unlink(missing_ok=True)
+        out: dict[str, Any] = {"for_s": hold_s, "took": took, "released": []}
+        if not took:
+            return out
+        time.sleep(3)  # (slurmctld requeues the job a moment after the prolog failed)
+        try:
+            jobs = parse_squeue_json(self.runner.run(commands.squeue_json(), timeout=20).stdout)
+            drained = self.runner.run(["sinfo", "--noheader", "--Node", "--format=%N %E"],
+                                      timeout=20).stdout
+        except (SlurmError, ValueError) as exc:
+            self.harness_errors.append(f"t={self.now():.0f}s launch_fail: reading Slurm: {exc}")
+            return out
+        for job in jobs:
+            rec = self.by_id.get(job.job_id)
+            if (rec is not None and launch_failed(job)
+                    and not relaunchable(job, decode(job.admin_comment))):
+                self.runner.run(["scontrol", "release", str(job.job_id)], check=False,
+                                timeout=30)
+                out["released"].append(job.job_id)
+        for line in drained.splitlines():
+            name, _, reason = line.partition(" ")
+            if "Prolog" in reason:
+                self.nodes_changed.add(name)
+        self.resume_nodes()
+        return out
 
     def second_sidecar(self) -> dict[str, Any]:
         """A second ``hadar-slurm run --dry-run --max-epochs 1`` on the same config (and so the
@@ -1016,6 +1064,11 @@ class Soak:
             "ctld_stops": fault_count["ctld_stop"],
             "node_downs": fault_count["node_down"],
             "node_drains": fault_count["node_drain"],
+            "launch_fails": sum(1 for f in self.faults_done
+                                if f["kind"] == "launch_fail" and f.get("took")),
+            "launch_failed_placed_anew": kinds["launch_failed"],
+            "launch_failed_released_by_admin": sum(len(f.get("released", []))
+                                                   for f in self.faults_done),
             "tracebacks_stderr": len(tb_stderr),
             "tracebacks_log": len(tb_log),
             "log_lines_not_json": bad_lines,

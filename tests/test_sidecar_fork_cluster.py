@@ -31,6 +31,7 @@ from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.sidecar.observe import is_parked
 from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import RunAs, SlurmJob, commands, parse_sbatch_parsable
+from hadar_slurm.slurm.parse import LAUNCH_FAILED_HELD
 from tests.helpers import run_cli
 from tests.slurm_cluster import REPO, DevCluster, jobs, nodes_conf, wait_job
 
@@ -218,6 +219,47 @@ def test_forked_into_three_copies_then_completes(fork: Fork) -> None:
     assert json.loads((tracker / "progress.json").read_text())["done"] == WORK
     result = json.loads((work / "result.json").read_text())
     assert result, result
+
+
+def test_a_fork_whose_launch_failed_is_forked_anew(fork: Fork) -> None:
+    # One copy's prolog fails (the dev cluster's fault drill): slurmctld drains that node and
+    # holds the whole heterogeneous job ("launch failed requeued held"); the next epoch cancels
+    # it and forks the job again, on the nodes left, and the job completes.
+    work = fork.path / "work"
+    work.mkdir()
+    run = fork.cluster.dir / "run"
+    job_id = fork.submit(REPORT, work)
+    (run / "fail-prolog.once").touch()
+    try:
+        events = fork.one_epoch(fork.config("first"))
+        assert actions(events, job_id) == ["fork_intent", "fork", "record"], events
+        first = fork.copies(job_id)
+        deadline = time.monotonic() + 60
+        while not all(c.state_desc == LAUNCH_FAILED_HELD for c in first):
+            assert time.monotonic() < deadline, first
+            time.sleep(1)
+            now = jobs(fork.cluster)
+            first = [now[c.job_id] for c in first]
+        failed_on = fork.cluster.runner.run(
+            ["sinfo", "-h", "-N", "-t", "drain", "-o", "%N"]).stdout.split()
+        assert len(failed_on) == 1, failed_on
+        events = fork.one_epoch(fork.config("second"))
+        assert actions(events, job_id)[-2:] == ["fork", "record"], events
+        again = [c for c in fork.copies(job_id) if c.job_id not in {f.job_id for f in first}]
+        assert len(again) == 3 and failed_on[0] not in {c.required_nodes for c in again}
+        assert {jobs(fork.cluster)[c.job_id].state for c in first} == {"CANCELLED"}
+        ended = [wait_job(fork.cluster, c.job_id, FINAL, timeout=60) for c in again]
+        assert [c.state for c in ended] == ["COMPLETED"] * 3, ended
+        fork.one_epoch(fork.config("third"))
+        final = wait_job(fork.cluster, job_id, FINAL, timeout=60)
+        assert final.state == "COMPLETED", final
+        ran = sorted((work / "ran.txt").read_text().splitlines())
+        assert [line.split()[0] for line in ran] == ["0", "1", "2", "job"], ran
+    finally:
+        (run / "fail-prolog.once").unlink(missing_ok=True)
+        for node in nodes_conf():
+            fork.cluster.runner.run(["scontrol", "update", f"NodeName={node}",
+                                     "State=RESUME"], check=False)
 
 
 def test_failed_fork_runs_the_job_unforked(fork: Fork) -> None:

@@ -88,13 +88,13 @@ UNFINISHED_STATES = QUEUED_STATES | {"COMPLETING"}
 #: always listed them.
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING",
                            "REQUEUED"})
+#: slurmctld's description of its own hold of a batch job whose launch failed (its prolog
+#: failed, or slurmd refused the launch): reason ``JobHeldUser``, priority 0, requeued.
+LAUNCH_FAILED_HELD = "launch failed requeued held"
 #: Every job state that is not final, as ``squeue --states`` names them (Slurm 22.05+), in the
 #: order the command line gives them: :data:`UNFINISHED_STATES` and the states this module
 #: never reads as a base state (``RESV_DEL_HOLD``, ``STOPPED``, ``SIGNALING``, ``STAGE_OUT``,
 #: ``RESIZING``).
-#: slurmctld's description of its own hold of a batch job whose launch failed (its prolog
-#: failed, or slurmd refused the launch): reason ``JobHeldUser``, priority 0, requeued.
-LAUNCH_FAILED_HELD = "launch failed requeued held"
 SQUEUE_LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING",
                       "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
                       "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING")
