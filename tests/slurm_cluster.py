@@ -170,6 +170,25 @@ def wait_job(cluster: DevCluster, job_id: int, states: set[str], timeout: float)
         f"job {job_id} not in {sorted(states)} after {timeout:g} s: {job}\n{detail.stdout}")
 
 
+def clear_prolog_faults(cluster: DevCluster) -> None:
+    """Undo the fault drill of the cluster's prolog (slurm_conf/prolog.sh.in: the files
+    ``fail-prolog.NODE`` and ``fail-prolog.once`` in its run dir): remove every fault file,
+    resume the nodes a failed prolog drained, and wait, bounded, until none is drained, since
+    the next tests want every node back."""
+    for f in (cluster.dir / "run").glob("fail-prolog.*"):
+        f.unlink(missing_ok=True)
+    for node in nodes_conf():
+        cluster.runner.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                           check=False)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        out = cluster.runner.run(["sinfo", "-h", "-N", "-t", "drain,draining,drained",
+                                  "-o", "%N"], check=False).stdout
+        if not out.strip():
+            break
+        time.sleep(1)
+
+
 def submit(cluster: DevCluster, **options: object) -> int:
     out = cluster.runner.run(commands.sbatch(**options))  # type: ignore[arg-type]
     return parse_sbatch_parsable(out.stdout)

@@ -29,7 +29,7 @@ from hadar_slurm.sidecar.observe import (
 from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import RunAs, SlurmJob, commands, parse_sbatch_parsable
 from hadar_slurm.slurm.parse import LAUNCH_FAILED_HELD
-from tests.slurm_cluster import DevCluster, jobs, nodes_conf
+from tests.slurm_cluster import DevCluster, clear_prolog_faults, jobs, nodes_conf
 from tests.test_sidecar_cluster import (
     FINAL,
     Sidecar,
@@ -347,27 +347,13 @@ def test_hints_changed_after_submit_cannot_stop_the_sidecar(
     assert "place" in actions(sidecar.events(), good)
 
 
-
 @pytest.fixture
 def prolog_faults(work: Workdir) -> Iterator[Path]:
     """The dev cluster's run dir, where the fault files of its prolog go
     (slurm_conf/prolog.sh.in: ``fail-prolog.NODE``, ``fail-prolog.once``).  At the end every
     fault file is removed and the nodes a failed prolog drained are resumed."""
-    run = work.cluster.dir / "run"
-    yield run
-    for f in run.glob("fail-prolog.*"):
-        f.unlink(missing_ok=True)
-    for node in nodes_conf():
-        work.cluster.runner.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-                                check=False)
-    # (the next tests want every node back: wait, bounded, until none is drained)
-    end = time.monotonic() + 30
-    while time.monotonic() < end:
-        out = work.cluster.runner.run(["sinfo", "-h", "-N", "-t", "drain,draining,drained",
-                                       "-o", "%N"], check=False).stdout
-        if not out.strip():
-            break
-        time.sleep(1)
+    yield work.cluster.dir / "run"
+    clear_prolog_faults(work.cluster)
 
 
 def launch_failures(events: list[dict[str, object]], job_id: int) -> list[dict[str, object]]:
@@ -423,4 +409,4 @@ def test_a_launch_that_keeps_failing_is_left_held_for_a_person(
     assert [e["relaunch"] for e in launch_failures(sidecar.events(), job_id)] == [1, 2, 3]
     assert actions(sidecar.events(), job_id).count("place") == MAX_RELAUNCH + 1
     assert work.job_log(job_id) == []  # (it never started)
-    assert "hadar leaves it held" in launch_failed_text(job)
+    assert "hadar leaves it held" in str(launch_failed_text(job))

@@ -734,7 +734,8 @@ def test_a_job_slurm_held_after_its_launch_failed_is_placed_anew() -> None:
     # a pending job again, no longer on node1 for the policy
     assert snap.job_ids.tolist() == [1] and b.user_held == []
     assert snap.current.job.tolist() == []
-    assert "places it anew at its next epoch (relaunch 1 of 3)" in launch_failed_text(api.jobs[1])
+    assert "places it anew at its next epoch (relaunch 1 of 3)" in str(
+        launch_failed_text(api.jobs[1]))
     _, actions = decide(b, {1: [(1, 1)]}, epoch=4)
     b.apply(actions, 2000.0)
     # its hold made the sidecar's before the record (as for any user-held job it places)
@@ -773,10 +774,15 @@ def test_a_launch_that_failed_too_often_is_left_held_for_a_person() -> None:
     b.apply(actions, 2000.0)
     assert api.log == []
     text = launch_failed_text(api.jobs[1])
+    assert text is not None
     assert "(4 failed launches where hadar placed it): hadar leaves it held" in text
     assert "scontrol release 1" in text and "node1" in text
     # a job the sidecar never placed is Slurm's to launch: only its node and the way out
-    assert launch_failed_text(api.jobs[2]).startswith("Slurm held it after its launch on node1")
+    assert str(launch_failed_text(api.jobs[2])).startswith(
+        "Slurm held it after its launch on node1")
+    # any other job has no such text (a user's own hold among them)
+    users = job(3, reason="JobHeldUser", admin="hadar: held by its user")
+    assert launch_failed_text(users) is None
 
 
 def test_a_users_own_hold_is_respected() -> None:

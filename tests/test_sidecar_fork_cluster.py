@@ -33,7 +33,14 @@ from hadar_slurm.sidecar.record import decode
 from hadar_slurm.slurm import RunAs, SlurmJob, commands, parse_sbatch_parsable
 from hadar_slurm.slurm.parse import LAUNCH_FAILED_HELD
 from tests.helpers import run_cli
-from tests.slurm_cluster import REPO, DevCluster, jobs, nodes_conf, wait_job
+from tests.slurm_cluster import (
+    REPO,
+    DevCluster,
+    clear_prolog_faults,
+    jobs,
+    nodes_conf,
+    wait_job,
+)
 
 NODE_TYPE = {name: t for name, (t, _) in nodes_conf().items()}
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -256,10 +263,7 @@ def test_a_fork_whose_launch_failed_is_forked_anew(fork: Fork) -> None:
         ran = sorted((work / "ran.txt").read_text().splitlines())
         assert [line.split()[0] for line in ran] == ["0", "1", "2", "job"], ran
     finally:
-        (run / "fail-prolog.once").unlink(missing_ok=True)
-        for node in nodes_conf():
-            fork.cluster.runner.run(["scontrol", "update", f"NodeName={node}",
-                                     "State=RESUME"], check=False)
+        clear_prolog_faults(fork.cluster)
 
 
 def test_failed_fork_runs_the_job_unforked(fork: Fork) -> None:

@@ -239,9 +239,14 @@ def held_by_user(job: SlurmJob) -> bool:
     return job.held and not held_by_hadar(job)
 
 
-def launch_failed_text(job: SlurmJob) -> str:
-    """What ``status`` and ``explain`` say of a job slurmctld held after a failed launch."""
-    record = decode(job.admin_comment)
+def launch_failed_text(job: SlurmJob, record: JobRecord | None = None) -> str | None:
+    """What ``status`` and ``explain`` say of a job slurmctld held after a failed launch
+    (:func:`launch_failed`), or None for any other job; ``record`` is the job's decoded
+    admin comment, where the caller has it."""
+    if not launch_failed(job):
+        return None
+    if record is None:
+        record = decode(job.admin_comment)
     where = ", ".join(n for n, _ in record.place) or job.required_nodes or "its node"
     if relaunchable(job, record):
         return (f"Slurm held it after its launch on {where} failed; the sidecar places it "

@@ -23,7 +23,7 @@ from typing import Any
 from hadar_slurm.errors import InputError
 from hadar_slurm.hints import is_hadar_comment, parse_hints
 from hadar_slurm.sidecar.fork import copy_of
-from hadar_slurm.sidecar.observe import held_by_user, launch_failed, launch_failed_text
+from hadar_slurm.sidecar.observe import held_by_user, launch_failed_text
 from hadar_slurm.sidecar.record import JobRecord, decode
 from hadar_slurm.sidecar.shard import (
     HOLDING_STATES,
@@ -191,8 +191,8 @@ def status_rows(jobs: Sequence[SlurmJob], state: Mapping[str, Any] | None,
             why = f"runs where epoch {rec.epoch} placed it" if rec.epoch >= 0 else "runs"
             if _pinned(job, state):
                 why += "; never moved (preempt=never)"
-        elif launch_failed(job) and rec.state == "placed":
-            why = launch_failed_text(job)
+        elif (failed := launch_failed_text(job, rec)) is not None:
+            why = failed
         elif _user_held(job, state):
             why = "held by its user: hadar leaves it until it is released"
         elif job.state == "PENDING" and rec.state == "placed":
@@ -374,8 +374,8 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
     info = _jobs_of(state).get(str(job_id))
     if state is None:
         out.append("the sidecar has not run an epoch yet (no state file)")
-    elif launch_failed(job) and rec.state == "placed":
-        out.append(launch_failed_text(job))
+    elif (failed := launch_failed_text(job, rec)) is not None:
+        out.append(failed)
     elif _user_held(job, state):
         out.append("held by its user (sbatch --hold, or scontrol hold after hadar placed it): "
                    "hadar leaves it alone until it is released (scontrol release "
