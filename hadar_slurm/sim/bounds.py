@@ -12,6 +12,16 @@ factor of GPUs"); :func:`fork_makespan_bound` drops the per-job cap (a job may b
 any number of GPUs, HadarE's bound), or with ``copies`` raises it to that many times the scale
 factor (HadarE forks a job into at most ``max_copies`` copies: ``sum_h x[i,h,k] <= copies *
 len_k``).
+
+:func:`config_makespan_bound` is the exact preemptive bound of a static queue (every job there
+at the start) when each job runs on one GPU type at a time: the *configuration* LP, whose
+columns are the sets of jobs that can run at once (each on its scale factor of GPUs of one
+type, no type over-committed), solved by column generation.  The fluid LP lets two jobs wider
+than half a type share it in time fractions that no such schedule has; the configuration LP
+does not, and its value is what the best preemptive schedule reaches, rounds and restart costs
+aside.  The simulator also lets a synchronous gang mix types (at its slowest type's pace);
+such gangs add configurations, so there the configuration LP is no bound, but it is never
+below the fluid bound, which is one: where the two are equal, both are the exact bound.
 """
 
 from __future__ import annotations
@@ -183,6 +193,68 @@ def fork_makespan_bound(
         per_type = np.minimum(per_type, float(copies))
     return _bound(arrival, remaining, scale, rate, capacity,
                   per_job_cap=np.maximum(total, 1.0), type_cap=per_type)
+
+
+def config_makespan_bound(
+    remaining: FloatArray, scale: IntArray, rate: FloatArray, capacity: IntArray,
+    max_columns: int = 2000, tol: float = 1e-7,
+) -> tuple[float, bool]:
+    """Makespan bound of a static queue from the configuration LP, each job on one type at a
+    time (see the module docstring for gangs that mix types); ``(bound, exact)``.
+
+    ``min sum_C len_C`` over configurations ``C`` (each job on at most one type, its
+    ``scale`` GPUs there; per type at most its ``capacity`` GPUs), such that every job does its
+    work, ``sum_C len_C * rate[i, type of i in C] >= remaining[i]``.  Columns are generated: the
+    pricing problem (a configuration of the greatest value at the master's duals ``y``,
+    ``max sum_i y_i * rate[i, h] * z_ih``) is a small assignment with knapsacks, solved as a
+    MIP by HiGHS.  Every iteration gives a valid bound, the master's value over the pricing
+    value's upper bound (Farley's bound), and the best one is returned; ``exact`` says whether
+    the generation ended because no column could improve the master (the bound is then the LP's
+    optimum) rather than at ``max_columns``.  Raises ``ValueError`` for a job with work left
+    that fits on no type.
+    """
+    n, h = rate.shape
+    fits = (rate > 0) & (scale[:, None] <= capacity[None, :])
+    work = remaining > 0
+    if not work.any():
+        return 0.0, True
+    if not fits[work].any(axis=1).all():
+        bad = int(np.nonzero(work & ~fits.any(axis=1))[0][0])
+        raise ValueError(f"job {bad} fits on no GPU type (scale {int(scale[bad])})")
+    ii, hh = np.nonzero(fits & work[:, None])
+    m = ii.shape[0]
+    val_rate = rate[ii, hh]
+    # Pricing constraints over z[ii, hh]: one type per job, the type's GPUs.
+    one = sp.csr_matrix((np.ones(m), (ii, np.arange(m))), shape=(n, m))
+    room = sp.csr_matrix((scale[ii].astype(np.float64), (hh, np.arange(m))), shape=(h, m))
+    pricing = opt.LinearConstraint(sp.vstack([one, room]).tocsr(), -np.inf,
+                                   np.concatenate([np.ones(n), capacity.astype(np.float64)]))
+    # Start: each job alone on its fastest type.
+    best = np.argmax(np.where(fits, rate, -1.0), axis=1)
+    cols = [np.where(np.arange(n) == i, rate[i, best[i]], 0.0) for i in np.nonzero(work)[0]]
+    need = np.where(work, remaining, 0.0)
+    bound = 0.0
+    while True:
+        a = np.array(cols).T
+        res = opt.linprog(np.ones(a.shape[1]), A_ub=-a, b_ub=-need, bounds=(0, None),
+                          method="highs")
+        if res.status != 0:
+            raise RuntimeError(f"configuration LP failed: {res.message}")
+        y = np.maximum(-res.ineqlin.marginals, 0.0)
+        price = opt.milp(-(y[ii] * val_rate), constraints=pricing,
+                         integrality=np.ones(m), bounds=opt.Bounds(0, 1),
+                         options={"mip_rel_gap": tol})
+        if price.x is None:
+            raise RuntimeError(f"configuration pricing failed: {price.message}")
+        top = max(-float(price.mip_dual_bound), -float(price.fun), 1.0)
+        bound = max(bound, float(res.fun) / top)
+        if top <= 1.0 + tol or len(cols) >= max_columns:
+            return bound, top <= 1.0 + tol
+        z = np.round(price.x)
+        col = np.zeros(n)
+        chosen = z > 0.5
+        col[ii[chosen]] = val_rate[chosen]
+        cols.append(col)
 
 
 def copy_room(scale: IntArray, cluster: ClusterSpec) -> IntArray:

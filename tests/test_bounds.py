@@ -1,0 +1,91 @@
+"""The makespan bounds of ``hadar_slurm.sim.bounds``: the fluid LP and the configuration LP."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hadar_slurm.sim.bounds import config_makespan_bound, fluid_makespan_bound
+
+I64 = np.int64
+
+
+def both(work: list[float], scale: list[int], rate: list[list[float]], capacity: list[int],
+         ) -> tuple[float, float, bool]:
+    w, s = np.array(work), np.array(scale, dtype=I64)
+    r, c = np.array(rate), np.array(capacity, dtype=I64)
+    fluid = fluid_makespan_bound(np.zeros(len(work)), w, s, r, c)
+    config, exact = config_makespan_bound(w, s, r, c)
+    return fluid, config, exact
+
+
+def test_two_gangs_wider_than_half_a_type_never_share_it() -> None:
+    # Three GPUs, three 2-GPU jobs of 1 s each.  The fluid LP runs them side by side in
+    # fractions (6 GPU-seconds over 3 GPUs: 2 s); two of them never fit at once, so any
+    # schedule takes 3 s.
+    fluid, config, exact = both([1.0, 1.0, 1.0], [2, 2, 2], [[1.0]] * 3, [3])
+    assert fluid == pytest.approx(2.0)
+    assert config == pytest.approx(3.0)
+    assert exact
+
+
+def test_one_gang_per_type_at_a_time_over_two_types() -> None:
+    # Two types of 3 GPUs, the same three jobs at the same speed on both: at most two run at
+    # once (one per type), so 3 job-seconds take 1.5 s; the fluid LP says 1 s (the area, and
+    # each job's own second).
+    fluid, config, exact = both([1.0, 1.0, 1.0], [2, 2, 2], [[1.0, 1.0]] * 3, [3, 3])
+    assert fluid == pytest.approx(1.0)
+    assert config == pytest.approx(1.5)
+    assert exact
+
+
+def test_one_gpu_jobs_reach_the_fluid_bound() -> None:
+    # Jobs of one GPU each: preemptive scheduling on unrelated machines (Lawler and
+    # Labetoulle) reaches the fluid LP, so the two bounds agree.
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        n = int(rng.integers(3, 9))
+        rate = rng.uniform(0.1, 2.0, size=(n, 2))
+        fluid, config, exact = both(rng.uniform(1, 10, size=n).tolist(), [1] * n,
+                                    rate.tolist(), [2, 1])
+        assert exact
+        assert config == pytest.approx(fluid, rel=1e-6)
+
+
+def test_the_configuration_bound_is_never_below_the_fluid_one() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(4):
+        n = int(rng.integers(4, 10))
+        scale = rng.choice([1, 2, 4], size=n).tolist()
+        rate = rng.uniform(0.1, 2.0, size=(n, 3))
+        fluid, config, exact = both(rng.uniform(1, 10, size=n).tolist(), scale, rate.tolist(),
+                                    [4, 4, 4])
+        assert exact
+        assert config >= fluid * (1 - 1e-6)
+
+
+def test_a_column_limit_still_gives_a_valid_bound() -> None:
+    work, scale = np.array([1.0, 1.0, 1.0]), np.array([2, 2, 2], dtype=I64)
+    rate, cap = np.ones((3, 2)), np.array([3, 3], dtype=I64)
+    bound, exact = config_makespan_bound(work, scale, rate, cap, max_columns=3)
+    assert not exact
+    assert 0 < bound <= 1.5 + 1e-9
+
+
+def test_a_job_that_fits_nowhere_is_named() -> None:
+    with pytest.raises(ValueError, match="job 1 fits on no GPU type"):
+        config_makespan_bound(np.array([1.0, 1.0]), np.array([1, 8], dtype=I64),
+                              np.ones((2, 1)), np.array([4], dtype=I64))
+    assert config_makespan_bound(np.zeros(2), np.array([1, 8], dtype=I64), np.ones((2, 1)),
+                                 np.array([4], dtype=I64)) == (0.0, True)
+
+
+def test_the_exact_bound_bench_on_the_static_traces() -> None:
+    # bench.exact_bound on seed base 0's eight static traces, bounds only: every column
+    # generation ends exact, and the configuration bound is at least the fluid one.
+    from bench.exact_bound import measure
+
+    rows = measure([0], [])
+    assert len(rows) == 8
+    assert all(r["config_exact"] for r in rows)
+    assert all(r["config_over_fluid"] >= 1 - 1e-6 for r in rows)
