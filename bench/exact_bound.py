@@ -1,21 +1,19 @@
 """Is the gang bound tight?  The exact preemptive bound of the suite's static traces.
 
     python -m bench.exact_bound [--seed-base 0 100] [--policies hadar,gavel-makespan]
-                                [--json bench/results/exact_bound.json]
+                                [--only NAME ...] [--json bench/results/exact_bound.json]
 
 ``bench.robustness`` measures makespans against the *fluid* bound (the LP where each job runs
 on at most its scale factor of GPUs).  The fluid LP lets two gangs wider than half a type
 share it in fractions of time that no schedule has, so a policy far from it may be far from
 a bound that cannot be reached rather than from the best schedule.  For a static queue (every
 job there at the start) the exact preemptive bound is the configuration LP
-(:func:`hadar_slurm.sim.bounds.config_makespan_bound`): no preemptive schedule, rounds and
-restart costs aside, ends sooner, as long as each job runs on one GPU type at a time.  (The
-simulator also lets a synchronous gang mix types at its slowest type's pace, which adds
-configurations; the configuration LP is then no bound, but it is never below the fluid bound,
-which is one, so where the two are equal both are exact.)  Per static trace of the suite
-(both regimes, every cluster): the fluid and configuration bounds, whether the column
-generation ended exact, and each policy's makespan (as ``bench.robustness`` runs it: 360 s
-rounds, the live world's start and move costs) over both.
+(:func:`hadar_slurm.sim.bounds.config_makespan_bound`, with gangs that may mix types at the
+slowest one's pace, as the simulator runs them): no preemptive schedule, rounds and restart
+costs aside, ends sooner.  Per static trace of the suite (both regimes, every cluster): the
+fluid and configuration bounds, whether the column generation ended exact, and each policy's
+makespan (as ``bench.robustness`` runs it: 360 s rounds, the live world's start and move
+costs) over both.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bench.report import write_rows
-from bench.robustness import instance, run_one, suite
+from bench.robustness import CLUSTERS, instance, run_one, suite
 from hadar_slurm.sim.bounds import bound_inputs, config_makespan_bound
 
 
@@ -47,11 +45,13 @@ def quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def measure(seed_bases: Sequence[int], policies: Sequence[str]) -> list[dict[str, Any]]:
+def measure(seed_bases: Sequence[int], policies: Sequence[str],
+            only: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The rows, one per static trace (``only``: those whose names are listed)."""
     rows = []
     for seed_base in seed_bases:
         for case in suite(seed_base):
-            if not case.regime.startswith("static"):
+            if not case.regime.startswith("static") or (only and case.name not in only):
                 continue
             inst = instance(case)
             _, work, scale, rate, capacity = bound_inputs(inst.jobs, inst.cluster, inst.table)
@@ -82,11 +82,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed-base", type=int, nargs="+", default=[0, 100])
     ap.add_argument("--policies", default="hadar,gavel-makespan")
+    ap.add_argument("--only", nargs="*", default=[], metavar="NAME",
+                    help="only these static traces (e.g. gavel/static-gangs)")
     ap.add_argument("--json", default="bench/results/exact_bound.json")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     print("makespan over the fluid bound / over the configuration (exact preemptive) bound")
-    rows = measure(args.seed_base, policies)
+    rows = measure(args.seed_base, policies, args.only)
+    if not rows:
+        print(f"--only: no static trace is named {' '.join(args.only)}; the names are "
+              "CLUSTER/static-1gpu or CLUSTER/static-gangs, CLUSTER one of "
+              f"{', '.join(CLUSTERS)}", file=sys.stderr)
+        return 2
     worst = max(r["config_over_fluid"] for r in rows)
     print(f"\nconfiguration over fluid bound: at most {worst:.4f} over {len(rows)} static traces;"
           f" exact on {sum(r['config_exact'] for r in rows)}")
