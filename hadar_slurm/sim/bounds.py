@@ -378,8 +378,8 @@ def config_makespan_bound(
             top, col = pricing[k].solve(y, tol)
             span = float(lengths[k]) if k < k_count - 1 else max(z - last_start, 0.0)
             over = top - mu[k]
-            if over > tol * max(1.0, mu[k]):
-                gain += over * span
+            if over > 0.0:
+                gain += over * span  # (every positive gain, so the bound stays one)
                 if col.any() and float(col @ y) > mu[k] * (1.0 + tol):
                     cols.append(col)
                     col_k.append(k)
