@@ -71,7 +71,7 @@ def measure(seed_bases: Sequence[int], policies: Sequence[str],
                 row[f"{policy}_over_config"] = round(res["makespan_s"] / config, 4)
             rows.append(row)
             print(f"{seed_base:4d} {case.name:20s} config/fluid {row['config_over_fluid']:.4f}"
-                  f" ({'exact' if exact else 'column limit'}, {row['config_wall_s']:.1f} s)  "
+                  f" ({'exact' if exact else 'not exact'}, {row['config_wall_s']:.1f} s)  "
                   + "  ".join(f"{p} {row[f'{p}_over_fluid']:.3f} / {row[f'{p}_over_config']:.3f}"
                               for p in policies), flush=True)
     return rows

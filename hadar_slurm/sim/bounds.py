@@ -217,28 +217,30 @@ class _Pricing:
         self.zi, self.zm = np.nonzero(usable)
         nz = self.zi.shape[0]
         self.rate = rate[self.zi, self.zm]
-        rows: list[sp.csr_matrix] = []
-        lo: list[FloatArray] = []
-        hi: list[FloatArray] = []
+        # the GPU counts n[i, h] (mixed only) follow the z[i, m] in the variables
+        ni, nh = (np.nonzero((rate > 0) & (capacity[None, :] > 0) & jobs[:, None]) if mixed
+                  else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
+        nn = ni.shape[0]
+        self.num_vars = nz + nn
+        zc, nc = np.arange(nz), nz + np.arange(nn)
+        s = scale.astype(np.float64)
+
+        def block(vals: FloatArray, r: IntArray, c: IntArray, num_rows: int) -> sp.csr_matrix:
+            return sp.csr_matrix((vals, (r, c)), shape=(num_rows, self.num_vars))
+
+        cap = capacity.astype(np.float64)
         # one pace per job
-        rows.append(sp.csr_matrix((np.ones(nz), (self.zi, np.arange(nz))), shape=(n, nz)))
-        lo.append(np.full(n, -np.inf))
-        hi.append(np.ones(n))
+        rows = [block(np.ones(nz), self.zi, zc, n)]
+        lo, hi = [np.full(n, -np.inf)], [np.ones(n)]
         if not mixed:
-            rows.append(sp.csr_matrix((scale[self.zi].astype(np.float64),
-                                       (self.zm, np.arange(nz))), shape=(h, nz)))
+            # per type: sum_i scale_i * z[i, h] <= c_h
+            rows.append(block(s[self.zi], self.zm, zc, h))
             lo.append(np.full(h, -np.inf))
-            hi.append(capacity.astype(np.float64))
-            self.num_vars = nz
+            hi.append(cap)
         else:
-            ni, nh = np.nonzero((rate > 0) & (capacity[None, :] > 0) & jobs[:, None])
-            nn = ni.shape[0]
-            self.num_vars = nz + nn
-            s = scale.astype(np.float64)
             # sum_h n[i, h] - scale_i * sum_m z[i, m] = 0
-            eq = sp.hstack([sp.csr_matrix((-s[self.zi], (self.zi, np.arange(nz))), shape=(n, nz)),
-                            sp.csr_matrix((np.ones(nn), (ni, np.arange(nn))), shape=(n, nn))])
-            rows.append(eq.tocsr())
+            rows.append(block(np.concatenate([-s[self.zi], np.ones(nn)]),
+                              np.concatenate([self.zi, ni]), np.concatenate([zc, nc]), n))
             lo.append(np.zeros(n))
             hi.append(np.zeros(n))
             # n[i, h] <= scale_i * sum over paces m with rate[i, h] >= rate[i, m] of z[i, m]
@@ -250,23 +252,20 @@ class _Pricing:
                     if rate[i, t] >= rate[i, int(self.zm[q])]:
                         pair_r.append(k)
                         pair_c.append(q)
-            link = sp.hstack([
-                sp.csr_matrix((-s[ni[np.asarray(pair_r, dtype=np.int64)]],
-                               (pair_r, pair_c)), shape=(nn, nz)),
-                sp.identity(nn, format="csr")])
-            rows.append(link.tocsr())
+            pr = np.asarray(pair_r, dtype=np.int64)
+            rows.append(block(np.concatenate([-s[ni[pr]], np.ones(nn)]),
+                              np.concatenate([pr, np.arange(nn)]),
+                              np.concatenate([np.asarray(pair_c, dtype=np.int64), nc]), nn))
             lo.append(np.full(nn, -np.inf))
             hi.append(np.zeros(nn))
             # per type: sum_i n[i, h] <= c_h
-            rows.append(sp.hstack([sp.csr_matrix((h, nz)), sp.csr_matrix(
-                (np.ones(nn), (nh, np.arange(nn))), shape=(h, nn))]).tocsr())
+            rows.append(block(np.ones(nn), nh, nc, h))
             lo.append(np.full(h, -np.inf))
-            hi.append(capacity.astype(np.float64))
-            rows[0] = sp.hstack([rows[0], sp.csr_matrix((n, nn))]).tocsr()
+            hi.append(cap)
         self.constraints = opt.LinearConstraint(sp.vstack(rows).tocsr(), np.concatenate(lo),
                                                 np.concatenate(hi))
         upper = np.ones(self.num_vars)
-        upper[self.zi.shape[0]:] = np.inf
+        upper[nz:] = np.inf
         self.bounds = opt.Bounds(np.zeros(self.num_vars), upper)
         self.n = n
 
