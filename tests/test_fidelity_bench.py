@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.fidelity import Run, compare, main, median_run, seed_spread
+import bench.fidelity as fidelity
+from bench.fidelity import Run, Settings, compare, main, median_run, reference_p90, seed_spread
+from hadar_slurm.model import Job
 
 
 def test_seed_spread_is_the_median_over_seeds_of_each_ones_p90_from_the_others() -> None:
@@ -73,3 +75,27 @@ def test_repeats_must_be_at_least_one(capsys: pytest.CaptureFixture[str]) -> Non
         main(["--repeats", "0", "--sim-only"])
     assert exc.value.code == 2
     assert "--repeats 0: give at least 1 live run per policy" in capsys.readouterr().err
+
+
+def test_the_floor_of_a_live_world_identical_to_the_simulator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Further simulated runs stand in for the live runs, in groups of as many as there were
+    live runs, seeds from the last simulated one on.  Here run ``s`` ends job 1 at ``10 + s``
+    and job 2 at 20.  Two live runs, two groups: seeds 3 and 4 (job 1's median 13.5, 35% from
+    the simulated 10; job 2 0%: p90 of (0.35, 0) = 0.315), then 5 and 6 (15.5: p90 0.495);
+    the median of the two is 0.405, the largest 0.495."""
+    monkeypatch.setattr(fidelity, "sim_seed",
+                        lambda jobs, policy, st, seed: (None, {1: 10.0 + seed, 2: 20.0}))
+    jobs = [Job(job_id=k, job_type="A3C", scale_factor=1, total_steps=1.0, arrival_s=0.0)
+            for k in (1, 2)]
+    sim = Run("hadar", "sim", {1: 10.0, 2: 20.0}, {1: 10.0, 2: 20.0}, 0, 0,
+              detail={"seeds": 3, "seed_p90_jct_diff": 0.1})
+    st = Settings(compression=1.0, epoch_s=12.0, restart_s=1.0)
+    out = reference_p90(jobs, "hadar", st, sim, live_runs=2, groups=2)
+    assert out == {"ideal_p90_jct_diff": 0.405, "ideal_p90_jct_diff_max": 0.495,
+                   "ideal_live_runs": 2}
+    live = Run("hadar", "live", {1: 10.0, 2: 20.0}, {1: 10.0, 2: 20.0}, 0, 0)
+    row = compare(sim, live, 2, out)
+    assert row["ideal_p90_jct_diff"] == 0.405 and row["p90_jct_diff"] == 0.0
+    with pytest.raises(ValueError, match="live_runs"):
+        reference_p90(jobs, "hadar", st, sim, live_runs=0)

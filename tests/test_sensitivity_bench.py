@@ -1,0 +1,96 @@
+"""bench.sensitivity's perturbations and figures on plain rows, and one trace run through it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.sensitivity import (
+    BASE,
+    MOVE,
+    add_ratios,
+    main,
+    perturbations,
+    perturbed_jobs,
+    summary,
+)
+from hadar_slurm.model import Job
+
+
+def jobs() -> list[Job]:
+    return [Job(job_id=k, job_type="ResNet-18 (batch size 64)", scale_factor=1,
+                total_steps=1000.0 * (k + 1), arrival_s=0.0) for k in range(50)]
+
+
+def test_lengths_move_by_at_most_rel_and_the_same_seed_draws_the_same() -> None:
+    base = jobs()
+    a, b, c = (perturbed_jobs(base, 1e-4, 1), perturbed_jobs(base, 1e-4, 1),
+               perturbed_jobs(base, 1e-4, 2))
+    assert [j.total_steps for j in a] == [j.total_steps for j in b]
+    assert [j.total_steps for j in a] != [j.total_steps for j in c]
+    rel = [j.total_steps / o.total_steps - 1.0 for j, o in zip(a, base, strict=True)]
+    assert max(abs(x) for x in rel) <= 1e-4
+    assert min(rel) < 0.0 < max(rel)  # (50 draws on [-1, 1]: both signs)
+    assert [(j.job_id, j.arrival_s, j.scale_factor) for j in a] == [
+        (j.job_id, j.arrival_s, j.scale_factor) for j in base]
+    assert perturbed_jobs(base, 0.0, 3) == base
+    with pytest.raises(ValueError, match="rel"):
+        perturbed_jobs(base, 1.0, 1)
+
+
+def test_perturbations_are_the_base_the_draws_and_the_dearer_move() -> None:
+    assert perturbations(2) == [BASE, "work-1", "work-2", MOVE]
+    assert perturbations(0) == [BASE, MOVE]
+
+
+def row(trace: str, policy: str, pert: str, makespan: float, jct: float) -> dict[str, object]:
+    return {"trace": trace, "policy": policy, "perturbation": pert, "makespan_s": makespan,
+            "avg_jct_s": jct}
+
+
+def test_ratios_say_which_runs_moved_and_the_summary_counts_traces() -> None:
+    rows = [row("a/x", "p", BASE, 100.0, 50.0), row("a/x", "p", "work-1", 100.0, 50.02),
+            row("a/x", "p", MOVE, 100.0, 47.5),
+            row("b/y", "p", BASE, 200.0, 80.0), row("b/y", "p", "work-1", 200.04, 80.0),
+            row("b/y", "p", MOVE, 210.0, 80.0)]
+    add_ratios(rows)
+    moved = {(r["trace"], r["perturbation"]): r["moved"] for r in rows if "moved" in r}
+    # 50.02 / 50 and 200.04 / 200 are within the 0.05% tolerance; 0.95 and 1.05 are not
+    assert moved == {("a/x", "work-1"): False, ("a/x", MOVE): True,
+                     ("b/y", "work-1"): False, ("b/y", MOVE): True}
+    work, move = summary(rows)
+    assert (work["kind"], move["kind"]) == ("work", "move")
+    assert (work["traces"], work["runs"], work["traces_moved"], work["moved"]) == (2, 2, 0, [])
+    assert (move["traces"], move["runs"], move["traces_moved"]) == (2, 2, 2)
+    assert (work["avg_jct_ratio_min"], work["avg_jct_ratio_max"]) == (1.0, 1.0004)
+    assert (move["avg_jct_ratio_min"], move["avg_jct_ratio_max"]) == (0.95, 1.0)
+    assert (move["makespan_ratio_min"], move["makespan_ratio_max"]) == (1.0, 1.05)
+    assert move["moved"] == ["a/x", "b/y"]
+    # median |log| of the work runs' JCT ratios 1.0004 and 1.0, and of the move runs' 0.95, 1.0
+    assert work["avg_jct_abs_log_median"] == pytest.approx(round(math.log(1.0004) / 2, 5))
+    assert move["avg_jct_abs_log_median"] == pytest.approx(round(-math.log(0.95) / 2, 5))
+
+
+def test_one_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s.json"
+    assert main(["--only", "gavel/static-1gpu", "--policies", "fifo-perf", "--draws", "1",
+                 "--workers", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    runs = [r for r in rows if not r.get("summary")]
+    assert [r["perturbation"] for r in runs] == [BASE, "work-1", MOVE]
+    assert all(r["completed"] == 48 for r in runs)
+    summ = [r for r in rows if r.get("summary")]
+    assert [(s["policy"], s["kind"], s["runs"]) for s in summ] == [
+        ("fifo-perf", "work", 1), ("fifo-perf", "move", 1)]
+    assert "fifo-perf" in capsys.readouterr().out
+    assert main(["--from-json", str(out)]) == 0
+    assert "fifo-perf       work" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--from-json", str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit):
+        main(["--only", "nowhere/none"])
+    with pytest.raises(SystemExit):
+        main(["--draws", "-1"])
