@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from bench.report import write_rows
-from bench.robustness import POLICIES, Case, instance, suite
+from bench.robustness import BASELINES, FORK_GOAL, MAKESPAN_GOAL, POLICIES, Case, instance, suite
 from hadar_slurm.costs import LiveCosts
 from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
@@ -85,6 +85,7 @@ def run_one(case: Case, policy: str, perturbation: str, rel: float,
     return {"trace": case.name, "regime": case.regime, "cluster": case.cluster_name,
             "generate": case.command(), "policy": policy, "perturbation": perturbation,
             "makespan_s": round(res.makespan_s, 3), "avg_jct_s": round(res.avg_jct_s, 3),
+            "gang_bound_s": round(inst.bound, 3), "fork_bound_s": round(inst.fork, 3),
             "completed": res.num_completed, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
@@ -141,6 +142,60 @@ def _summary(policy: str, k: str, mine: Sequence[dict[str, Any]]) -> dict[str, A
     }
 
 
+def goal_misses(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The goals of issue #15 (as :mod:`bench.robustness` checks them) that the unperturbed run
+    of a trace misses, each with its figure in every run of that trace (the same perturbation
+    for the policy and the runs it is compared with) and whether some perturbed run meets it
+    (``by_chance``) or none does."""
+    runs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        runs.setdefault((r["trace"], r["policy"]), {})[r["perturbation"]] = r
+    out = []
+    for (trace, policy), mine in runs.items():
+        if policy not in ("hadar", "hadare") or BASE not in mine:
+            continue
+        goals: list[tuple[str, float, dict[str, float]]] = []
+        if policy == "hadar":
+            goals.append(("makespan over the gang bound", MAKESPAN_GOAL,
+                          {k: r["makespan_s"] / r["gang_bound_s"] for k, r in mine.items()
+                           if "gang_bound_s" in r}))
+            best: dict[str, float] = {}
+            for b in BASELINES:
+                for k, r in runs.get((trace, b), {}).items():
+                    best[k] = min(best.get(k, math.inf), r["avg_jct_s"])
+            goals.append(("average JCT over the best baseline's", 1.0,
+                          {k: r["avg_jct_s"] / best[k] for k, r in mine.items() if k in best}))
+        else:
+            goals.append(("makespan over the fork bound", FORK_GOAL,
+                          {k: r["makespan_s"] / r["fork_bound_s"] for k, r in mine.items()
+                           if "fork_bound_s" in r}))
+            hadar = runs.get((trace, "hadar"), {})
+            goals.append(("average JCT over hadar's", 1.0,
+                          {k: r["avg_jct_s"] / hadar[k]["avg_jct_s"] for k, r in mine.items()
+                           if k in hadar}))
+        for what, goal, ratio in goals:
+            if BASE not in ratio or ratio[BASE] <= goal + TOLERANCE or len(ratio) < 2:
+                continue
+            out.append({"trace": trace, "policy": policy, "goal": what, "target": goal,
+                        "base": round(ratio[BASE], 4),
+                        "perturbed_min": round(min(ratio.values()), 4),
+                        "perturbed_max": round(max(ratio.values()), 4),
+                        "by_chance": any(v <= goal + TOLERANCE for v in ratio.values())})
+    return sorted(out, key=lambda m: (m["policy"], m["trace"], m["goal"]))
+
+
+def print_misses(misses: Sequence[dict[str, Any]]) -> None:
+    if not misses:
+        return
+    chance = sum(m["by_chance"] for m in misses)
+    print(f"\n{len(misses)} goal(s) the unperturbed runs miss; {chance} met by some perturbed "
+          f"run (decided by chance), {len(misses) - chance} missed by every run:")
+    for m in misses:
+        print(f"  {m['policy']:6s} {m['trace']:22s} {m['goal']:38s} {m['base']:.3f} "
+              f"({m['perturbed_min']:.3f} .. {m['perturbed_max']:.3f}; goal {m['target']:g})"
+              + ("  by chance" if m["by_chance"] else ""))
+
+
 def print_summary(summ: Sequence[dict[str, Any]], rel: float, move_s: float) -> None:
     print(f"perturbed: every job's length x (1 +- {rel:g}) per draw; a move {move_s:g} s dearer")
     print(f"moved: makespan or average JCT off the unperturbed run's by more than "
@@ -179,11 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         try:
             rows = [r for r in json.loads(Path(args.from_json).read_text())
-                    if not r.get("summary")]
+                    if not r.get("summary") and not r.get("goal_miss")]
         except (OSError, ValueError) as e:
             ap.error(f"--from-json {args.from_json}: {e}")
         add_ratios(rows)
         print_summary(summary(rows), args.rel, args.move_s)
+        print_misses(goal_misses(rows))
         return 0
     if args.draws < 0:
         ap.error("--draws must be >= 0")
@@ -210,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     add_ratios(rows)
     summ = summary(rows)
     print_summary(summ, args.rel, args.move_s)
-    write_rows([*rows, *({"summary": True, **s} for s in summ)], args.json)
+    misses = goal_misses(rows)
+    print_misses(misses)
+    write_rows([*rows, *({"summary": True, **s} for s in summ),
+                *({"goal_miss": True, **m} for m in misses)], args.json)
     return 0
 
 
