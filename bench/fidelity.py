@@ -709,7 +709,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sim-only", action="store_true", help="only the simulated runs")
     p.add_argument("--repeats", type=int, default=1, metavar="N",
                    help="live runs per policy (default 1); with more, the live figures are "
-                   "their medians, per job too, and the rows say how far they spread")
+                   "their medians, per job too, and the rows say how far they spread; with "
+                   "--sim-only, the live runs the per-job floor is given for")
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--from-dir", metavar="DIR", type=Path,
                    help="no live run: the live figures of a run kept with --keep in DIR")

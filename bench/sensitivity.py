@@ -16,7 +16,10 @@ perturbed by amounts no one could measure on a real cluster:
 
 Per trace, policy and perturbation: makespan and average JCT over the unperturbed run's.  A
 ratio further from 1.0 than :data:`TOLERANCE` means the perturbation *moved* the trace.  The
-summary gives per policy the traces moved and the range of the ratios.
+summary gives per policy and kind of perturbation the traces moved and the range of the
+ratios; then the goals of issue #15 that the unperturbed runs miss, each with its figure over
+the perturbed runs and whether one of them meets it (:func:`goal_misses`).  ``--from-json
+FILE`` prints the same from the rows of an earlier run.
 
 Why: the goals of issues #15 and #16 compare single runs trace by trace (Hadar no worse than a
 baseline, sharing no worse than not sharing), so a policy whose figures move by several
@@ -86,6 +89,7 @@ def run_one(case: Case, policy: str, perturbation: str, rel: float,
             "generate": case.command(), "policy": policy, "perturbation": perturbation,
             "makespan_s": round(res.makespan_s, 3), "avg_jct_s": round(res.avg_jct_s, 3),
             "gang_bound_s": round(inst.bound, 3), "fork_bound_s": round(inst.fork, 3),
+            "rel": rel, "move_s": move_s,
             "completed": res.num_completed, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
@@ -238,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             ap.error(f"--from-json {args.from_json}: {e}")
         add_ratios(rows)
-        print_summary(summary(rows), args.rel, args.move_s)
+        # (the perturbations' sizes as that run had them, where its rows say)
+        rel = next((r["rel"] for r in rows if "rel" in r), args.rel)
+        move_s = next((r["move_s"] for r in rows if "move_s" in r), args.move_s)
+        print_summary(summary(rows), rel, move_s)
         print_misses(goal_misses(rows))
         return 0
     if args.draws < 0:

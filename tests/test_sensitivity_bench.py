@@ -108,8 +108,11 @@ def test_one_trace_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert [(s["policy"], s["kind"], s["runs"]) for s in summ] == [
         ("fifo-perf", "work", 1), ("fifo-perf", "move", 1)]
     assert "fifo-perf" in capsys.readouterr().out
-    assert main(["--from-json", str(out)]) == 0
-    assert "fifo-perf       work" in capsys.readouterr().out
+    assert all((r["rel"], r["move_s"]) == (1e-4, 1.0) for r in runs)
+    assert main(["--from-json", str(out), "--rel", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    assert "fifo-perf       work" in printed
+    assert "length x (1 +- 0.0001)" in printed  # (the run's own size, not the flag's)
     with pytest.raises(SystemExit):
         main(["--from-json", str(tmp_path / "missing.json")])
     with pytest.raises(SystemExit):
