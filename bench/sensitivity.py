@@ -153,7 +153,10 @@ def goal_misses(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     (``by_chance``) or none does."""
     runs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for r in rows:
-        runs.setdefault((r["trace"], r["policy"]), {})[r["perturbation"]] = r
+        # (to the tenth of a second, as bench.robustness's rows: its ties are ties here too)
+        runs.setdefault((r["trace"], r["policy"]), {})[r["perturbation"]] = {
+            k: round(v, 1) if k.endswith("_s") and isinstance(v, float) else v
+            for k, v in r.items()}
     out = []
     for (trace, policy), mine in runs.items():
         if policy not in ("hadar", "hadare") or BASE not in mine:
