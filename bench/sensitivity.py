@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from bench.report import write_rows
-from bench.robustness import BASELINES, FORK_GOAL, MAKESPAN_GOAL, POLICIES, Case, instance, suite
+from bench.robustness import GOALS, POLICIES, Case, instance, suite
+from bench.robustness import add_ratios as robustness_ratios
 from hadar_slurm.costs import LiveCosts
 from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
@@ -147,48 +148,35 @@ def _summary(policy: str, k: str, mine: Sequence[dict[str, Any]]) -> dict[str, A
 
 
 def goal_misses(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The goals of issue #15 (as :mod:`bench.robustness` checks them) that the unperturbed run
-    of a trace misses, each with its figure in every run of that trace (the same perturbation
-    for the policy and the runs it is compared with) and whether some perturbed run meets it
-    (``by_chance``) or none does."""
-    runs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        # (to the tenth of a second, as bench.robustness's rows: its ties are ties here too)
-        runs.setdefault((r["trace"], r["policy"]), {})[r["perturbation"]] = {
-            k: round(v, 1) if k.endswith("_s") and isinstance(v, float) else v
-            for k, v in r.items()}
+    """The goals of issue #15 (:data:`bench.robustness.GOALS`) that the unperturbed run of a
+    trace misses, each with its figure in every run of that trace (the same perturbation for
+    the policy and the runs it is compared with) and whether some perturbed run meets it
+    (``by_chance``) or none does.  Each perturbation's runs are judged as
+    :mod:`bench.robustness` judges its rows, by its own :func:`~bench.robustness.add_ratios`."""
+    judged: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for pert in dict.fromkeys(r["perturbation"] for r in rows):
+        # (rows as bench.robustness writes them: its ties are ties here too)
+        mine = [{"trace": r["trace"], "policy": r["policy"],
+                 "avg_jct_s": round(r["avg_jct_s"], 1),
+                 "makespan_over_gang_bound": round(r["makespan_s"] / r["gang_bound_s"], 4),
+                 "makespan_over_fork_bound": round(r["makespan_s"] / r["fork_bound_s"], 4)}
+                for r in rows if r["perturbation"] == pert and "gang_bound_s" in r]
+        robustness_ratios(mine)
+        for r in mine:
+            judged.setdefault((r["trace"], r["policy"]), {})[pert] = r
     out = []
-    for (trace, policy), mine in runs.items():
-        if policy not in ("hadar", "hadare") or BASE not in mine:
+    for (trace, policy), runs in judged.items():
+        if BASE not in runs or len(runs) < 2:
             continue
-        goals: list[tuple[str, float, dict[str, float]]] = []
-        if policy == "hadar":
-            goals.append(("makespan over the gang bound", MAKESPAN_GOAL,
-                          {k: r["makespan_s"] / r["gang_bound_s"] for k, r in mine.items()
-                           if "gang_bound_s" in r}))
-            best: dict[str, float] = {}
-            for b in BASELINES:
-                for k, r in runs.get((trace, b), {}).items():
-                    best[k] = min(best.get(k, math.inf), r["avg_jct_s"])
-            goals.append(("average JCT over the best baseline's", 1.0,
-                          {k: r["avg_jct_s"] / best[k] for k, r in mine.items() if k in best}))
-        else:
-            goals.append(("makespan over the fork bound", FORK_GOAL,
-                          {k: r["makespan_s"] / r["fork_bound_s"] for k, r in mine.items()
-                           if "fork_bound_s" in r}))
-            hadar = runs.get((trace, "hadar"), {})
-            goals.append(("average JCT over hadar's", 1.0,
-                          {k: r["avg_jct_s"] / hadar[k]["avg_jct_s"] for k, r in mine.items()
-                           if k in hadar}))
-        for what, goal, ratio in goals:
-            # (missed as bench.robustness counts it: over the goal at four decimals)
-            at4 = {k: round(v, 4) for k, v in ratio.items()}
-            if BASE not in at4 or at4[BASE] <= goal or len(at4) < 2:
+        for key, goal, what, of in GOALS.get(policy, ()):
+            ratio = {k: r[key] for k, r in runs.items() if r[key] is not None}
+            if BASE not in ratio or ratio[BASE] <= goal:
                 continue
-            out.append({"trace": trace, "policy": policy, "goal": what, "target": goal,
-                        "base": at4[BASE], "perturbed_min": min(at4.values()),
-                        "perturbed_max": max(at4.values()),
-                        "by_chance": any(v <= goal for v in at4.values())})
+            out.append({"trace": trace, "policy": policy, "goal": f"{what} over {of}",
+                        "target": goal, "base": ratio[BASE],
+                        "perturbed_min": min(ratio.values()),
+                        "perturbed_max": max(ratio.values()),
+                        "by_chance": any(v <= goal for v in ratio.values())})
     return sorted(out, key=lambda m: (m["policy"], m["trace"], m["goal"]))
 
 
