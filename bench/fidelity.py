@@ -341,13 +341,15 @@ def reference_p90(jobs: Sequence[Job], policy_name: str, st: Settings, sim: Run,
     first = int(sim.detail.get("seeds", SEEDS))
     p90s = []
     for g in range(groups):
-        runs = [sim_seed(jobs, policy_name, st, first + g * live_runs + k)[1]
-                for k in range(live_runs)]
-        done = set(sim.jct).intersection(*(set(f) for f in runs))
-        diffs = [abs(statistics.median(f[j] for f in runs) - arrival[j] - sim.jct[j])
-                 / sim.jct[j] for j in sorted(done) if sim.jct[j] > 0]
-        if diffs:
-            p90s.append(float(np.percentile(diffs, 90)))
+        runs = []
+        for k in range(live_runs):
+            finish = sim_seed(jobs, policy_name, st, first + g * live_runs + k)[1]
+            runs.append(Run(policy_name, "live", {j: f - arrival[j] for j, f in finish.items()},
+                            finish, 0, 0))
+        # (the group's per-job medians against the simulated ones, as the live runs' are)
+        p90 = compare(sim, median_run(runs), len(jobs))["p90_jct_diff"]
+        if not math.isnan(p90):
+            p90s.append(p90)
     if not p90s:
         return {}
     return {"ideal_p90_jct_diff": round(statistics.median(p90s), 4),
