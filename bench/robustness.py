@@ -119,6 +119,13 @@ def suite(seed_base: int = 0, jobs_scale: float = 1.0) -> list[Case]:
     return cases
 
 
+def named(cases: Sequence[Case], only: Sequence[str]) -> list[Case]:
+    """The cases ``only`` names: a trace (``cluster/regime``), or all of a cluster or of a
+    regime (``--only`` of this bench and of ``bench.sensitivity``)."""
+    want = set(only)
+    return [c for c in cases if want & {c.name, c.regime, c.cluster_name}]
+
+
 @dataclass(frozen=True)
 class Instance:
     """A case's trace on its cluster, with its bounds and offered load."""
@@ -305,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cases = suite(args.seed_base, args.jobs_scale)
     if args.only:
-        want = set(args.only)
-        cases = [c for c in cases if want & {c.name, c.regime, c.cluster_name}]
+        cases = named(cases, args.only)
         if not cases:
             ap.error(f"no trace matches {args.only}")
     policies = [p for p in args.policies.split(",") if p]

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from bench.report import write_rows
-from bench.robustness import GOALS, POLICIES, Case, instance, suite
+from bench.robustness import GOALS, POLICIES, Case, instance, named, suite
 from bench.robustness import add_ratios as robustness_ratios
 from hadar_slurm.costs import LiveCosts
 from hadar_slurm.model import Job
@@ -246,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rel must be in [0, 1)")
     cases = suite(args.seed_base)
     if args.only:
-        want = set(args.only)
-        cases = [c for c in cases if want & {c.name, c.regime, c.cluster_name}]
+        cases = named(cases, args.only)
         if not cases:
             ap.error(f"no trace matches {args.only}; traces are "
                      + ", ".join(c.name for c in suite(args.seed_base)))
