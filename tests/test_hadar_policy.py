@@ -13,7 +13,13 @@ import pytest
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Placement, Reason
-from hadar_slurm.policy.hadar import HadarPolicy, HadarState, drain_estimate, upgrade_idle
+from hadar_slurm.policy.hadar import (
+    HadarPolicy,
+    HadarState,
+    drain_estimate,
+    ends_this_round,
+    upgrade_idle,
+)
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.bounds import fluid_makespan_bound
@@ -225,6 +231,20 @@ def test_a_new_job_displaces_a_running_one_only_if_it_ends_sooner_start_included
 
     assert runs(400) == [0]
     assert runs(500) == [1]
+
+
+def test_ends_this_round_on_the_gpus_a_job_holds() -> None:
+    # Types a, b; per-worker rates: job 0 (sync gang of 2 on one a and one b) 4 and 1 steps/s,
+    # so 2 * min(4, 1) = 2 steps/s; job 1 (async, 2 on a) 2 * 4 = 8 steps/s; job 2 holds
+    # nothing; job 3 holds a GPU where it makes no progress.  Limit 100 s: job 0 ends if it
+    # has at most 200 steps left, job 1 at most 800.
+    held = np.array([[1, 1], [2, 0], [0, 0], [0, 1]], dtype=np.int64)
+    rate = np.array([[4.0, 1.0], [4.0, 1.0], [4.0, 1.0], [4.0, 0.0]])
+    sync = np.array([True, False, True, True])
+    ends = ends_this_round(np.array([200.0, 800.0, 1.0, 1.0]), held, rate, sync, 100.0)
+    assert ends.tolist() == [True, True, False, False]
+    ends = ends_this_round(np.array([201.0, 801.0, 1.0, 1.0]), held, rate, sync, 100.0)
+    assert ends.tolist() == [False, False, False, False]
 
 
 def test_shortest_job_first_on_one_gpu() -> None:

@@ -18,7 +18,7 @@ from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
 from hadar_slurm.policy.hadar import HadarState
-from hadar_slurm.policy.hadare import HadarEPolicy, fork_drain
+from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState, fork_drain
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.bounds import copy_room, fluid_makespan_bound, fork_makespan_bound
@@ -446,3 +446,59 @@ def test_idle_gpus_no_waiting_job_fits_go_to_copies() -> None:
     sim.current = p
     check_copies(sim, 4, False)
     assert HadarEPolicy.waiting_fits(snap, p, snap.rate.max(axis=1) > 0) is False
+
+
+# -- a job that ends within the round keeps its GPUs (issue #14) ------------------------------
+
+SNAPSHOTS = Path(__file__).resolve().parent / "data" / "snapshots"
+
+
+def captured_snapshot(name: str, refill_on_finish: bool) -> tuple[Snapshot, HadarEPolicy]:
+    """A snapshot the dev cluster's sidecar read (``tests/data/snapshots``) and the policy it
+    ran, with its consolidation cost."""
+    d = json.loads((SNAPSHOTS / name).read_text())
+    c = d["current"]
+    state = d["policy_state"]
+    snap = Snapshot(
+        epoch=d["epoch"], now=d["now"], round_s=d["round_s"], gpu_types=tuple(d["gpu_types"]),
+        node_names=tuple(d["node_names"]), node_type=np.array(d["node_type"], dtype=I64),
+        node_gpus=np.array(d["node_gpus"], dtype=I64), job_ids=np.array(d["job_ids"], dtype=I64),
+        job_types=tuple(d["job_types"]), arrival=np.array(d["arrival"], dtype=np.float64),
+        total=np.array(d["total"], dtype=np.float64),
+        remaining=np.array(d["remaining"], dtype=np.float64),
+        scale=np.array(d["scale"], dtype=I64), weight=np.array(d["weight"], dtype=np.float64),
+        sync=np.array(d["sync"], dtype=np.bool_), rate=np.array(d["rate"], dtype=np.float64),
+        attained=np.array(d["attained"], dtype=np.float64),
+        current=Placement(np.array(c["job"], dtype=I64), np.array(c["node"], dtype=I64),
+                          np.array(c["count"], dtype=I64), np.array(c["copy"], dtype=I64)),
+        policy_state=HadarEState(HadarState(state["hadar_target"], (), ()), state["target"]),
+        max_copies=np.array(d["max_copies"], dtype=I64), migration_s=d["migration_s"],
+        even_gangs=d["even_gangs"], refill_on_finish=refill_on_finish)
+    cost = ConsolidationCost(base_s=d["consolidation_base_s"],
+                             s_per_gb=d["consolidation_s_per_gb"])
+    return snap, HadarEPolicy(consolidation=cost)
+
+
+def test_a_job_that_ends_this_round_is_not_stopped_for_critical_jobs() -> None:
+    # The fidelity trace's third epoch as the sidecar read it live (HadarE, 12 s rounds, a
+    # move costs 7.31 s), with job 10's progress as the simulator had it (0.726 of its work
+    # left; the live estimate was 0.75).  Job 2 runs on 4 A100s of node4 with 12,730 of its
+    # 31,904 steps left at 1,012 steps/s: 12.6 s, within the round plus what stopping it would
+    # cost (19.3 s).  Nine of the 13 jobs are critical for the drain target and come first;
+    # they take node4's A100s and job 2 is stopped, as a live run of the trace did (job 2
+    # then waited 17 epochs and ended at 229 s; every simulated run ends it at 37 s).  Where
+    # the world gives a job's GPUs out as soon as it ends (the sidecar's
+    # reschedule_on_finish), job 2 goes first and keeps its GPUs: they come back within the
+    # round, and stopping it would only add a restart.
+    snap, policy = captured_snapshot("fidelity-hadare-epoch2.json", refill_on_finish=True)
+    i = int(np.nonzero(snap.job_ids == 2)[0][0])
+    left = snap.remaining[i] / snap.rate[i, snap.gpu_types.index("a100")]
+    assert 12.0 < left <= snap.round_s + snap.migration_s
+    decision = policy.allocate(snap)
+    mine = decision.placement.select(decision.placement.job == 2)
+    assert [(snap.node_names[n], c) for n, c in zip(mine.node, mine.count, strict=True)] == [
+        ("node4", 4)]
+    # With rounds that leave a job's freed GPUs idle to their end, the rule does not apply:
+    # the critical jobs come first, as they did live.
+    snap, policy = captured_snapshot("fidelity-hadare-epoch2.json", refill_on_finish=False)
+    assert 2 not in policy.allocate(snap).placement.job

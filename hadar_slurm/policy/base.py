@@ -230,6 +230,11 @@ class Snapshot:
     #: moved to GPUs other than those it holds (the sidecar's ``[scheduler] migration_s``; the
     #: simulator's ``migration_cost_s``).
     migration_s: float = 0.0
+    #: What the world does, set by the backend: whether GPUs a job frees mid-round go to other
+    #: jobs at once (an epoch as soon as a job ends: the sidecar's ``[scheduler]
+    #: reschedule_on_finish``, the simulator's ``reschedule_on_finish``) rather than idling to
+    #: the end of the round.
+    refill_on_finish: bool = False
     #: What the world allows, set by the backend: whether a job over several nodes must hold
     #: as many GPUs on each (one Slurm job asks for a GPU count per node: True in the sidecar
     #: and in the simulator's ``even_gangs``; Gavel's simulator has no such rule).

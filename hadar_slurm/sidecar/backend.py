@@ -47,7 +47,7 @@ class SlurmBackend(SlurmObserver):
         preempt_signal: str = "USR1", sleep: Callable[[float], object] = time.sleep,
         should_stop: Callable[[], bool] = lambda: False, tracker_root: str | None = None,
         knowledge: Knowledge | None = None, migration_s: float = 0.0, restart_s: float = 0.0,
-        share: bool = False, studies: StudyBook | None = None,
+        share: bool = False, studies: StudyBook | None = None, refill_on_finish: bool = False,
     ) -> None:
         """``sleep`` waits out grace periods (the controller passes one that does not wait in
         a dry run, where nothing was signalled); ``should_stop``: whether the loop ends after
@@ -55,7 +55,7 @@ class SlurmBackend(SlurmObserver):
         super().__init__(api, table, catalog=catalog, partition=partition,
                          tracker_root=tracker_root, knowledge=knowledge,
                          migration_s=migration_s, restart_s=restart_s, share=share,
-                         studies=studies)
+                         studies=studies, refill_on_finish=refill_on_finish)
         self._should_stop = should_stop
         self.free_gpus = 0
         self.applier = SlurmApplier(api, self, preempt_grace_s=preempt_grace_s,

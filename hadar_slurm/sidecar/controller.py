@@ -254,6 +254,7 @@ class Sidecar:
             knowledge=Knowledge(table, self.store, learn=config.learn_throughputs,
                                 optimism=config.estimate_optimism),
             migration_s=config.move_cost_s, restart_s=config.restart_s, share=config.share,
+            refill_on_finish=config.reschedule_on_finish,
             studies=StudyBook(Path(self.state_dir) / STUDIES_FILE,
                               wait_s=max(300.0, 2 * config.epoch_seconds),
                               grace_s=config.preempt_grace_s),

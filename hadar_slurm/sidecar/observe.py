@@ -315,7 +315,7 @@ class SlurmObserver:
         self, api: SlurmApi, table: ThroughputTable, *, catalog: ModelCatalog | None = None,
         partition: str | None = None, tracker_root: str | None = None,
         knowledge: Knowledge | None = None, migration_s: float = 0.0, restart_s: float = 0.0,
-        share: bool = False, studies: StudyBook | None = None,
+        share: bool = False, studies: StudyBook | None = None, refill_on_finish: bool = False,
     ) -> None:
         """``studies``: the book of the tuning studies it steers (issue #17,
         :mod:`hadar_slurm.sidecar.studies`; by default one kept in memory only).
@@ -328,8 +328,11 @@ class SlurmObserver:
         config's ``[scheduler] migration_s``), told to the policy in every snapshot;
         ``restart_s``: how long a job runs after its start before it makes progress (the
         config's ``[scheduler] restart_s``), for the estimate of its progress from its run
-        time when its runtime reports none."""
+        time when its runtime reports none; ``refill_on_finish``: whether an epoch gives out a
+        job's GPUs as soon as it ends (``[scheduler] reschedule_on_finish``), told to the
+        policy in every snapshot."""
         self.api = api
+        self.refill_on_finish = refill_on_finish
         self.share = share
         self.studies = studies if studies is not None else StudyBook()
         #: The Slurm release (the controller sets it once it has asked): 22.05 cannot turn a
@@ -583,6 +586,7 @@ class SlurmObserver:
             max_copies=np.array([v.max_copies for v in ordered], dtype=np.int64),
             # a copy is one component of a heterogeneous job, on one node
             multi_node_copies=False, migration_s=self.migration_s,
+            refill_on_finish=self.refill_on_finish,
             # and a job over several nodes has as many GPUs on each (a count per node)
             even_gangs=True,
             fixed=np.array([v.job_id in self.pinned for v in ordered], dtype=np.bool_),

@@ -233,6 +233,7 @@ class SimulatedCluster:
             policy_state=policy_state,
             multi_node_copies=self.multi_node_copies, migration_s=self.migration_cost_s,
             even_gangs=self.even_gangs, colocated=self.offered_pairs,
+            refill_on_finish=self.reschedule_on_finish,
             packed=tuple(sorted((a, b) for a, b in self._partner.items() if a < b)),
         )
 
