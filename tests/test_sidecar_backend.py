@@ -259,6 +259,11 @@ def test_snapshot_tells_the_policy_what_slurm_allows() -> None:
     assert snap.multi_node_copies is False
     assert snap.migration_s == 45.0
     assert backend(FakeSlurm([job(1)], NODES)).snapshot(0, 2000.0, 60.0, None).migration_s == 0
+    # and whether a job's GPUs go out as soon as it ends ([scheduler] reschedule_on_finish)
+    assert backend(FakeSlurm([job(1)], NODES), refill_on_finish=True).snapshot(
+        0, 2000.0, 60.0, None).refill_on_finish is True
+    assert backend(FakeSlurm([job(1)], NODES)).snapshot(
+        0, 2000.0, 60.0, None).refill_on_finish is False
 
 
 def test_place_is_one_update_and_a_release_and_idempotent() -> None:

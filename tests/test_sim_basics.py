@@ -16,6 +16,7 @@ from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
 from hadar_slurm.rates.table import ThroughputTable
+from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import SimResult, simulate
 from tests.helpers import make_job
@@ -109,6 +110,15 @@ def test_reschedule_on_finish_ends_the_round_at_the_first_finish(
     # (the next full epoch stays due at 360, a round after the last full one)
     assert [(u.start, u.end) for u in early.usage][:3] == [(0.0, 100.0), (100.0, 360.0),
                                                           (360.0, 460.0)]
+
+
+def test_the_snapshot_says_whether_freed_gpus_go_out_at_once(toy_table: ThroughputTable) -> None:
+    # (Snapshot.refill_on_finish: Hadar keeps a job that ends within the round only then)
+    jobs = [make_job(0, 100, 0)]
+    for refill in (False, True):
+        sim = SimulatedCluster(jobs, parse_counts("v100=1"), toy_table,
+                               reschedule_on_finish=refill)
+        assert sim.snapshot(0, 0.0, 360.0, None).refill_on_finish is refill
 
 
 def test_idle_gap_jumps_to_the_next_arrival(toy_table: ThroughputTable) -> None:
