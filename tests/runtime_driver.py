@@ -26,6 +26,9 @@ def main() -> int:
     p.add_argument("--round-iters", type=int)
     p.add_argument("--round-seconds", type=float)
     p.add_argument("--sleep-ms", type=float, default=0.0)
+    p.add_argument("--slow-from", type=int, help="from this iteration (of this process) on, "
+                   "sleep --slow-sleep-ms instead (a copy slower than its probe measured)")
+    p.add_argument("--slow-sleep-ms", type=float, default=0.0)
     p.add_argument("--count", type=Path, required=True)
     p.add_argument("--output", type=Path)
     p.add_argument("--time-limit-s", type=float)
@@ -40,6 +43,7 @@ def main() -> int:
     fd = os.open(args.count, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     with JobRuntime(model, None, config, output=args.output) as rt:
         gen = torch.Generator().manual_seed(1000 * rt.copy_index + 1)
+        ran = 0
         for _ in rt.steps():
             x = torch.randn(8, 4, generator=gen)
             loss = ((model(x) - x @ target) ** 2).mean()
@@ -49,8 +53,11 @@ def main() -> int:
                 for param in model.parameters():
                     assert param.grad is not None  # (set by loss.backward())
                     param.sub_(0.01 * param.grad)  # ``param -=`` (typed: Parameter to Tensor)
-            if args.sleep_ms > 0:
-                time.sleep(args.sleep_ms / 1000.0)
+            ran += 1
+            slow = args.slow_from is not None and ran > args.slow_from
+            pause = args.slow_sleep_ms if slow else args.sleep_ms
+            if pause > 0:
+                time.sleep(pause / 1000.0)
             os.write(fd, b".")
         summary = rt.finish()
     print(f"driver: copy {config.index}: done {summary.done}/{summary.work}, ran "

@@ -403,6 +403,32 @@ def test_three_copies_train_the_example_to_exactly_w(tmp_path: Path, procs: list
         assert f"copy {i}/3: test accuracy {acc:.4f}" in p.stdout
 
 
+def test_a_copy_slower_than_its_probe_ends_its_round_in_time(tmp_path: Path,
+                                                            procs: list[Proc]) -> None:
+    # Rounds of 0.5 s, two copies.  Copy 0 steps every 5 ms throughout (about 200/s).  Copy 1
+    # steps every 1 ms for the 10-iteration probe, then every 20 ms (about 50/s): the probe
+    # puts its rate near 1,000/s, so its next quota (about 500 iterations) would take it 10 s
+    # while copy 0 waits at the barrier.  A copy's round also ends after its 0.5 s: copy 1
+    # reports what it did and the next round's quota follows its measured rate.  The work
+    # still ends exactly at W.
+    tracker, work = tmp_path / "tracker", 600
+    common = ["--steps", str(work), "--round-seconds", "0.5"]
+    own = [["--sleep-ms", "5"], ["--sleep-ms", "1", "--slow-from", "10", "--slow-sleep-ms", "20"]]
+    procs += [launch(DRIVER, [*common, *own[i], "--count", str(tmp_path / f"count{i}")],
+                     copy_env(11, 2, i, tracker), tmp_path, f"copy{i}") for i in range(2)]
+    assert finish_all(procs, timeout=120) == [0, 0], [p.stderr for p in procs]
+    state = committed(tracker)
+    assert state is not None and state.done == work and state.complete
+    rounds = history(tracker)
+    assert sum(sum(r["iters"]) for r in rounds) == work
+    assert rounds[1]["iters"] == [10, 10]  # the probe
+    # the round after the probe: copy 1 stopped at about 0.5 s, well short of its quota
+    assert rounds[2]["seconds"][1] < 1.5
+    assert rounds[2]["iters"][1] < 200
+    # (one iteration of copy 1 is 20 ms: no copy's round lasts much past its 0.5 s)
+    assert max(s for r in rounds[1:] for s in r["seconds"]) < 1.5
+
+
 def test_unforked_signal_then_kill_then_resume(tmp_path: Path, procs: list[Proc]) -> None:
     """USR1: checkpoint at the next iteration boundary, exit 75, nothing lost.  SIGKILL: at
     most the round in progress lost.  Each requeue resumes from the last commit; the total is

@@ -45,8 +45,9 @@ last round (iterations/s measured per copy), the first round of a group being a 
 ``probe_iters`` per copy; with ``round_iters``, that many iterations for all copies together, in
 proportion to their rates.  The last round is cut to what remains, so the quotas of all rounds
 add up to W exactly and the tracker's count ends at W, never more.  A round can end early (a
-preemption signal or the time limit): a copy then reports the iterations it did, and the round
-counts those.
+preemption signal or the time limit, and with ``round_seconds`` once the copy has trained that
+long: a quota from a probe or a rate that no longer holds would keep the other copies waiting at
+the barrier): a copy then reports the iterations it did, and the round counts those.
 
 Consolidation
 -------------

@@ -351,6 +351,12 @@ class JobRuntime:
             if cfg.time_limit_s is not None:
                 self._deadline = self._t_steps + cfg.time_limit_s
         t_call = time.monotonic()
+        # In rounds of seconds, a copy also ends its round once it has trained that long:
+        # its quota comes from the last round's rate (the first from a probe of a few
+        # iterations), and a copy whose quota overshoots would keep the others waiting at the
+        # barrier (idle GPUs); the commit counts what it did.
+        kind, length = cfg.round_length
+        cut = length if kind == "seconds" else math.inf
         try:
             while self._state.done < target and self.stopped is None:
                 state = self._state
@@ -364,6 +370,8 @@ class JobRuntime:
                 while True:
                     stop = self._stop_reason()
                     if stop is not None or iters >= quota:
+                        break
+                    if iters and time.monotonic() - t0 >= cut:
                         break
                     if time.monotonic() - self._last_beat >= cfg.heartbeat_s:
                         self._beat("training", iters=iters)
