@@ -17,6 +17,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from hadar_slurm.runtime.config import DEFAULT_ROUND_SECONDS
+
 __all__ = [
     "FORMAT",
     "CommittedState",
@@ -272,7 +274,7 @@ def plan_round(
     if round_iters is not None:
         targets = _split(round_iters, weights)
     elif known:
-        seconds = Fraction(round_seconds if round_seconds is not None else 60.0)
+        seconds = Fraction(round_seconds if round_seconds is not None else DEFAULT_ROUND_SECONDS)
         targets = [max(1, round(w * seconds)) for w in weights]
     else:
         targets = [probe_iters] * copies

@@ -371,9 +371,10 @@ class JobRuntime:
                     stop = self._stop_reason()
                     if stop is not None or iters >= quota:
                         break
-                    if iters and time.monotonic() - t0 >= cut:
+                    tick = time.monotonic()
+                    if iters and tick - t0 >= cut:
                         break
-                    if time.monotonic() - self._last_beat >= cfg.heartbeat_s:
+                    if tick - self._last_beat >= cfg.heartbeat_s:
                         self._beat("training", iters=iters)
                     yield state.done + iters
                     iters += 1
