@@ -9,8 +9,12 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from hadar_slurm.model import Job
+from hadar_slurm.policy.base import Placement, Snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,3 +66,34 @@ def run_cli(
         [sys.executable, "-m", "hadar_slurm", *args], capture_output=True, text=True,
         cwd=cwd, env=full, timeout=timeout, check=False,
     )
+
+
+#: Snapshots as a policy saw them (``snapshot_from_json``), for tests that replay one decision.
+SNAPSHOTS = REPO / "tests" / "data" / "snapshots"
+
+
+def snapshot_from_json(d: Mapping[str, Any], policy_state: object = None,
+                       refill_on_finish: bool = False) -> Snapshot:
+    """The :class:`Snapshot` stored as ``d`` (one file of ``tests/data/snapshots``: the
+    snapshot's arrays as lists, ``current`` as its placement's columns), with ``policy_state``
+    (each file stores its policy's own)."""
+    c = d["current"]
+    i64 = np.int64
+    return Snapshot(
+        epoch=d["epoch"], now=d["now"], round_s=d["round_s"], gpu_types=tuple(d["gpu_types"]),
+        node_names=tuple(d["node_names"]), node_type=np.array(d["node_type"], dtype=i64),
+        node_gpus=np.array(d["node_gpus"], dtype=i64), job_ids=np.array(d["job_ids"], dtype=i64),
+        job_types=tuple(d["job_types"]), arrival=np.array(d["arrival"], dtype=np.float64),
+        total=np.array(d["total"], dtype=np.float64),
+        remaining=np.array(d["remaining"], dtype=np.float64),
+        scale=np.array(d["scale"], dtype=i64), weight=np.array(d["weight"], dtype=np.float64),
+        sync=np.array(d["sync"], dtype=np.bool_), rate=np.array(d["rate"], dtype=np.float64),
+        attained=np.array(d["attained"], dtype=np.float64),
+        current=Placement(np.array(c["job"], dtype=i64), np.array(c["node"], dtype=i64),
+                          np.array(c["count"], dtype=i64),
+                          np.array(c["copy"], dtype=i64) if c.get("copy") is not None else None),
+        policy_state=policy_state,
+        max_copies=(np.array(d["max_copies"], dtype=i64) if d.get("max_copies") is not None
+                    else None),
+        migration_s=d["migration_s"], even_gangs=d["even_gangs"],
+        refill_on_finish=refill_on_finish)

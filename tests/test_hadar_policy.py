@@ -6,18 +6,21 @@ Throughputs are written as CSV so that every number is easy to check.  Rounds ar
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
-from hadar_slurm.policy.base import Placement, Reason
+from hadar_slurm.policy.base import Placement, Reason, Snapshot
 from hadar_slurm.policy.hadar import (
     HadarPolicy,
     HadarState,
+    drain_after_round,
     drain_estimate,
     ends_this_round,
+    ideal_seconds,
     upgrade_idle,
 )
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
@@ -26,6 +29,7 @@ from hadar_slurm.sim.bounds import fluid_makespan_bound
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import load_trace
+from tests.helpers import SNAPSHOTS, snapshot_from_json
 
 # "fair" runs almost as fast on the slow type b as on a; "picky" runs 10x slower on b.
 TWO_TYPES = parse_csv(
@@ -349,3 +353,100 @@ def test_quality_on_gavel_traces(trace: str, las_jct: float, makespan_factor: fl
     assert result.num_completed == len(jobs)
     assert bound <= result.makespan_s <= makespan_factor * bound
     assert result.avg_jct_s <= las_jct
+
+
+# -- moves must pay (issue #14) -----------------------------------------------------------------
+
+def sim_snapshot(name: str) -> Snapshot:
+    """A snapshot the simulator gave Hadar on the fidelity trace (``tests/data/snapshots``)."""
+    d = json.loads((SNAPSHOTS / name).read_text())
+    s = d["policy_state"]
+    return snapshot_from_json(d, HadarState(s["target"], tuple(s["guests"]), tuple(s["chain"])),
+                              refill_on_finish=d["refill_on_finish"])
+
+
+def types_of(snapshot: Snapshot, placement: Placement, job_id: int) -> list[int]:
+    """GPUs per type (``snapshot.gpu_types`` order) that ``placement`` gives ``job_id``."""
+    out = [0] * len(snapshot.gpu_types)
+    for j, n, c in zip(placement.job, placement.node, placement.count, strict=True):
+        if j == job_id:
+            out[int(snapshot.node_type[n])] += int(c)
+    return out
+
+
+def test_drain_after_round_counts_a_moves_cost_now_and_later() -> None:
+    # One 1-GPU job on type a (1 step/s there, 0.5 on b), 1000 steps left, one GPU of each
+    # type; rounds of 100 s, a move costs 40 s.  Kept on a: 100 steps this round, 900 left,
+    # 900 s on a.  Moved to b: 60 s of the round at 0.5 (30 steps), 970 left; on b it
+    # needs 1940 s, or 970 + 40 s back on a (the move's cost again, from b): 1010 s.
+    cluster = parse_counts("a=1:b=1")
+    table = parse_csv("job_type,scale_factor,gpu_type,steps_per_second\n"
+                      "t,1,a,1.0\nt,1,b,0.5\n", "t.csv")
+    snap = first_snapshot([job(0, "t", 1000)], cluster, table)
+    a = int(np.flatnonzero(snap.node_type == snap.gpu_types.index("a"))[0])
+    snap = dataclasses.replace(snap, round_s=100.0, migration_s=40.0,
+                   current=Placement(np.array([0]), np.array([a]), np.array([1])))
+    cap = snap.capacity()
+    ia, ib = snap.gpu_types.index("a"), snap.gpu_types.index("b")
+    kept = np.zeros((1, 2), dtype=np.int64)
+    kept[0, ia] = 1
+    moved = np.zeros((1, 2), dtype=np.int64)
+    moved[0, ib] = 1
+    assert drain_after_round(snap, kept, cap) == pytest.approx(900.0)
+    assert drain_after_round(snap, moved, cap) == pytest.approx(1010.0)
+    # Without a move's cost the job moved is only what the round lost: 950 s.
+    free = dataclasses.replace(snap, migration_s=0.0)
+    assert drain_after_round(free, moved, cap) == pytest.approx(950.0)
+    # The round's work in seconds on the fastest type (a): 100 kept, 30 steps at 1 step/s
+    # moved; a job that ends within the round counts only what it had left.
+    assert ideal_seconds(snap, kept) == pytest.approx(100.0)
+    assert ideal_seconds(snap, moved) == pytest.approx(30.0)
+    nearly = dataclasses.replace(snap, remaining=np.array([20.0]))
+    assert ideal_seconds(nearly, kept) == pytest.approx(20.0)
+
+
+def test_moves_that_gain_less_than_the_margin_are_not_made() -> None:
+    # The fidelity trace's fourth epoch in the simulator, where two live runs parted (one
+    # moved jobs 7 and 11 between types, the other 5, 11 and 12).  The plan moves jobs 7 and
+    # 11 (7 from an A100 to a V100, 11 back): the drain bound after the round is the same
+    # (3,326 s) as with both kept, and the round does less work (4,422 s on the jobs'
+    # fastest types against 5,020 s), the moves' costs counted: both stay, and say why.
+    snap = sim_snapshot("fidelity-hadar-sim-epoch3.json")
+    held = {j: types_of(snap, snap.current, j) for j in (7, 11)}
+    free = HadarPolicy(move_margin=-1.0).allocate(snap)
+    assert all(types_of(snap, free.placement, j) != held[j] for j in (7, 11))
+    decision = HadarPolicy().allocate(snap)
+    for j in (7, 11):
+        assert types_of(snap, decision.placement, j) == held[j]
+    assert "kept on its GPUs" in decision.detail[7]
+    assert "0.25 of a move's cost (439 s)" in decision.detail[7]
+
+
+def test_moves_that_pay_are_made() -> None:
+    # Epoch 50 of the same run: job 21 from P100s to V100s and job 25 from V100s to A100s
+    # drain the workload sooner (a bound of 938 s after the round against 1,330 s, more
+    # than a quarter of a move's 439 s), though the round does less work; they are made, as
+    # without the rule.
+    snap = sim_snapshot("fidelity-hadar-sim-epoch50.json")
+    free = HadarPolicy(move_margin=-1.0).allocate(snap)
+    decision = HadarPolicy().allocate(snap)
+    assert types_of(snap, decision.placement, 21) == [2, 0, 0, 0]
+    assert types_of(snap, decision.placement, 25) == [0, 0, 0, 4]
+    for j in snap.job_ids.tolist():
+        assert types_of(snap, decision.placement, j) == types_of(snap, free.placement, j)
+    assert decision.detail == {}
+    # A margin of many moves' costs keeps them where they are.
+    strict = HadarPolicy(move_margin=50.0).allocate(snap)
+    assert types_of(snap, strict.placement, 21) == types_of(snap, snap.current, 21)
+    assert types_of(snap, strict.placement, 25) == types_of(snap, snap.current, 25)
+
+
+def test_moves_are_not_weighed_where_they_cost_nothing() -> None:
+    # Gavel-style simulation (a move costs nothing): the rule does not apply, the decision is
+    # that of the rule switched off.
+    snap = dataclasses.replace(sim_snapshot("fidelity-hadar-sim-epoch3.json"), migration_s=0.0)
+    a = HadarPolicy().allocate(snap)
+    b = HadarPolicy(move_margin=-1.0).allocate(snap)
+    assert a.placement.job.tolist() == b.placement.job.tolist()
+    assert a.placement.node.tolist() == b.placement.node.tolist()
+    assert a.placement.count.tolist() == b.placement.count.tolist()

@@ -25,7 +25,7 @@ from hadar_slurm.sim.bounds import copy_room, fluid_makespan_bound, fork_makespa
 from hadar_slurm.sim.cluster import load_cluster, parse_counts
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import load_trace
-from tests.helpers import TOY_CSV, make_job, run_cli
+from tests.helpers import SNAPSHOTS, TOY_CSV, make_job, run_cli, snapshot_from_json
 
 I64 = np.int64
 BENCH_TRACES = Path(__file__).resolve().parents[1] / "bench" / "traces"
@@ -450,30 +450,14 @@ def test_idle_gpus_no_waiting_job_fits_go_to_copies() -> None:
 
 # -- a job that ends within the round keeps its GPUs (issue #14) ------------------------------
 
-SNAPSHOTS = Path(__file__).resolve().parent / "data" / "snapshots"
-
-
 def captured_snapshot(name: str, refill_on_finish: bool) -> tuple[Snapshot, HadarEPolicy]:
     """A snapshot the dev cluster's sidecar read (``tests/data/snapshots``) and the policy it
     ran, with its consolidation cost."""
     d = json.loads((SNAPSHOTS / name).read_text())
-    c = d["current"]
     state = d["policy_state"]
-    snap = Snapshot(
-        epoch=d["epoch"], now=d["now"], round_s=d["round_s"], gpu_types=tuple(d["gpu_types"]),
-        node_names=tuple(d["node_names"]), node_type=np.array(d["node_type"], dtype=I64),
-        node_gpus=np.array(d["node_gpus"], dtype=I64), job_ids=np.array(d["job_ids"], dtype=I64),
-        job_types=tuple(d["job_types"]), arrival=np.array(d["arrival"], dtype=np.float64),
-        total=np.array(d["total"], dtype=np.float64),
-        remaining=np.array(d["remaining"], dtype=np.float64),
-        scale=np.array(d["scale"], dtype=I64), weight=np.array(d["weight"], dtype=np.float64),
-        sync=np.array(d["sync"], dtype=np.bool_), rate=np.array(d["rate"], dtype=np.float64),
-        attained=np.array(d["attained"], dtype=np.float64),
-        current=Placement(np.array(c["job"], dtype=I64), np.array(c["node"], dtype=I64),
-                          np.array(c["count"], dtype=I64), np.array(c["copy"], dtype=I64)),
-        policy_state=HadarEState(HadarState(state["hadar_target"], (), ()), state["target"]),
-        max_copies=np.array(d["max_copies"], dtype=I64), migration_s=d["migration_s"],
-        even_gangs=d["even_gangs"], refill_on_finish=refill_on_finish)
+    snap = snapshot_from_json(
+        d, HadarEState(HadarState(state["hadar_target"], (), ()), state["target"]),
+        refill_on_finish=refill_on_finish)
     cost = ConsolidationCost(base_s=d["consolidation_base_s"],
                              s_per_gb=d["consolidation_s_per_gb"])
     return snap, HadarEPolicy(consolidation=cost)

@@ -51,10 +51,20 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    faster type when it progresses more there this round, the move's cost included (the split
    counts capacity as a fluid; gangs leave GPUs over in whole blocks, and the jobs a type was
    kept for may not be there yet).
-9. **Matching** (:func:`~hadar_slurm.policy.matching.match_nodes`), where a running job whose
+9. **Moves must pay** (``move_margin``), where a move costs something (``migration_s``): when
+   steps 1-8 move running jobs to other GPUs, the epoch is planned again with every running
+   job kept to the types it holds (or stopped), and the moving plan is taken only if it drains
+   the workload sooner (:func:`drain_after_round`) or does more work this round
+   (:func:`ideal_seconds`), the moves' costs counted, by more than ``move_margin`` of a
+   move's cost.  The split's levelling and the drain prices turn on small
+   changes in the estimated progress (a run-wide offset of a fraction of a second flipped 16%
+   of the decisions of ``bench/data/fidelity.tsv``'s runs, ``bench/stability.py``), and live
+   two runs of one trace parted there, between moves that gained nearly nothing either way;
+   a kept job's ``explain`` says so.
+10. **Matching** (:func:`~hadar_slurm.policy.matching.match_nodes`), where a running job whose
    new GPUs do not come free keeps the ones it holds if no job placed before it took them,
    rather than being stopped while they idle (``keep_running``).
-10. **GPU sharing** (:func:`hadar_slurm.policy.sharing.pack_waiting`), only where the backend
+11. **GPU sharing** (:func:`hadar_slurm.policy.sharing.pack_waiting`), only where the backend
    offers it (``Snapshot.colocated``) and ``share`` is on: a job left waiting joins a placed
    job of the same scale factor on its GPUs when the pair's normalised throughput beats taking
    turns, the two jobs' completion times (with the queue behind them) gain, and the host,
@@ -143,6 +153,52 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
         int(iterations),
     )
 
+
+
+def round_progress(snapshot: Snapshot, alloc: IntArray) -> FloatArray:
+    """The steps each job makes in a round of ``alloc`` (GPUs per job and type), at most what
+    it has left: a job whose GPUs in ``alloc`` differ from those it holds (``snapshot.held()``)
+    works the round less a move's cost (``migration_s``; a waiting job's start costs as much),
+    a synchronous job at its slowest worker's pace, an asynchronous one at the sum."""
+    current = snapshot.held()
+    round_s = float(snapshot.round_s)
+    worker_rate = snapshot.rate / np.maximum(snapshot.scale, 1)[:, None]
+    run_s = np.where((alloc != current).any(axis=1),
+                     max(round_s - float(snapshot.migration_s), 0.0), round_s)
+    slow = np.where(alloc > 0, worker_rate, np.inf).min(axis=1)
+    speed = np.where(snapshot.sync, alloc.sum(axis=1) * np.where(np.isfinite(slow), slow, 0.0),
+                     (alloc * worker_rate).sum(axis=1))
+    out: FloatArray = np.minimum(speed * run_s, np.maximum(snapshot.remaining, 0.0))
+    return out
+
+
+def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray) -> float:
+    """The drain bound (:func:`drain_estimate`) of the work left after a round of ``alloc``
+    (:func:`round_progress`), lower when ``alloc`` drains the workload sooner.
+
+    After the round, a job that holds GPUs in ``alloc`` pays a move's cost again to run on a
+    type it does not hold there: staying on a type where its work is dear only puts a move
+    off, and the bound says so (without it, the fluid bound takes every later move as free
+    and prefers to stay)."""
+    rem = np.maximum(snapshot.remaining - round_progress(snapshot, alloc), 0.0)
+    rate = snapshot.rate
+    runs = rate > 0
+    # (a move's cost on the types it does not hold, as a lower whole-job rate there)
+    alone = np.divide(rem[:, None], rate, out=np.zeros_like(rate), where=runs)
+    away = (alloc.sum(axis=1) > 0)[:, None] & (alloc == 0) & runs & (rem[:, None] > 0)
+    rate = np.where(away, rem[:, None] / np.maximum(alone + float(snapshot.migration_s), 1e-300),
+                    rate)
+    return float(drain_estimate(rem, snapshot.scale, rate, capacity)[0])
+
+
+def ideal_seconds(snapshot: Snapshot, alloc: IntArray) -> float:
+    """The work of a round of ``alloc`` (:func:`round_progress`) in seconds of each job alone
+    on its fastest type, summed over the jobs: higher when ``alloc`` puts jobs where they
+    progress faster, which shortens their completions even where the drain bound (set by the
+    longest work) does not move."""
+    best = snapshot.rate.max(axis=1)
+    done = round_progress(snapshot, alloc)
+    return float(np.divide(done, best, out=np.zeros_like(done), where=best > 0).sum())
 
 
 def carried_window(window: float, prev_target: float | None, now: float) -> tuple[float, float]:
@@ -286,10 +342,14 @@ class HadarPolicy:
     this share of the largest one there.
     ``chain_factor``: how early jobs wider than half a type start their chain (1.0: as late as
     possible; lower starts them earlier, trading JCT for makespan on gang-heavy workloads).
-    ``share``: pair a waiting job with a placed one on the same GPUs where that pays (step 10
+    ``share``: pair a waiting job with a placed one on the same GPUs where that pays (step 11
     of the module docstring), where the snapshot offers sharing; off (the default for now:
     tests that hold Hadar's runs to the fluid bound without sharing run it where sharing is
     offered), or where sharing is not offered, no decision packs.
+    ``move_margin``: by how much, in moves' costs (``migration_s``), a plan that moves
+    running jobs must drain sooner or work more than one that keeps them where they are (step
+    9 of the module docstring); negative: moves are not weighed.  0.25 took the decisions of
+    ``bench/stability.py`` that a 0.5 s progress offset flips from 16% to 2%.
     """
 
     horizon: int = 8
@@ -299,6 +359,7 @@ class HadarPolicy:
     split_share: float = 0.5
     max_moves: int = 20000
     share: bool = False
+    move_margin: float = 0.25
     name: str = "hadar"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
@@ -361,6 +422,55 @@ class HadarPolicy:
         # between two types every epoch or two).
         main = (phi > 0.0) & (phi >= self.split_share * phi.max(axis=1, keepdims=True))
         main |= (current > 0) & (worker_rate > 0)
+        alloc, payoff, status, planned, packed = self._dispatch(
+            snapshot, main, current, worker_rate, ukey, age, order, capacity, floor, lo, hi)
+        # 9: moves must pay.  Planning anew with every running job kept to the types it holds
+        # (or stopped), the plan that moves jobs is taken only if it drains sooner or does
+        # more work this round, its moves' costs counted, by more than ``move_margin`` of a
+        # move's cost.
+        withheld: list[int] = []
+        if self.move_margin >= 0.0 and snapshot.migration_s > 0.0:
+            running = current.sum(axis=1) > 0
+            moved = running & (alloc.sum(axis=1) > 0) & (alloc != current).any(axis=1)
+            if moved.any():
+                keep = np.where(running[:, None], (current > 0) & (worker_rate > 0), main)
+                stay = self._dispatch(snapshot, keep, current, worker_rate, ukey, age, order,
+                                      capacity, floor, lo, hi)
+                sooner = (drain_after_round(snapshot, stay[0], capacity)
+                          - drain_after_round(snapshot, alloc, capacity))
+                more = ideal_seconds(snapshot, alloc) - ideal_seconds(snapshot, stay[0])
+                margin = self.move_margin * float(snapshot.migration_s)
+                if not (sooner > margin or more > margin):
+                    alloc, payoff, status, planned, packed = stay
+                    main = keep
+                    withheld = np.flatnonzero(moved & (alloc == current).all(axis=1)).tolist()
+        split_rate = np.where(main, worker_rate, 0.0)
+        placement, placed = match_nodes(snapshot, alloc, order, keep_running=True)
+        # 11: GPU sharing, where the world offers it.
+        pairs: tuple[tuple[int, int], ...] = ()
+        detail: dict[int, str] = {}
+        guest_ids: tuple[int, ...] = ()
+        if self.share and world.colocated is not None:
+            placement, pairs, guests, detail = pack_waiting(world, placement, order, window)
+            placed = placed | guests
+            guest_ids = tuple(sorted(int(j) for j in world.job_ids[guests].tolist()))
+        reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
+                                 packed, placed)
+        for i in withheld:
+            detail.setdefault(int(snapshot.job_ids[i]), (
+                "kept on its GPUs: the plan that moved it gained less than "
+                f"{self.move_margin:g} of a move's cost ({float(snapshot.migration_s):.0f} s)"))
+        return Decision(snapshot.epoch, placement, reason, HadarState(target, guest_ids, chain_ids),
+                        detail, packed=pairs)
+
+    def _dispatch(self, snapshot: Snapshot, main: BoolArray, current: IntArray,
+                  worker_rate: FloatArray, ukey: FloatArray, age: FloatArray, order: IntArray,
+                  capacity: IntArray, floor: FloatArray, lo: float, hi: float,
+                  ) -> tuple[IntArray, FloatArray, IntArray, BoolArray, BoolArray]:
+        """Steps 6-8 of the module docstring around the dual pass, with ``main`` the types
+        each job may take there: ``(alloc, payoff, status, planned, packed)``, ``planned`` and
+        ``packed`` the jobs with GPUs after the dual pass and after the gang repacking."""
+        scale = snapshot.scale.astype(np.int64)
         split_rate = np.where(main, worker_rate, 0.0)
         alloc, payoff, status = plan(
             snapshot.remaining.astype(np.float64), scale, split_rate, worker_rate, ukey, age,
@@ -376,19 +486,7 @@ class HadarPolicy:
                                    float(snapshot.migration_s))
         alloc = upgrade_idle(alloc, current, worker_rate, snapshot.sync.astype(np.bool_), order,
                              capacity, float(snapshot.round_s), float(snapshot.migration_s))
-        placement, placed = match_nodes(snapshot, alloc, order, keep_running=True)
-        # 10: GPU sharing, where the world offers it.
-        pairs: tuple[tuple[int, int], ...] = ()
-        detail: dict[int, str] = {}
-        guest_ids: tuple[int, ...] = ()
-        if self.share and world.colocated is not None:
-            placement, pairs, guests, detail = pack_waiting(world, placement, order, window)
-            placed = placed | guests
-            guest_ids = tuple(sorted(int(j) for j in world.job_ids[guests].tolist()))
-        reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,
-                                 packed, placed)
-        return Decision(snapshot.epoch, placement, reason, HadarState(target, guest_ids, chain_ids),
-                        detail, packed=pairs)
+        return alloc, payoff, status, planned, packed
 
     def plan_view(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot the plan sees: with sharing, the GPUs of a pair that ran are held by
