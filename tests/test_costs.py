@@ -12,6 +12,7 @@ import pytest
 from hadar_slurm.costs import DEFAULT, SLURM_MOVE_S, SLURM_START_S, LiveCosts
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import ClusterSpec, Job, Node
+from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
 from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sidecar.config import default_config, parse_config
@@ -102,3 +103,26 @@ def test_a_forked_job_ends_with_a_start_of_its_own() -> None:
 
     assert finish(_ForkTwo(), 7.0) - finish(_ForkTwo(), 0.0) == pytest.approx(14.0)
     assert finish(_MoveOnce(), 7.0) - finish(_MoveOnce(), 0.0) == pytest.approx(7.0)
+
+
+def test_a_start_or_move_is_paid_in_full_when_an_epoch_comes_sooner() -> None:
+    # Rounds that end when a job arrives (the sidecar's reschedule_on_finish): job 0 starts at
+    # 0 (a start costs 100 s) and job 1 arrives at 30 s, a new epoch, where job 0 keeps its
+    # GPU.  Live, job 0 is still starting then and goes on doing so: it runs from 100 s and
+    # ends at 100 + 1000 s.  (The simulator used to forget the 70 s left at the new epoch.)
+    # Job 1 starts at 30 s on the other GPU: 30 + 100 + 50 s.
+    cluster = ClusterSpec((Node("n0", "v100", 1), Node("n1", "v100", 1)))
+    table = ThroughputTable({("toy", 1): {"v100": 1.0}})
+    jobs = [Job(0, "toy", scale_factor=1, total_steps=1000.0, arrival_s=0.0),
+            Job(1, "toy", scale_factor=1, total_steps=50.0, arrival_s=30.0)]
+    res = simulate(jobs, cluster, table, make_policy("fifo"), round_s=360.0,
+                   start_cost_s=100.0, reschedule_on_finish=True)
+    assert res.finish.tolist() == pytest.approx([1100.0, 180.0])
+    # A move's cost likewise: job 0 starts at 0 s (7 s), moves to node 1 at 100 s (20 s), and
+    # job 1 arrives at 105 s, 5 s into the move: an epoch that fills node 0 with job 1 and
+    # keeps job 0, which has 15 s of its move to go (it would end at 1012 s without them).
+    moved = simulate([jobs[0], Job(1, "toy", scale_factor=1, total_steps=50.0,
+                                   arrival_s=105.0)],
+                     cluster, table, _MoveOnce(), round_s=100.0, start_cost_s=7.0,
+                     migration_cost_s=20.0, reschedule_on_finish=True)
+    assert moved.finish.tolist() == pytest.approx([100.0 + 20.0 + 907.0, 105.0 + 7.0 + 50.0])

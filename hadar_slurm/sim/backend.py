@@ -17,7 +17,9 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
   set: then a job that is placed on GPUs other than those it held (or resumes after a pause)
   makes no progress for ``migration_cost_s`` at the start of its round, and a job that starts
   for the first time for ``start_cost_s`` (:class:`~hadar_slurm.costs.LiveCosts` has the live
-  world's figures: ``hadar-slurm simulate`` charges them by default).
+  world's figures: ``hadar-slurm simulate`` charges them by default).  A round that ends
+  sooner (``reschedule_on_finish``) does not cut them short: a job kept on its GPUs pays the
+  rest at the start of the next round, as a live job is still starting then.
 
 Progress of a job in a round: per-worker rate ``r[h] = rate[h] / scale``; a synchronous job
 runs at ``workers * min r over the types it uses`` (the slowest worker sets the pace) times
@@ -205,8 +207,11 @@ class SimulatedCluster:
         self._admitted = 0  # jobs[:admitted] have been admitted
         self._idle_epochs = 0
         #: Jobs started by the last apply (placed, forked, moved): their seconds without
-        #: progress at the start of the round (a first start's cost, or a move's).
+        #: progress at the start of the round (a first start's cost, or a move's); and jobs
+        #: kept on their GPUs whose start or move the last round was too short to pay for
+        #: (``_owed``): they pay the rest first.
         self._moved: dict[int, float] = {}
+        self._owed: dict[int, float] = {}
 
     # -- ClusterBackend -------------------------------------------------------------------
 
@@ -328,6 +333,14 @@ class SimulatedCluster:
                 self.index_of[c.job_id]]) else self.migration_cost_s)
             for c in changes if c.kind in started}
         self.current = placement_of(changes)
+        # A job that keeps its GPUs while its start or move is not over yet (an epoch came
+        # sooner: a job ended or arrived) still has the rest of it to go, as live: the epoch
+        # does not restart it, and it does not run until its restart is done.
+        kept = set(self.current.job.tolist())
+        for job_id, owed in self._owed.items():
+            if job_id in kept and job_id not in self._moved:
+                self._moved[job_id] = owed
+        self._owed = {}
         self._partner = {c.job_id: c.partner for c in changes
                          if isinstance(c, SharedChange) and c.copies}
         if self._partner:
@@ -452,6 +465,9 @@ class SimulatedCluster:
     def _advance(self, now: float) -> None:
         """Run the current placement from the round's start to ``now``."""
         span = now - self._round_start
+        running = set(self.current.job.tolist())
+        self._owed = {j: cost - max(span, 0.0) for j, cost in self._moved.items()
+                      if j in running and cost > max(span, 0.0)}
         if span <= 0 or len(self.current) == 0:
             return
         busy = np.zeros(len(self.gpu_types))
