@@ -57,7 +57,7 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    the workload sooner (:func:`drain_after_round`) or does more work this round
    (:func:`ideal_seconds`), the moves' costs counted, by more than ``move_margin`` of a
    move's cost.  The split's levelling and the drain prices turn on small
-   changes in the estimated progress (a run-wide offset of up to half a second changed 14% of
+   changes in the estimated progress (a run-wide offset of up to half a second changed 9% of
    the decisions of ``bench/data/fidelity.tsv``'s runs, ``bench/stability.py``), and live
    two runs of one trace parted there, between moves that gained nearly nothing either way;
    a kept job's ``explain`` says so.
@@ -349,7 +349,8 @@ class HadarPolicy:
     ``move_margin``: by how much, in moves' costs (``migration_s``), a plan that moves
     running jobs must drain sooner or work more than one that keeps them where they are (step
     9 of the module docstring); negative: moves are not weighed.  0.25 took the decisions of
-    ``bench/stability.py`` that a 0.5 s progress offset changes from 14% to 2%.
+    ``bench/stability.py`` that a 0.5 s progress offset changes from 9% to 4% for Hadar (not
+    for HadarE: 18% to 29%; docs/algorithm.md, "Moves must pay").
     """
 
     horizon: int = 8
