@@ -70,7 +70,10 @@ def test_sidecar_learns_running_jobs_rate_and_uses_it(work: Workdir) -> None:
         f"export PYTHONPATH={REPO} OMP_NUM_THREADS=1\n"
         f'exec {sys.executable} {EXAMPLE} --steps "$1" --round-iters "$2" --threads 1\n')
     script.chmod(0o755)
-    steps = 40_000
+    # about 25 s of training whatever this machine's speed (at least 40,000 steps), so that
+    # both jobs still run when the sidecar has learned their rate and planned two epochs with
+    # it (at 6,400 it/s, 40,000 steps ended before the second of those epochs)
+    steps = max(40_000, 2000 * round(prior * 25 / 2000))
     job_ids = []
     for k in range(2):
         job_ids.append(submit(
