@@ -99,17 +99,22 @@ from hadar_slurm.policy.matching import match_nodes
 from hadar_slurm.policy.sharing import pack_waiting
 
 
+def job_speed(gpus: IntArray, worker_rate: FloatArray, sync: BoolArray) -> FloatArray:
+    """Per job, its steps/s on ``gpus`` (GPUs per job and type): their count times the slowest
+    type's per-worker rate for a synchronous job (the gang's pace), the sum over its GPUs for
+    an asynchronous one; 0 without GPUs."""
+    slow = np.where(gpus > 0, worker_rate, np.inf).min(axis=1)
+    out: FloatArray = np.where(sync, gpus.sum(axis=1) * np.where(np.isfinite(slow), slow, 0.0),
+                               (gpus * worker_rate).sum(axis=1))
+    return out
+
+
 def ends_this_round(remaining: FloatArray, held: IntArray, worker_rate: FloatArray,
                     sync: BoolArray, round_s: float) -> BoolArray:
-    """Per job, whether it holds GPUs and ends within ``round_s`` on them: at ``held``'s
-    count times its slowest held type's per-worker rate for a synchronous job (the gang's
-    pace), the sum over its GPUs for an asynchronous one."""
-    busy = held > 0
-    slow = np.where(busy, worker_rate, np.inf).min(axis=1)
-    n = held.sum(axis=1)
-    rate = np.where(sync, n * np.where(np.isfinite(slow), slow, 0.0),
-                    (held * worker_rate).sum(axis=1))
-    out: BoolArray = busy.any(axis=1) & (rate > 0) & (remaining <= rate * round_s)
+    """Per job, whether it holds GPUs and ends within ``round_s`` on them, at its
+    :func:`job_speed` there."""
+    rate = job_speed(held, worker_rate, sync)
+    out: BoolArray = (held > 0).any(axis=1) & (rate > 0) & (remaining <= rate * round_s)
     return out
 
 
@@ -159,15 +164,12 @@ def round_progress(snapshot: Snapshot, alloc: IntArray) -> FloatArray:
     """The steps each job makes in a round of ``alloc`` (GPUs per job and type), at most what
     it has left: a job whose GPUs in ``alloc`` differ from those it holds (``snapshot.held()``)
     works the round less a move's cost (``migration_s``; a waiting job's start costs as much),
-    a synchronous job at its slowest worker's pace, an asynchronous one at the sum."""
-    current = snapshot.held()
+    at its :func:`job_speed` on them."""
     round_s = float(snapshot.round_s)
     worker_rate = snapshot.rate / np.maximum(snapshot.scale, 1)[:, None]
-    run_s = np.where((alloc != current).any(axis=1),
+    run_s = np.where((alloc != snapshot.held()).any(axis=1),
                      max(round_s - float(snapshot.migration_s), 0.0), round_s)
-    slow = np.where(alloc > 0, worker_rate, np.inf).min(axis=1)
-    speed = np.where(snapshot.sync, alloc.sum(axis=1) * np.where(np.isfinite(slow), slow, 0.0),
-                     (alloc * worker_rate).sum(axis=1))
+    speed = job_speed(alloc, worker_rate, snapshot.sync)
     out: FloatArray = np.minimum(speed * run_s, np.maximum(snapshot.remaining, 0.0))
     return out
 
