@@ -7,9 +7,13 @@ per-model speed-up drawn between 1.5x and 2.5x (synthetic, for timing only).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from hadar_slurm.costs import DEFAULT as LIVE_COSTS
 from hadar_slurm.model import ClusterSpec, Node
+from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Placement, Snapshot
 from hadar_slurm.rates.table import default_table
 
@@ -61,6 +65,31 @@ def snapshot(num_jobs: int, cluster: ClusterSpec, seed: int = 0) -> Snapshot:
         sync=np.ones(num_jobs, dtype=np.bool_), rate=rate,
         attained=np.zeros_like(rate), current=Placement.empty(),
     )
+
+
+def steady(snap: Snapshot, policy_name: str, seed: int = 0) -> Snapshot:
+    """The epoch after ``snap``: ``policy_name`` placed the jobs of ``snap``, they ran one round
+    (each placed job's progress drawn between a half and a whole round at the rate of the GPUs
+    it holds, as estimates of live progress differ), and a move costs what it costs live
+    (:data:`hadar_slurm.costs.DEFAULT`).  The decision on it is a sidecar's steady epoch, where
+    a policy weighs moving running jobs (Hadar's "moves must pay" plans twice there)."""
+    rng = np.random.default_rng(seed)
+    first = make_policy(policy_name).allocate(snap)
+    placement = first.placement
+    worker = snap.rate / np.maximum(snap.scale, 1)[:, None]
+    held = np.zeros_like(snap.rate)
+    index = {int(j): i for i, j in enumerate(snap.job_ids.tolist())}
+    for j, nd, c in zip(placement.job.tolist(), placement.node.tolist(),
+                        placement.count.tolist(), strict=True):
+        held[index[int(j)], int(snap.node_type[nd])] += c
+    gpus = held.sum(axis=1)
+    pace = np.where(held > 0, worker, np.inf).min(axis=1)  # a gang at its slowest worker
+    speed = np.where(gpus > 0, pace, 0.0) * gpus
+    run_s = float(snap.round_s) * rng.uniform(0.5, 1.0, snap.num_jobs)
+    remaining = np.maximum(snap.remaining - speed * run_s, 0.01 * snap.total)
+    return replace(snap, epoch=snap.epoch + 1, now=snap.now + float(snap.round_s),
+                   remaining=remaining, current=placement, policy_state=first.policy_state,
+                   migration_s=LIVE_COSTS.move_s)
 
 
 def gavel_cluster(gpus_per_type: int, gpus_per_node: int = 4) -> ClusterSpec:

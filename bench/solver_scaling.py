@@ -2,7 +2,7 @@
 
     python -m bench.solver_scaling [--sizes 32 128 512 2048] [--large 10000]
                                    [--policies hadar,gavel-las,gavel-makespan] [--repeats 7]
-                                   [--json bench/results/solver_scaling.json]
+                                   [--steady] [--json bench/results/solver_scaling.json]
 
 Instances (:mod:`bench.instances`): ``n`` jobs of Gavel's job mix with random progress, on a
 cluster of ``n/4`` GPUs per type (V100, P100, K80; 4 GPUs a node), and ``--large`` jobs on
@@ -10,7 +10,14 @@ cluster of ``n/4`` GPUs per type (V100, P100, K80; 4 GPUs a node), and ``--large
 epoch from a fresh state (the LP baselines solve their LP, as on every change of the job set);
 the figure is the median wall time over ``--repeats`` runs, the peak of memory allocated
 during one decision (tracemalloc, which NumPy reports to), and the process's peak resident
-memory so far (ru_maxrss, an upper bound that includes everything loaded).  Goals for
+memory so far (ru_maxrss, an upper bound that includes everything loaded).
+
+``--steady`` adds, per size and policy, the epoch after that one (``state`` ``steady``;
+:func:`bench.instances.steady`): the jobs the policy placed have run a round and hold their
+GPUs, and a move costs what it costs live, so that the policy weighs moving running jobs (Hadar
+plans the epoch twice where its plan moves any, step 9 "moves must pay").  ``moved``: running
+jobs the decision gives other GPUs, ``kept``: jobs Hadar kept on their GPUs because the moving
+plan did not pay (their ``explain`` detail).  Goals for
 ``hadar`` (issue #2): <= 10 ms at 2,048 jobs, <= 1 s at 10,000 jobs, peak memory < 1 GB.
 """
 
@@ -23,16 +30,19 @@ import sys
 import time
 import tracemalloc
 
-from bench.instances import gavel_cluster, large_cluster, snapshot
+from bench.instances import gavel_cluster, large_cluster, snapshot, steady
 from bench.report import write_rows
 from hadar_slurm.core import COMPILED
 from hadar_slurm.model import ClusterSpec
 from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import Placement, Snapshot
 
 
 def measure(policy_name: str, num_jobs: int, cluster: ClusterSpec, repeats: int,
-            max_seconds: float) -> dict[str, object]:
+            max_seconds: float, steady_state: bool = False) -> dict[str, object]:
     snap = snapshot(num_jobs, cluster, seed=num_jobs)
+    if steady_state:
+        snap = steady(snap, policy_name, seed=num_jobs)
     times: list[float] = []
     spent = 0.0
     for _ in range(repeats):
@@ -45,11 +55,14 @@ def measure(policy_name: str, num_jobs: int, cluster: ClusterSpec, repeats: int,
         if spent > max_seconds:
             break
     tracemalloc.start()
-    make_policy(policy_name).allocate(snap)
+    decision = make_policy(policy_name).allocate(snap)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    moved, kept = moves(snap, decision.placement, decision.detail)
     return {
-        "policy": policy_name, "jobs": num_jobs, "gpus": cluster.total_gpus,
+        "policy": policy_name, "state": "steady" if steady_state else "fresh",
+        "moved": moved, "kept": kept,
+        "jobs": num_jobs, "gpus": cluster.total_gpus,
         "nodes": len(cluster.nodes), "gpu_types": len(cluster.gpu_types),
         "median_ms": round(statistics.median(times) * 1000, 3),
         "min_ms": round(min(times) * 1000, 3), "runs": len(times),
@@ -61,6 +74,22 @@ def measure(policy_name: str, num_jobs: int, cluster: ClusterSpec, repeats: int,
     }
 
 
+def moves(snap: Snapshot, placement: Placement, detail: dict[int, str]) -> tuple[int, int]:
+    """``(moved, kept)``: running jobs of ``snap`` that ``placement`` gives other GPUs than
+    they hold (stopped ones not counted), and jobs whose ``detail`` says Hadar kept them on
+    their GPUs."""
+    def rows(p: Placement) -> dict[int, list[tuple[int, int]]]:
+        out: dict[int, list[tuple[int, int]]] = {}
+        for j, nd, c in zip(p.job.tolist(), p.node.tolist(), p.count.tolist(), strict=True):
+            out.setdefault(int(j), []).append((int(nd), int(c)))
+        return out
+
+    before, after = rows(snap.current), rows(placement)
+    moved = sum(1 for j, held in before.items() if j in after and sorted(after[j]) != sorted(held))
+    kept = sum(1 for text in detail.values() if text.startswith("kept on its GPUs"))
+    return moved, kept
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", nargs="+", type=int, default=[32, 128, 512, 2048])
@@ -69,22 +98,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--max-seconds", type=float, default=60.0,
                     help="stop repeating a case after this much time (at least one run)")
+    ap.add_argument("--steady", action="store_true",
+                    help="also the epoch after, with the placed jobs running and moves charged")
     ap.add_argument("--json", default="bench/results/solver_scaling.json")
     args = ap.parse_args(argv)
     cases: list[tuple[int, ClusterSpec]] = [(n, gavel_cluster(max(n // 4, 1))) for n in args.sizes]
     if args.large:
         cases.append((args.large, large_cluster(1000)))
     print(f"compiled core: {COMPILED}")
-    print(f"{'policy':15s} {'jobs':>6s} {'GPUs':>6s} {'median ms':>10s} {'min ms':>9s} "
-          f"{'runs':>4s} {'peak MB':>8s} {'RSS MB':>7s}")
+    print(f"{'policy':15s} {'state':6s} {'jobs':>6s} {'GPUs':>6s} {'median ms':>10s} "
+          f"{'min ms':>9s} {'runs':>4s} {'peak MB':>8s} {'RSS MB':>7s} {'moved':>6s} {'kept':>5s}")
     rows: list[dict[str, object]] = []
+    states = (False, True) if args.steady else (False,)
     for n, cluster in cases:
         for policy in [p for p in args.policies.split(",") if p]:
-            row = measure(policy, n, cluster, args.repeats, args.max_seconds)
-            rows.append(row)
-            print(f"{policy:15s} {n:6d} {cluster.total_gpus:6d} {row['median_ms']:10.2f} "
-                  f"{row['min_ms']:9.2f} {row['runs']:4d} {row['peak_mb']:8.1f} "
-                  f"{row['process_peak_rss_mb']:7.1f}", flush=True)
+            for state in states:
+                row = measure(policy, n, cluster, args.repeats, args.max_seconds, state)
+                rows.append(row)
+                print(f"{policy:15s} {row['state']:6s} {n:6d} {cluster.total_gpus:6d} "
+                      f"{row['median_ms']:10.2f} {row['min_ms']:9.2f} {row['runs']:4d} "
+                      f"{row['peak_mb']:8.1f} {row['process_peak_rss_mb']:7.1f} "
+                      f"{row['moved']:6d} {row['kept']:5d}", flush=True)
     write_rows(rows, args.json)
     return 0
 

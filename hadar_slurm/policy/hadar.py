@@ -439,11 +439,13 @@ class HadarPolicy:
                 keep = np.where(running[:, None], (current > 0) & (worker_rate > 0), main)
                 stay = self._dispatch(snapshot, keep, current, worker_rate, ukey, age, order,
                                       capacity, floor, lo, hi)
-                sooner = (drain_after_round(snapshot, stay[0], capacity)
-                          - drain_after_round(snapshot, alloc, capacity))
-                more = ideal_seconds(snapshot, alloc) - ideal_seconds(snapshot, stay[0])
                 margin = self.move_margin * float(snapshot.migration_s)
-                if not (sooner > margin or more > margin):
+                # (more work this round is the cheaper test: the drain bounds, two Lagrangian
+                # fits, only where it does not decide)
+                more = ideal_seconds(snapshot, alloc) - ideal_seconds(snapshot, stay[0])
+                if not (more > margin
+                        or drain_after_round(snapshot, stay[0], capacity)
+                        - drain_after_round(snapshot, alloc, capacity) > margin):
                     alloc, payoff, status, planned, packed = stay
                     main = keep
                     withheld = np.flatnonzero(moved & (alloc == current).all(axis=1)).tolist()

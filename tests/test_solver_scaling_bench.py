@@ -1,0 +1,64 @@
+"""bench.solver_scaling's steady epoch (``--steady``) and its move counter."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from bench.instances import gavel_cluster, snapshot, steady
+from bench.solver_scaling import measure, moves
+from hadar_slurm.costs import DEFAULT
+from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import Placement
+
+
+def test_steady_is_the_epoch_after_with_the_placed_jobs_running() -> None:
+    snap = snapshot(64, gavel_cluster(16), seed=5)
+    first = make_policy("hadar").allocate(snap)
+    after = steady(snap, "hadar", seed=5)
+    assert after.epoch == snap.epoch + 1 and after.now == snap.now + snap.round_s
+    assert after.migration_s == DEFAULT.move_s > 0
+    # The jobs hold what the first decision gave them.
+    for a, b in ((after.current.job, first.placement.job),
+                 (after.current.node, first.placement.node),
+                 (after.current.count, first.placement.count)):
+        assert np.array_equal(a, b)
+    ran = after.held().sum(axis=1) > 0
+    assert ran.any() and (~ran).any()
+    # Placed jobs progressed (between a half and a whole round on their GPUs), the others not.
+    assert (after.remaining[ran] < snap.remaining[ran]).all()
+    assert np.array_equal(after.remaining[~ran], snap.remaining[~ran])
+    i = int(np.flatnonzero(ran & (snap.scale == 1))[0])
+    h = int(np.flatnonzero(after.held()[i])[0])
+    done = snap.remaining[i] - after.remaining[i]
+    rate = snap.rate[i, h]
+    assert 0.5 * snap.round_s * rate - 1e-6 <= done <= snap.round_s * rate + 1e-6
+    assert np.isfinite(after.remaining).all()
+
+
+def test_moves_counts_running_jobs_given_other_gpus_and_jobs_kept() -> None:
+    snap = snapshot(4, gavel_cluster(4), seed=1)
+    # Job 0 on node 0, job 1 on nodes 1 and 2, job 2 on node 3; job 3 waits.
+    cur = Placement(np.array([0, 1, 1, 2]), np.array([0, 1, 2, 3]), np.array([1, 1, 1, 1]))
+    snap = replace(snap, current=cur)
+    # Job 0 stays, job 1 has the same rows in another order (stays), job 2 moves to node 4,
+    # job 3 starts; a job that is stopped (none here) would not count.
+    job = np.array([0, 1, 1, 2, 3])
+    node = np.array([0, 2, 1, 4, 5])
+    count = np.array([1, 1, 1, 1, 1])
+    detail = {0: "kept on its GPUs: the plan that moved it gained less than 0.25 of ...",
+              3: "forked into 2 copies"}
+    assert moves(snap, Placement(job, node, count), detail) == (1, 1)
+    # Job 2 stopped: not a move.
+    rest = [0, 1, 2, 4]
+    assert moves(snap, Placement(job[rest], node[rest], count[rest]), {}) == (0, 0)
+
+
+def test_measure_reports_the_state_and_what_moved() -> None:
+    row = measure("hadar", 32, gavel_cluster(8), repeats=1, max_seconds=1.0, steady_state=True)
+    assert row["state"] == "steady" and row["runs"] == 1
+    assert isinstance(row["moved"], int) and isinstance(row["kept"], int)
+    fresh = measure("hadar", 32, gavel_cluster(8), repeats=1, max_seconds=1.0)
+    # From a fresh state no job runs, so none can move or be kept.
+    assert fresh["state"] == "fresh" and fresh["moved"] == 0 and fresh["kept"] == 0
