@@ -15,6 +15,7 @@ from hadar_slurm.costs import DEFAULT as LIVE_COSTS
 from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Placement, Snapshot
+from hadar_slurm.policy.hadar import job_speed
 from hadar_slurm.rates.table import default_table
 
 SCALE_MIX = ((1, 0.7), (2, 0.1), (4, 0.15), (8, 0.05))
@@ -75,21 +76,13 @@ def steady(snap: Snapshot, policy_name: str, seed: int = 0) -> Snapshot:
     a policy weighs moving running jobs (Hadar's "moves must pay" plans twice there)."""
     rng = np.random.default_rng(seed)
     first = make_policy(policy_name).allocate(snap)
-    placement = first.placement
+    after = replace(snap, epoch=snap.epoch + 1, now=snap.now + float(snap.round_s),
+                    current=first.placement, policy_state=first.policy_state,
+                    migration_s=LIVE_COSTS.move_s)
     worker = snap.rate / np.maximum(snap.scale, 1)[:, None]
-    held = np.zeros_like(snap.rate)
-    index = {int(j): i for i, j in enumerate(snap.job_ids.tolist())}
-    for j, nd, c in zip(placement.job.tolist(), placement.node.tolist(),
-                        placement.count.tolist(), strict=True):
-        held[index[int(j)], int(snap.node_type[nd])] += c
-    gpus = held.sum(axis=1)
-    pace = np.where(held > 0, worker, np.inf).min(axis=1)  # a gang at its slowest worker
-    speed = np.where(gpus > 0, pace, 0.0) * gpus
+    speed = job_speed(after.held(), worker, snap.sync)  # (a gang at its slowest worker)
     run_s = float(snap.round_s) * rng.uniform(0.5, 1.0, snap.num_jobs)
-    remaining = np.maximum(snap.remaining - speed * run_s, 0.01 * snap.total)
-    return replace(snap, epoch=snap.epoch + 1, now=snap.now + float(snap.round_s),
-                   remaining=remaining, current=placement, policy_state=first.policy_state,
-                   migration_s=LIVE_COSTS.move_s)
+    return replace(after, remaining=np.maximum(snap.remaining - speed * run_s, 0.01 * snap.total))
 
 
 def gavel_cluster(gpus_per_type: int, gpus_per_node: int = 4) -> ClusterSpec:

@@ -36,6 +36,7 @@ from hadar_slurm.core import COMPILED
 from hadar_slurm.model import ClusterSpec
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Placement, Snapshot
+from hadar_slurm.policy.hadar import KEPT_DETAIL
 
 
 def measure(policy_name: str, num_jobs: int, cluster: ClusterSpec, repeats: int,
@@ -78,15 +79,9 @@ def moves(snap: Snapshot, placement: Placement, detail: dict[int, str]) -> tuple
     """``(moved, kept)``: running jobs of ``snap`` that ``placement`` gives other GPUs than
     they hold (stopped ones not counted), and jobs whose ``detail`` says Hadar kept them on
     their GPUs."""
-    def rows(p: Placement) -> dict[int, list[tuple[int, int]]]:
-        out: dict[int, list[tuple[int, int]]] = {}
-        for j, nd, c in zip(p.job.tolist(), p.node.tolist(), p.count.tolist(), strict=True):
-            out.setdefault(int(j), []).append((int(nd), int(c)))
-        return out
-
-    before, after = rows(snap.current), rows(placement)
-    moved = sum(1 for j, held in before.items() if j in after and sorted(after[j]) != sorted(held))
-    kept = sum(1 for text in detail.values() if text.startswith("kept on its GPUs"))
+    before, after = snap.current.by_job_sorted(), placement.by_job_sorted()
+    moved = sum(1 for j, held in before.items() if j in after and after[j] != held)
+    kept = sum(1 for text in detail.values() if text.startswith(KEPT_DETAIL))
     return moved, kept
 
 

@@ -98,6 +98,9 @@ from hadar_slurm.policy.gangs import exchange_fast_gpus
 from hadar_slurm.policy.matching import match_nodes
 from hadar_slurm.policy.sharing import pack_waiting
 
+#: How the ``explain`` detail of a job that "moves must pay" kept on its GPUs begins.
+KEPT_DETAIL = "kept on its GPUs"
+
 
 def job_speed(gpus: IntArray, worker_rate: FloatArray, sync: BoolArray) -> FloatArray:
     """Per job, its steps/s on ``gpus`` (GPUs per job and type): their count times the slowest
@@ -463,7 +466,7 @@ class HadarPolicy:
                                  packed, placed)
         for i in withheld:
             detail.setdefault(int(snapshot.job_ids[i]), (
-                "kept on its GPUs: the plan that moved it gained less than "
+                f"{KEPT_DETAIL}: the plan that moved it gained less than "
                 f"{self.move_margin:g} of a move's cost ({float(snapshot.migration_s):.0f} s)"))
         return Decision(snapshot.epoch, placement, reason, HadarState(target, guest_ids, chain_ids),
                         detail, packed=pairs)
@@ -677,5 +680,5 @@ class HadarPolicy:
         return critical, chain_now, tuple(sorted(chain_ids))
 
 
-__all__ = ["HadarPolicy", "HadarState", "carried_window", "drain_estimate", "repack_gangs",
-           "upgrade_idle", "utility_bounds"]
+__all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "carried_window", "drain_estimate",
+           "job_speed", "repack_gangs", "upgrade_idle", "utility_bounds"]
