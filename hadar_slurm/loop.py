@@ -233,7 +233,8 @@ def fill_snapshot(snapshot: Snapshot) -> tuple[Snapshot, npt.NDArray[np.bool_]]:
         packed=(), may_share=None if snapshot.may_share is None else snapshot.may_share[keep],
         may_host=None if snapshot.may_host is None else snapshot.may_host[keep],
         may_join=None if snapshot.may_join is None else snapshot.may_join[keep],
-        fixed=None if snapshot.fixed is None else snapshot.fixed[keep])
+        fixed=None if snapshot.fixed is None else snapshot.fixed[keep],
+        pool=None if snapshot.pool is None else snapshot.pool[keep])
     return sub, holds
 
 

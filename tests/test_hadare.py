@@ -6,6 +6,7 @@ Table (tests/conftest.py): ``toy`` does 1 step/s on a v100 and 0.5 step/s on a k
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +14,11 @@ import pytest
 
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.errors import InputError
-from hadar_slurm.loop import ChangeKind, diff
+from hadar_slurm.loop import ChangeKind, diff, fill_snapshot
 from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
-from hadar_slurm.policy.hadar import HadarState
+from hadar_slurm.policy.hadar import HadarState, pooled_time
 from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState, fork_drain
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
@@ -246,6 +247,36 @@ def test_hadars_chain_gang_is_carried_by_job_and_copy(toy_table: ThroughputTable
                                      pol.overhead(later), state, chain)
     assert isinstance(virt.policy_state, HadarState) and virt.policy_state.chain == (1,)
     assert virt.policy_state.target == 1000.0
+
+
+def test_copies_pool_their_time_to_finish() -> None:
+    # Job 0 as two copies of 100 steps each: on its split one does them in 10 s (10 steps/s),
+    # the other in 40 s (2.5 steps/s).  Pooled, the job's 200 steps at 12.5 steps/s take 16 s,
+    # and both copies get 16 s; job 1, one copy, keeps its own 5 s.  A copy that cannot run
+    # anywhere (inf) keeps inf and adds no pace: job 2's 100 steps at the other copy's 5
+    # steps/s (50 steps in 10 s) take 20 s.
+    own = np.array([10.0, 40.0, 5.0, 10.0, np.inf])
+    remaining = np.array([100.0, 100.0, 50.0, 50.0, 50.0])
+    pool = np.array([0, 0, 1, 2, 2], dtype=I64)
+    np.testing.assert_allclose(pooled_time(own, remaining, pool), [16.0, 16.0, 5.0, 20.0, np.inf])
+    # Without a pool (every snapshot but HadarE's copies) nothing changes.
+    np.testing.assert_array_equal(pooled_time(own, remaining, None), own)
+
+
+def test_the_copies_snapshot_tells_whose_copy_each_job_is(toy_table: ThroughputTable) -> None:
+    # HadarE's virtual snapshot names each copy's job (Snapshot.pool = owner), and a fill
+    # epoch's snapshot, which keeps only the jobs that hold no GPUs, keeps their pool entries.
+    jobs = [make_job(5, 36000, 0), make_job(9, 36000, 0)]
+    snap = SimulatedCluster(jobs, parse_counts("v100=4"), toy_table).snapshot(0, 0.0, 360.0, None)
+    assert snap.pool is None
+    pol = HadarEPolicy()
+    virt, owner, _copy = pol.expand(snap, np.array([2, 3], dtype=I64), pol.overhead(snap), None)
+    assert virt.pool is not None and virt.pool.tolist() == owner.tolist() == [0, 0, 1, 1, 1]
+    held = replace(virt, current=Placement(np.array([1], dtype=I64), np.array([0], dtype=I64),
+                                           np.array([1], dtype=I64)))
+    sub, holds = fill_snapshot(held)
+    assert holds.tolist() == [False, True, False, False, False]
+    assert sub.pool is not None and sub.pool.tolist() == [0, 1, 1, 1]
 
 
 def test_no_copy_spans_nodes_when_the_snapshot_says_so(toy_table: ThroughputTable) -> None:

@@ -271,6 +271,10 @@ class Snapshot:
     #: running job, and the epoch loop keeps them where they run
     #: (:func:`hadar_slurm.loop.keep_fixed`).  Policies need not read it.
     fixed: BoolArray | None = None
+    #: Per job, the job it is a copy of (HadarE's virtual snapshot of copies; None: every job
+    #: is its own).  Copies of one job pool their progress (the job tracker adds it up), so a
+    #: copy's remaining time is the job's: its copies' work over their summed pace.
+    pool: IntArray | None = None
 
     @property
     def num_jobs(self) -> int:

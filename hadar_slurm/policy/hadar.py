@@ -33,7 +33,9 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    parallel machines: the ``k`` longest jobs of the type must fit in their GPUs until the
    target after this round, in the time the type's chain of gangs (multi-GPU jobs wider than
    half the type, which can never overlap) leaves them; and that chain must fit too.  Jobs that
-   cannot wait are critical.  Where the chain is what makes jobs critical, it must run in the
+   cannot wait are critical (a job's length there is its time on its split; copies of one job,
+   HadarE's ``Snapshot.pool``, pool their progress and each has the job's time,
+   :func:`pooled_time`).  Where the chain is what makes jobs critical, it must run in the
    window too, and its shortest gang goes first now (right after the jobs that are critical
    without it) if its GPU-seconds are fewer than the time it would otherwise wait: the same
    makespan, a shorter average JCT (Smith's rule), and no gang left waiting to the end behind
@@ -109,6 +111,19 @@ def job_speed(gpus: IntArray, worker_rate: FloatArray, sync: BoolArray) -> Float
     slow = np.where(gpus > 0, worker_rate, np.inf).min(axis=1)
     out: FloatArray = np.where(sync, gpus.sum(axis=1) * np.where(np.isfinite(slow), slow, 0.0),
                                (gpus * worker_rate).sum(axis=1))
+    return out
+
+
+def pooled_time(own: FloatArray, remaining: FloatArray, pool: IntArray | None) -> FloatArray:
+    """``own`` (each job's time to finish on its split) with the copies of one job (``pool``)
+    given the job's time: their work over their summed pace, the same for every copy."""
+    if pool is None:
+        return own
+    pace = np.divide(remaining, own, out=np.zeros_like(own), where=own > 0)
+    work = np.bincount(pool, weights=remaining)
+    speed = np.bincount(pool, weights=pace)
+    job = np.divide(work, speed, out=np.zeros_like(work), where=speed > 0)
+    out: FloatArray = np.where((own > 0) & np.isfinite(own), job[pool], own)
     return out
 
 
@@ -393,7 +408,8 @@ class HadarPolicy:
         drain, pi, need, phi = self.split_of(snapshot, current)
         need0 = np.where(runs, need, 0.0)
         own = np.argmax(phi, axis=1)
-        rem_own = (phi * need0).sum(axis=1) / scale
+        rem_own = pooled_time((phi * need0).sum(axis=1) / scale, snapshot.remaining,
+                              snapshot.pool)
         prev = snapshot.policy_state
         window, target = carried_window(
             drain, prev.target if isinstance(prev, HadarState) else None, snapshot.now)
@@ -681,4 +697,4 @@ class HadarPolicy:
 
 
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "carried_window", "drain_estimate",
-           "job_speed", "repack_gangs", "upgrade_idle", "utility_bounds"]
+           "job_speed", "pooled_time", "repack_gangs", "upgrade_idle", "utility_bounds"]

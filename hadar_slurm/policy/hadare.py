@@ -16,7 +16,10 @@ compete for GPUs like any job.  One epoch:
 2. **Hadar plans the copies.**  Each offered copy becomes a job of its own in a virtual snapshot:
    its share of the remaining work, the job's rate less the consolidation overhead, and its
    share of the job's weight, so that in Hadar's shortest-remaining-time order a copy ranks by
-   the whole job's remaining time, not by its slice.  Hadar
+   the whole job's remaining time, not by its slice; and, the copies pooling their progress
+   (``Snapshot.pool``), Hadar's test of which jobs cannot wait gives every copy the job's time
+   to finish (its copies' work over their summed pace on their split), not its slice's time on
+   the type the split puts it on.  Hadar
    (:class:`~hadar_slurm.policy.hadar.HadarPolicy`, unchanged) orders, prices and places the
    copies like any job: a long job's copies run when they can no longer wait for the target
    (critical) or when GPUs are free, so short jobs are not starved.  Copies that land on a node
@@ -254,6 +257,7 @@ class HadarEPolicy:
             colocated=None, packed=(), may_share=None,
             # (the loop keeps a fixed job where it runs, on the real jobs' decision)
             fixed=None,
+            pool=owner,
         )
         return virt, owner, copy_no
 

@@ -41,7 +41,7 @@ def select_jobs(snapshot: Snapshot, keep: np.ndarray, node_gpus: np.ndarray) -> 
         attained=snapshot.attained[keep], current=cur.select(np.isin(cur.job, ids)),
         max_copies=opt(snapshot.max_copies), may_share=opt(snapshot.may_share),
         may_host=opt(snapshot.may_host), may_join=opt(snapshot.may_join),
-        fixed=opt(snapshot.fixed),
+        fixed=opt(snapshot.fixed), pool=opt(snapshot.pool),
         packed=tuple(p for p in snapshot.packed if p[0] in kept and p[1] in kept))
 
 
