@@ -14,20 +14,19 @@ compete for GPUs like any job.  One epoch:
    room for, node-disjoint).  The others keep one copy (``fork_all`` offers every job its cap:
    a much lower average JCT for a longer makespan and lower utilisation; see bench/quality.py).
 2. **Hadar plans the copies.**  Each offered copy becomes a job of its own in a virtual snapshot:
-   its share of the remaining work, the job's rate less the consolidation overhead, and its
-   share of the job's weight, so that in Hadar's shortest-remaining-time order a copy ranks by
-   the whole job's remaining time, not by its slice; and, the copies pooling their progress
-   (``Snapshot.pool``), Hadar's test of which jobs cannot wait gives every copy the job's time
-   to finish (its copies' work over their summed pace on their split), not its slice's time on
-   the type the split puts it on.  Hadar
-   (:class:`~hadar_slurm.policy.hadar.HadarPolicy`, unchanged) orders, prices and places the
-   copies like any job: a long job's copies run when they can no longer wait for the target
-   (critical) or when GPUs are free, so short jobs are not starved.  Copies that land on a node
-   another copy of the same job holds, or (copies being one node each) over several nodes or
-   types, are dropped.  Hadar does not know that copies must be node-disjoint, so where it
-   dropped copies while a job waits that would fit in the GPUs left idle, the job's copies are
-   lowered to those kept and Hadar plans again (``replans`` times at most), so that the waiting
-   jobs get those GPUs.
+   its share of the remaining work, the job's rate less the consolidation overhead, and its share
+   of the job's weight, so that in Hadar's shortest-remaining-time order a copy ranks by the whole
+   job's remaining time, not by its slice; and, the copies pooling their progress
+   (``Snapshot.pool``), Hadar's test of which jobs cannot wait gives every copy the job's time to
+   finish (its copies' work over their summed pace on their split), not its slice's time on the
+   type the split puts it on.  Hadar (:class:`~hadar_slurm.policy.hadar.HadarPolicy`, which reads
+   nothing else of HadarE's) orders, prices and places the copies like any job: a long job's copies
+   run when they can no longer wait for the target (critical) or when GPUs are free, so short jobs
+   are not starved.  Copies that land on a node another copy of the same job holds, or (copies
+   being one node each) over several nodes or types, are dropped.  Hadar does not know that copies
+   must be node-disjoint, so where it dropped copies while a job waits that would fit in the GPUs
+   left idle, the job's copies are lowered to those kept and Hadar plans again (``replans`` times
+   at most), so that the waiting jobs get those GPUs.
 3. **Fill idle GPUs.**  GPUs nobody took this epoch, once no waiting job fits in them (an
    8-GPU gang beside 7 idle GPUs does not), go to more copies of the placed jobs,
    longest expected finish first, each on the fastest type with room, on nodes the job's other
