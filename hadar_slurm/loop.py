@@ -220,21 +220,9 @@ def fill_snapshot(snapshot: Snapshot) -> tuple[Snapshot, npt.NDArray[np.bool_]]:
     free_of_type = np.bincount(snapshot.node_type, weights=free,
                                minlength=len(snapshot.gpu_types))
     fits = free_of_type[None, :] >= snapshot.scale[keep, None]
-    sub = replace(
-        snapshot, node_gpus=free,
-        job_ids=snapshot.job_ids[keep],
-        job_types=tuple(t for t, k in zip(snapshot.job_types, keep, strict=True) if k),
-        arrival=snapshot.arrival[keep], total=snapshot.total[keep],
-        remaining=snapshot.remaining[keep], scale=snapshot.scale[keep],
-        weight=snapshot.weight[keep], sync=snapshot.sync[keep],
-        rate=np.where(fits, snapshot.rate[keep], 0.0),
-        attained=snapshot.attained[keep], current=Placement.empty(),
-        max_copies=None if snapshot.max_copies is None else snapshot.max_copies[keep],
-        packed=(), may_share=None if snapshot.may_share is None else snapshot.may_share[keep],
-        may_host=None if snapshot.may_host is None else snapshot.may_host[keep],
-        may_join=None if snapshot.may_join is None else snapshot.may_join[keep],
-        fixed=None if snapshot.fixed is None else snapshot.fixed[keep],
-        pool=None if snapshot.pool is None else snapshot.pool[keep])
+    sub = replace(snapshot.select_jobs(keep), node_gpus=free,
+                  rate=np.where(fits, snapshot.rate[keep], 0.0), current=Placement.empty(),
+                  packed=())
     return sub, holds
 
 

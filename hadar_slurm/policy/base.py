@@ -13,8 +13,8 @@ back in the next :attr:`Snapshot.policy_state`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -189,6 +189,10 @@ def _all_unless(mask: BoolArray | None, n: int) -> BoolArray:
     return np.asarray(mask, dtype=np.bool_)
 
 
+#: The item type of a per-job array (``Snapshot.select_jobs`` keeps it).
+_Item = TypeVar("_Item", bound=np.generic)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything a policy may look at in one epoch, as arrays.
@@ -306,6 +310,28 @@ class Snapshot:
         """GPUs per type, ``[H]``."""
         return np.bincount(self.node_type, weights=self.node_gpus,
                            minlength=len(self.gpu_types)).astype(np.int64)
+
+    def select_jobs(self, keep: BoolArray) -> Snapshot:
+        """The snapshot with the jobs of the mask ``keep`` only: every per-job field sliced,
+        ``current`` cut to their rows and ``packed`` to pairs of two kept jobs (the nodes and
+        everything else as they are)."""
+        ids = self.job_ids[keep]
+        kept = set(ids.tolist())
+
+        def opt(a: npt.NDArray[_Item] | None) -> npt.NDArray[_Item] | None:
+            return None if a is None else a[keep]
+
+        return replace(
+            self, job_ids=ids,
+            job_types=tuple(t for t, k in zip(self.job_types, keep, strict=True) if k),
+            arrival=self.arrival[keep], total=self.total[keep], remaining=self.remaining[keep],
+            scale=self.scale[keep], weight=self.weight[keep], sync=self.sync[keep],
+            rate=self.rate[keep], attained=self.attained[keep],
+            current=self.current.select(np.isin(self.current.job, ids)),
+            packed=tuple(p for p in self.packed if p[0] in kept and p[1] in kept),
+            max_copies=opt(self.max_copies), may_share=opt(self.may_share),
+            may_host=opt(self.may_host), may_join=opt(self.may_join), fixed=opt(self.fixed),
+            pool=opt(self.pool))
 
     def current_index(self) -> IntArray:
         """For each row of ``current``, the index of its job in ``job_ids`` (-1: gone)."""

@@ -25,24 +25,7 @@ __all__ = ["StaticTrialsPolicy", "select_jobs"]
 def select_jobs(snapshot: Snapshot, keep: np.ndarray, node_gpus: np.ndarray) -> Snapshot:
     """``snapshot`` with the jobs of the mask ``keep`` only (their current GPUs and pairs), on
     nodes of ``node_gpus`` GPUs."""
-    ids = snapshot.job_ids[keep]
-    cur = snapshot.current
-    kept = set(ids.tolist())
-
-    def opt(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else a[keep]
-
-    return replace(
-        snapshot, node_gpus=node_gpus, job_ids=ids,
-        job_types=tuple(t for t, k in zip(snapshot.job_types, keep, strict=True) if k),
-        arrival=snapshot.arrival[keep], total=snapshot.total[keep],
-        remaining=snapshot.remaining[keep], scale=snapshot.scale[keep],
-        weight=snapshot.weight[keep], sync=snapshot.sync[keep], rate=snapshot.rate[keep],
-        attained=snapshot.attained[keep], current=cur.select(np.isin(cur.job, ids)),
-        max_copies=opt(snapshot.max_copies), may_share=opt(snapshot.may_share),
-        may_host=opt(snapshot.may_host), may_join=opt(snapshot.may_join),
-        fixed=opt(snapshot.fixed), pool=opt(snapshot.pool),
-        packed=tuple(p for p in snapshot.packed if p[0] in kept and p[1] in kept))
+    return replace(snapshot.select_jobs(keep), node_gpus=node_gpus)
 
 
 class StaticTrialsPolicy:
