@@ -139,6 +139,26 @@ def test_a_long_job_alone_is_forked_over_every_gpu(toy_table: ThroughputTable) -
     assert r2.makespan_s > 1.4 * r.makespan_s
 
 
+def test_a_job_the_world_asks_to_spread_is_offered_its_cap(toy_table: ThroughputTable) -> None:
+    # Three 1-GPU v100 nodes (toy: 1 step/s). Jobs 1 (3,600 steps) and 3 (20,000) may not be
+    # forked; job 2 (1,800) may have 2 copies. The fork window is the drain, 25,400 / 3 =
+    # 8,467 s: job 2 is shorter, so HadarE offers it one copy and each job runs on one GPU.
+    # Asked to spread (Snapshot.spread, a study's trial), job 2 is offered its 2 copies: job 3
+    # cannot wait (20,000 s > the window) and takes one GPU, job 2's copies rank first among
+    # the rest (1,800 s against 3,600 s) and take the other two, and job 1 waits.
+    sim = SimulatedCluster([make_job(1, 3600, 0), make_job(2, 1800, 0), make_job(3, 20000, 0)],
+                           parse_counts("v100=3"), toy_table)
+    snap = replace(sim.snapshot(0, 0.0, 360.0, None), max_copies=np.array([1, 2, 1], dtype=I64))
+    policy = HadarEPolicy(consolidation=ConsolidationCost(base_s=3.6, s_per_gb=0.0))
+    assert policy.allocate(snap).placement.num_copies() == {1: 1, 2: 1, 3: 1}
+    spread = policy.allocate(replace(snap, spread=np.array([False, True, False])))
+    assert spread.placement.num_copies() == {2: 2, 3: 1}
+    assert spread.detail == {2: "forked into 2 copies"}
+    # spread asks for the cap, not for more: a job that may not be forked is not
+    capped = policy.allocate(replace(snap, spread=np.ones(3, dtype=np.bool_)))
+    assert capped.placement.num_copies() == {2: 2, 3: 1}
+
+
 def test_snapshot_max_copies_of_one_means_hadar(toy_table: ThroughputTable) -> None:
     sim = SimulatedCluster([make_job(1, 36000, 0), make_job(2, 100, 0)],
                            parse_counts("v100=2:k80=2"), toy_table)

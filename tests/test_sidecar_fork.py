@@ -91,6 +91,8 @@ def test_fork_submits_one_hetjob_for_the_owner_and_records_it(tmp_path: Path) ->
     b = backend(api)
     snap = b.snapshot(0, 2000.0, 60.0, None)
     assert snap.max_copies is not None and snap.max_copies.tolist() == [3]
+    # not a study's trial: HadarE forks it only when it is long (issue #17's spread is not set)
+    assert snap.spread is not None and snap.spread.tolist() == [False]
     step(b, {J: THREE}, 0)
     # the script, the intent (state=forking), sbatch, the record (state=forked, Dependency)
     assert api.log == [("batch_script", J), ("update", J), ("sbatch", 0), ("update", J)]

@@ -277,6 +277,8 @@ def test_few_live_trials_may_fork_over_the_cluster() -> None:
     backend = StudyCluster([], [run], cl, table())
     snap = backend.snapshot(0, 0.0, 360.0, None)
     assert snap.max_copies is not None and snap.max_copies.tolist() == [2, 2, 2, 2]
+    # and HadarE offers them that cap whatever their length (the other jobs: when long)
+    assert snap.spread is not None and snap.spread.tolist() == [True, True, True, True]
     res = simulate_studies([], [StudyRun(spec(Rule.NONE, trials=1), LearningCurves(1),
                                          first_job_id=1)], cl, table(), make_policy("hadare"))
     assert res.result.max_copies > 1  # one trial, six GPUs: HadarE forks it

@@ -346,6 +346,8 @@ def test_the_backend_stops_requeues_and_cancels_trials_as_their_study_says(
     snap = b.snapshot(1, 2001.0, 60.0, None)
     # 40 and 41 wait for the cohort: not the policy's; the changes requeue them held
     assert sorted(snap.job_ids.tolist()) == [42, 43]
+    # trials: HadarE offers them their water-filling cap of copies whatever their length
+    assert snap.spread is not None and snap.spread.tolist() == [True, True]
     kinds = {c.job_id: c.kind for c in changes}
     assert (kinds[40], kinds[41], kinds[42], kinds[43]) == (
         ChangeKind.STOP, ChangeKind.STOP, ChangeKind.KEEP, ChangeKind.WAIT)

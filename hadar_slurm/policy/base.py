@@ -279,6 +279,12 @@ class Snapshot:
     #: is its own).  Copies of one job pool their progress (the job tracker adds it up), so a
     #: copy's remaining time is the job's: its copies' work over their summed pace.
     pool: IntArray | None = None
+    #: Per job, whether HadarE plans it as its full ``max_copies`` whatever its length (None:
+    #: no job is asked to).  Set by the world for a study's trials (issue #17): the study's
+    #: water-filling gives each live trial the cluster's GPUs over the study's live trials
+    #: (``max_copies``), so once few trials remain their copies are offered to Hadar, on the
+    #: same prices as every other job, not only when a trial is longer than the fork window.
+    spread: BoolArray | None = None
 
     @property
     def num_jobs(self) -> int:
@@ -331,7 +337,7 @@ class Snapshot:
             packed=tuple(p for p in self.packed if p[0] in kept and p[1] in kept),
             max_copies=opt(self.max_copies), may_share=opt(self.may_share),
             may_host=opt(self.may_host), may_join=opt(self.may_join), fixed=opt(self.fixed),
-            pool=opt(self.pool))
+            pool=opt(self.pool), spread=opt(self.spread))
 
     def current_index(self) -> IntArray:
         """For each row of ``current``, the index of its job in ``job_ids`` (-1: gone)."""

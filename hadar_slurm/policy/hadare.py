@@ -13,6 +13,8 @@ compete for GPUs like any job.  One epoch:
    ``Snapshot.max_copies`` or ``max_copies`` in the simulator, and at most what the cluster has
    room for, node-disjoint).  The others keep one copy (``fork_all`` offers every job its cap:
    a much lower average JCT for a longer makespan and lower utilisation; see bench/quality.py).
+   A job the world asks to spread (``Snapshot.spread``: a study's trials, whose cap is the
+   study's water-filling share of the cluster) is offered its cap whatever its length.
 2. **Hadar plans the copies.**  Each offered copy becomes a job of its own in a virtual snapshot:
    its share of the remaining work, the job's rate less the consolidation overhead, and its share
    of the job's weight, so that in Hadar's shortest-remaining-time order a copy ranks by the whole
@@ -140,6 +142,8 @@ class HadarEPolicy:
         single = np.divide(snapshot.remaining, best, out=np.zeros(n), where=best > 0)
         want = np.ones(n, dtype=np.int64)
         long_job = ((single > window) | self.fork_all) & (cap > 1)
+        if snapshot.spread is not None:  # (a study's trials once few remain, issue #17)
+            long_job |= snapshot.spread & (cap > 1)
         want[long_job] = cap[long_job]
 
         # 2: Hadar over the copies; planned again, without the copies the merge had to drop,
@@ -256,7 +260,7 @@ class HadarEPolicy:
             colocated=None, packed=(), may_share=None,
             # (the loop keeps a fixed job where it runs, on the real jobs' decision)
             fixed=None,
-            pool=owner,
+            pool=owner, spread=None,
         )
         return virt, owner, copy_no
 

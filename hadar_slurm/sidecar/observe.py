@@ -590,6 +590,8 @@ class SlurmObserver:
             # and a job over several nodes has as many GPUs on each (a count per node)
             even_gangs=True,
             fixed=np.array([v.job_id in self.pinned for v in ordered], dtype=np.bool_),
+            # a study's trials: their water-filling cap is offered (:meth:`_cap_trial_copies`)
+            spread=np.array([v.study is not None for v in ordered], dtype=np.bool_),
             **sharing,  # type: ignore[arg-type]
         )
 

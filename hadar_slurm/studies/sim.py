@@ -140,11 +140,13 @@ class StudyCluster(SimulatedCluster):
         for study in self.studies:
             self._halve(study, now, rows)
         snap = super().snapshot(epoch, now, round_s, policy_state)
-        return replace(snap, max_copies=self._copies_cap(snap))
+        trials = np.isin(snap.job_ids, np.fromiter(self.trial_ids, dtype=np.int64))
+        return replace(snap, max_copies=self._copies_cap(snap), spread=trials)
 
     def _copies_cap(self, snap: Snapshot) -> np.ndarray:
         """How many copies each job may run as (HadarE): a trial, the cluster's GPUs over its
-        study's live trials (water-filling: few trials left may spread over the cluster);
+        study's live trials (water-filling: few trials left may spread over the cluster; the
+        snapshot's ``spread`` asks HadarE to offer a trial that cap whatever its length);
         another job, :data:`OTHER_COPIES`."""
         cap = np.full(snap.num_jobs, OTHER_COPIES, dtype=np.int64)
         gpus = int(self.node_gpus.sum())
