@@ -7,8 +7,10 @@ clock, or simulated time that jumps).  There is no "simulate" flag anywhere in h
 An epoch that comes less than a round after the last full one (a job ended or arrived and the
 backend brought the epoch forward: ``reschedule_on_finish``) only fills the GPUs no job holds
 (:func:`fill_snapshot`): the jobs that run keep their GPUs, and the policy places the others on
-what is free.  Full epochs keep their cadence: the next is due a round after the last full one
-(the backend is asked for the next epoch within that).  Moving a running job costs it a
+what is free (a policy that also spreads running jobs over what is left, HadarE a study's
+trials, says so by a ``fill_running`` method: :class:`~hadar_slurm.policy.base.FillsRunning`).
+Full epochs keep their cadence: the next is due a round after the last full one (the backend
+is asked for the next epoch within that).  Moving a running job costs it a
 restart, so the loop re-plans everything once a round, not at every finish and arrival, which
 would move the same jobs back and forth.
 """
@@ -26,6 +28,7 @@ import numpy.typing as npt
 
 from hadar_slurm.policy.base import (
     Decision,
+    FillsRunning,
     Placement,
     Policy,
     Reason,
@@ -369,6 +372,8 @@ class EpochLoop:
         else:
             decision = fill_decision(snapshot, holds, self.policy.allocate(sub),
                                      self.policy_state)
+            if isinstance(self.policy, FillsRunning):
+                decision = self.policy.fill_running(snapshot, decision)
         decision_s = time.perf_counter() - t0
         self.policy_state = decision.policy_state
         changes = self.backend.reconcile(snapshot, decision)

@@ -159,6 +159,37 @@ def test_a_job_the_world_asks_to_spread_is_offered_its_cap(toy_table: Throughput
     assert capped.placement.num_copies() == {2: 2, 3: 1}
 
 
+def test_a_fill_spreads_a_running_trial_only(toy_table: ThroughputTable) -> None:
+    # Four 1-GPU v100 nodes; job 5 runs alone on node 0 (3,600 steps left), nothing waits: the
+    # fill's decision keeps it there.  Asked to spread (a study's trial, may run as 4 copies)
+    # it gets nodes 1-3 as well: a restart costs 36 s of a 360 s round (90% of it left), and
+    # 4 copies less consolidation beat one.  Not asked to, sharing its GPU with a partner, or
+    # fixed where it runs, it stays as it is; so it does while a waiting job fits beside it.
+    sim = SimulatedCluster([make_job(5, 3600, 0), make_job(6, 50000, 0)],
+                           parse_counts("v100=4"), toy_table)
+    base = sim.snapshot(0, 0.0, 360.0, None)
+    one = np.zeros(1, dtype=I64)
+    snap = replace(base.select_jobs(np.array([True, False])),
+                   current=Placement(np.array([5]), one, np.ones(1, dtype=I64)),
+                   max_copies=np.array([4], dtype=I64), spread=np.array([True]),
+                   migration_s=36.0)
+    fill = Decision(0, snap.current, np.zeros(1, dtype=np.int8))
+    policy = HadarEPolicy(consolidation=ConsolidationCost(base_s=3.6, s_per_gb=0.0))
+    out = policy.fill_running(snap, fill)
+    assert out.placement.num_copies() == {5: 4}
+    assert sorted(out.placement.node.tolist()) == [0, 1, 2, 3]
+    assert out.detail == {5: "forked into 4 copies"}
+    for other in (replace(snap, spread=np.array([False])), replace(snap, spread=None),
+                  replace(snap, fixed=np.array([True]))):
+        assert policy.fill_running(other, fill) is fill
+    paired = replace(fill, packed=((4, 5),))
+    assert policy.fill_running(snap, paired) is paired
+    waits = replace(base, current=snap.current, max_copies=np.array([4, 1], dtype=I64),
+                    spread=np.array([True, False]), migration_s=36.0)
+    fill2 = Decision(0, snap.current, np.zeros(2, dtype=np.int8))
+    assert policy.fill_running(waits, fill2) is fill2  # (job 6 fits in a free GPU)
+
+
 def test_snapshot_max_copies_of_one_means_hadar(toy_table: ThroughputTable) -> None:
     sim = SimulatedCluster([make_job(1, 36000, 0), make_job(2, 100, 0)],
                            parse_counts("v100=2:k80=2"), toy_table)

@@ -14,7 +14,7 @@ import pytest
 
 from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
-from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot
+from hadar_slurm.policy.base import Decision, FillsRunning, Placement, Reason, Snapshot
 from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.cluster import parse_counts
@@ -246,6 +246,40 @@ def test_an_epoch_brought_forward_fills_free_gpus_and_moves_no_running_job(
     assert [(r.start, r.moves) for r in res.records[:3]] == [(0.0, 0), (fill, 0), (360.0, 3)]
     last = [j.job_id for j in sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))].index(0)
     assert res.finish[last] == pytest.approx(fill + 1000.0)  # (job 0 runs from the fill on)
+
+
+class _ReverseFills(_Reverse):
+    """``_Reverse``, which also sees each fill epoch's decision (``FillsRunning``)."""
+
+    name = "reverse-fills"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fills: list[tuple[float, list[tuple[int, int]]]] = []
+
+    def fill_running(self, snapshot: Snapshot, decision: Decision) -> Decision:
+        self.fills.append((snapshot.now, sorted(zip(decision.placement.job.tolist(),
+                                                    decision.placement.node.tolist(),
+                                                    strict=True))))
+        return decision
+
+
+def test_a_policy_that_fills_running_jobs_sees_the_fill_epochs_only(
+    toy_table: ThroughputTable,
+) -> None:
+    # The run above: the loop hands a FillsRunning policy each fill epoch's decision, with the
+    # whole snapshot, and never a full epoch's.  At 100, jobs 2 and 1 where they run and job 0
+    # on the GPU job 3 freed; the full epochs at 360 and 720 put jobs 2, 1, 0 on nodes 0, 1,
+    # 2; jobs 2 and 1 end at 1000 (no cost to move), and that fill has job 0 alone on node 2.
+    jobs = [make_job(3, 100, 0), make_job(2, 1000, 0), make_job(1, 1000, 0),
+            make_job(0, 1000, 50)]
+    policy = _ReverseFills()
+    assert isinstance(policy, FillsRunning) and not isinstance(_Reverse(), FillsRunning)
+    res = simulate(jobs, parse_counts("v100=3"), toy_table, policy, round_s=360.0,
+                   reschedule_on_finish=True)
+    fills = [r.start for r in res.records if not r.full]
+    assert fills == [100.0, 1000.0]
+    assert policy.fills == [(100.0, [(0, 0), (1, 2), (2, 1)]), (1000.0, [(0, 2)])]
 
 
 class _Fixed:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -396,3 +396,14 @@ class Policy(Protocol):
     name: str
 
     def allocate(self, snapshot: Snapshot) -> Decision: ...
+
+
+@runtime_checkable
+class FillsRunning(Protocol):
+    """A policy that, in an epoch that only fills free GPUs (the epoch loop's fill epochs),
+    may also give GPUs left free to running jobs (HadarE: more copies of a study's trials).
+    ``fill_running`` gets the whole snapshot and the fill's decision (running jobs where they
+    run, the others placed on the free GPUs) and returns the epoch's decision; pure, as
+    ``allocate``."""
+
+    def fill_running(self, snapshot: Snapshot, decision: Decision) -> Decision: ...

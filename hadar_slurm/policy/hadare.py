@@ -187,6 +187,37 @@ class HadarEPolicy:
                                                       copy_no)),
                         detail, packed=pairs)
 
+    def fill_running(self, snapshot: Snapshot, decision: Decision) -> Decision:
+        """A fill epoch's decision (:func:`hadar_slurm.loop.fill_decision`: the jobs that
+        run keep their GPUs, the others were placed on the free ones) with the GPUs nobody took
+        given to more copies of the placed jobs the world asks to spread (``Snapshot.spread``:
+        a study's trials), as step 3 of a full epoch does, once no waiting job fits in them.
+        A trial left alone at the end of its rung, beside GPUs its cohort freed, spreads over
+        them at once rather than at the next full epoch.  Other jobs keep to the full epochs'
+        cadence (copies added mid-round restart the job, and on the regime suite doing so for
+        every job missed more goals, docs/algorithm.md).  A job that shares its GPUs (a pair
+        of ``packed``) or may not be stopped (``fixed``) gets no copy."""
+        if snapshot.spread is None or not snapshot.spread.any():
+            return decision
+        runnable = snapshot.rate.max(axis=1) > 0
+        if self.waiting_fits(snapshot, decision.placement, runnable):
+            return decision
+        overhead = self.overhead(snapshot)
+        cap = np.minimum(snapshot.copies_cap(self.max_copies), self.room_for_copies(snapshot))
+        cap = np.where((overhead < self.max_overhead) & snapshot.spread, cap, 1)
+        paired = {j for pr in decision.packed for j in pr}
+        hold = np.isin(snapshot.job_ids, np.array(sorted(paired), dtype=np.int64))
+        if snapshot.fixed is not None:
+            hold |= np.asarray(snapshot.fixed, dtype=np.bool_)
+        cap = np.where(hold, 1, cap)
+        placement = self.fill(snapshot, decision.placement, cap, overhead)
+        if len(placement) == len(decision.placement):
+            return decision
+        detail = dict(decision.detail)
+        detail.update({j: f"forked into {k} copies"
+                       for j, k in placement.num_copies().items() if k > 1})
+        return replace(decision, placement=placement, detail=detail)
+
     # -- pieces -------------------------------------------------------------------------------
 
     def overhead(self, snapshot: Snapshot) -> FloatArray:
