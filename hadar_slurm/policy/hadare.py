@@ -126,11 +126,7 @@ class HadarEPolicy:
                             HadarEState(prev_hadar, snapshot.now))
         scale = snapshot.scale.astype(np.int64)
         overhead = self.overhead(snapshot)
-        room = self.room_for_copies(snapshot)
-        cap = np.minimum(snapshot.copies_cap(self.max_copies), room)
-        # A job whose consolidation would take half the round or more is never forked (with
-        # short epochs, e.g. a sidecar's, it would only lose time).
-        cap = np.where(overhead < self.max_overhead, cap, 1)
+        cap = self.copies_allowed(snapshot, overhead)
 
         # 1: copies wanted per job.
         capacity = snapshot.capacity()
@@ -203,8 +199,7 @@ class HadarEPolicy:
         if self.waiting_fits(snapshot, decision.placement, runnable):
             return decision
         overhead = self.overhead(snapshot)
-        cap = np.minimum(snapshot.copies_cap(self.max_copies), self.room_for_copies(snapshot))
-        cap = np.where((overhead < self.max_overhead) & snapshot.spread, cap, 1)
+        cap = np.where(snapshot.spread, self.copies_allowed(snapshot, overhead), 1)
         paired = {j for pr in decision.packed for j in pr}
         hold = np.isin(snapshot.job_ids, np.array(sorted(paired), dtype=np.int64))
         if snapshot.fixed is not None:
@@ -219,6 +214,14 @@ class HadarEPolicy:
         return replace(decision, placement=placement, detail=detail)
 
     # -- pieces -------------------------------------------------------------------------------
+
+    def copies_allowed(self, snapshot: Snapshot, overhead: FloatArray) -> IntArray:
+        """Per job, the most copies it may run as: its cap (``Snapshot.max_copies``, or
+        ``max_copies``), at most what the cluster has room for, and 1 for a job whose
+        consolidation would take ``max_overhead`` of the round or more (with short epochs, e.g.
+        a sidecar's, forking it would only lose time)."""
+        cap = np.minimum(snapshot.copies_cap(self.max_copies), self.room_for_copies(snapshot))
+        return np.where(overhead < self.max_overhead, cap, 1).astype(np.int64)
 
     def overhead(self, snapshot: Snapshot) -> FloatArray:
         """Per job, the share of a round a forked copy spends consolidating."""
