@@ -382,7 +382,9 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         "ended (or a job arrives while GPUs are free), rather than leave its GPUs idle until "
         "the epoch is over. The sidecar checks every finish_poll_s seconds with one light "
         "squeue (job ids and states only). Such an early epoch only gives out the free GPUs: "
-        "it moves and stops no running job (the next regular epoch re-plans all).",
+        "it moves and stops no running job (the next regular epoch re-plans all), except that "
+        "hadare may fork a running trial of a tuning study (fork=N) onto GPUs no waiting job "
+        "fits in.",
         check=_bool,
     ),
     ConfigKey(
