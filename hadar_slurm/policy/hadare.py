@@ -174,8 +174,7 @@ class HadarEPolicy:
                                                              window)
         reason = np.where(np.isin(snapshot.job_ids, placement.job), np.int8(Reason.PLACED),
                           reason).astype(np.int8)
-        detail = {j: f"forked into {k} copies" for j, k in placement.num_copies().items()
-                  if k > 1}
+        detail = forked_detail(placement)
         detail.update(shared)
         return Decision(snapshot.epoch, placement, reason,
                         HadarEState(inner.policy_state, target,
@@ -208,10 +207,8 @@ class HadarEPolicy:
         placement = self.fill(snapshot, decision.placement, cap, overhead)
         if len(placement) == len(decision.placement):
             return decision
-        detail = dict(decision.detail)
-        detail.update({j: f"forked into {k} copies"
-                       for j, k in placement.num_copies().items() if k > 1})
-        return replace(decision, placement=placement, detail=detail)
+        return replace(decision, placement=placement,
+                       detail={**decision.detail, **forked_detail(placement)})
 
     # -- pieces -------------------------------------------------------------------------------
 
@@ -478,6 +475,11 @@ class HadarEPolicy:
                 if left == 0:
                     return gangs, float(snapshot.rate[i, h])
         return None
+
+
+def forked_detail(placement: Placement) -> dict[int, str]:
+    """``Decision.detail`` for each job ``placement`` forks: "forked into k copies"."""
+    return {j: f"forked into {k} copies" for j, k in placement.num_copies().items() if k > 1}
 
 
 def _copy_sets(copies: dict[int, list[tuple[int, int]]]) -> frozenset[frozenset[tuple[int, int]]]:
