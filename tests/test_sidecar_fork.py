@@ -134,6 +134,22 @@ def test_fork_submits_one_hetjob_for_the_owner_and_records_it(tmp_path: Path) ->
     assert snap.remaining[0] == pytest.approx(40000 - 160 * rates, rel=1e-6)
 
 
+def test_copies_of_an_array_task_are_told_which_task_they_are(tmp_path: Path) -> None:
+    # The copies are a job of their own, not a task of the array: Slurm sets no
+    # SLURM_ARRAY_TASK_ID for them, so the plan exports the task's (a study's trial launcher
+    # picks its configuration by it). A job that is no array task gets none.
+    task = replace(hinted(tmp_path), array_job_id=7, array_task_id=3)
+    api = FakeSlurm([task], NODES)
+    step(backend(api), {J: THREE}, 0)
+    text = (tmp_path / ".hadar-tracker" / str(J) / "fork.sbatch").read_text()
+    assert "export SLURM_ARRAY_JOB_ID=7\nexport SLURM_ARRAY_TASK_ID=3\n" in text
+    other = tmp_path / "other"
+    other.mkdir()
+    api = FakeSlurm([replace(hinted(other), workdir=str(other))], NODES)
+    step(backend(api), {J: THREE}, 0)
+    assert "SLURM_ARRAY" not in (other / ".hadar-tracker" / str(J) / "fork.sbatch").read_text()
+
+
 def test_copies_are_charged_and_sized_as_the_job(tmp_path: Path) -> None:
     """Each component asks for the job's account, QOS, memory per node and CPUs per task."""
     j = replace(hinted(tmp_path), account="proj-7", qos="normal", mem_per_node_mb=16000,

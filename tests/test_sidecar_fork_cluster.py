@@ -407,3 +407,39 @@ def test_a_job_of_another_user_is_forked_as_that_user(fork: Fork, nobody_dir: Pa
     assert {w[1] for w in lines} == {str(NOBODY)}
     assert {w[2] for w in lines[:3]} == {c.node_names[0] for c in ended}
     assert [w[3] for w in lines] == ["3", "3", "3", "1"]
+
+
+# Each copy, and the task itself, says which task of which array it is.
+ARRAY_REPORT = """#!/bin/bash
+echo "${HADAR_COPY_INDEX:-job} ${SLURM_ARRAY_JOB_ID:-none} ${SLURM_ARRAY_TASK_ID:-none}" \\
+    >> "$PWD/array.txt"
+"""
+
+
+def test_copies_of_an_array_task_know_which_task_they_are(fork: Fork) -> None:
+    # A task of a job array (a study's trial, with fork=N) forked into copies: the copies are
+    # a heterogeneous job of their own, for which Slurm sets no SLURM_ARRAY_*; they get the
+    # task's, so that a script that picks its work by $SLURM_ARRAY_TASK_ID (the trial
+    # launcher of `hadar-slurm tune`) does the same work in every copy as in the task.
+    work = fork.path / "array"
+    work.mkdir()
+    path = work / "train.sh"
+    path.write_text(ARRAY_REPORT)
+    path.chmod(0o755)
+    array = parse_sbatch_parsable(fork.cluster.runner.run(commands.sbatch(
+        script=str(path), job_name="array", gres="gpu:1", comment=HINT, chdir=str(work),
+        output=str(work / "job-%A_%a.out"), extra=["--array=3"])).stdout)
+    fork.submitted.append(array)
+    (task_id, task), = [(j, t) for j, t in jobs(fork.cluster).items()
+                        if t.array_job_id == array]
+    fork.submitted.append(task_id)
+    assert task.array_task_id == 3
+    events = fork.one_epoch(fork.config("first"))
+    assert actions(events, task_id)[-3:] == ["fork_intent", "fork", "record"], events
+    ended = fork.wait_copies(task_id)
+    assert [c.state for c in ended] == ["COMPLETED"] * 3, ended
+    events = fork.one_epoch(fork.config("second"))
+    assert "place" in actions(events, task_id), events
+    assert wait_job(fork.cluster, task_id, FINAL, timeout=60).state == "COMPLETED"
+    lines = sorted((work / "array.txt").read_text().split("\n")[:-1])
+    assert lines == [f"{who} {array} 3" for who in ("0", "1", "2", "job")], lines

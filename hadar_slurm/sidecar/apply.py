@@ -850,7 +850,8 @@ class SlurmApplier:
                 time_limit_min=job.time_limit_min or None, account=job.account or None,
                 qos=job.qos or None, mem_per_node_mb=job.mem_per_node_mb,
                 mem_per_cpu_mb=None if job.mem_per_node_mb else job.mem_per_cpu_mb,
-                cpus_per_task=job.cpus_per_node if (job.cpus_per_node or 1) > 1 else None)
+                cpus_per_task=job.cpus_per_node if (job.cpus_per_node or 1) > 1 else None,
+                env=hadare.array_env(job))
             text = render_hetjob(plan)
         except (ForkError, InputError) as exc:
             msg = exc.one_line() if isinstance(exc, InputError) else str(exc)

@@ -166,6 +166,18 @@ def owner_of(job: SlurmJob) -> RunAs:
 # -- the tracker directory ---------------------------------------------------------------------
 
 
+def array_env(job: SlurmJob) -> dict[str, str]:
+    """What Slurm tells a task of a job array about its place in the array, for the copies of
+    a forked task (``ForkPlan.env``): the copies are a job of their own, not a task of the
+    array, so without it a script that picks its work by ``$SLURM_ARRAY_TASK_ID`` (a study's
+    trial launcher, :mod:`hadar_slurm.studies.trial`) would not know which task it is.  Empty
+    for a job that is not an array task."""
+    if job.array_job_id is None or job.array_task_id is None:
+        return {}
+    return {"SLURM_ARRAY_JOB_ID": str(job.array_job_id),
+            "SLURM_ARRAY_TASK_ID": str(job.array_task_id)}
+
+
 def tracker_dir(job: SlurmJob, root: str | None) -> str:
     """``<root>/.hadar-tracker/<J>``, where ``root`` is ``tracker_root`` when set, else the
     job's working directory (where the runtime looks when the job itself runs).  Raises
