@@ -22,6 +22,9 @@ timed):
   promoted;
 * the study's best (the ``study_done`` event and ``status --json``) is the best report at the
   last rung.
+
+A fourth study (``fork=2``, policy ``hadare``) has its trials forked into copies, each copy
+told its task's index, and is held to the same checks.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import pytest
 
 from hadar_slurm.logs import JsonLinesReader
 from hadar_slurm.runtime.warmstart import warm_server
+from hadar_slurm.sidecar.fork import copy_of
 from hadar_slurm.slurm import SlurmJob, commands
 from hadar_slurm.slurm.parse import FINAL_STATES, PENDING_STATES
 from hadar_slurm.studies.curves import LearningCurves
@@ -136,16 +140,17 @@ def replay(rule: str, trials: list[dict[str, Any]], n: int = TRIALS, rungs: int 
     return out
 
 
-def run_sidecar(cluster: DevCluster, tmp_path: Path) -> Path:
-    """The sidecar's config (hadar, 4 s epochs, an epoch within a second of a report) in
-    ``tmp_path``; returns it."""
+def run_sidecar(cluster: DevCluster, tmp_path: Path, policy: str = "hadar",
+                epoch_s: int = 4) -> Path:
+    """The sidecar's config (``policy``, epochs of ``epoch_s``, an epoch within a second of a
+    report) in ``tmp_path``; returns it."""
     config = tmp_path / "sidecar.toml"
     config.write_text(f"""
 [slurm]
 conf = "{cluster.dir / "etc" / "slurm.conf"}"
 [scheduler]
-policy = "hadar"
-epoch_seconds = 4
+policy = "{policy}"
+epoch_seconds = {epoch_s}
 finish_poll_s = 1
 preempt_grace_s = 3
 learn_throughputs = false
@@ -295,6 +300,82 @@ def test_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
         shown = [s for s in json.loads(status.stdout)["studies"]
                  if s["array"] == array]
         assert shown and shown[0]["best"]["task"] == best, status.stdout[-2000:]
+
+
+def test_a_study_whose_trials_are_forked_is_halved_live(dev_cluster: DevCluster,
+                                                        tmp_path: Path, warm: str) -> None:
+    """A study with ``fork=2`` under ``hadare``: the water-filling cap lets each of its 4
+    trials run as 2 copies on the dev cluster's 18 GPUs, so the sidecar forks them (one
+    heterogeneous job per trial, the copies told the task's index). Asserted as for the
+    unforked studies: every trial ends once, reports what the curves say at exactly the
+    rung's steps, the verdicts are sh's over the reports, and the best is the study's."""
+    cluster = dev_cluster
+    tmp_path.chmod(0o755)
+    trials, rungs, seed = 4, 2, 21
+    payload = _payload(tmp_path / "trial.sh")
+    text = payload.read_text().replace(f"--trials {TRIALS}", f"--trials {trials}")
+    payload.write_text(text.replace(f"HADAR_STUDY_RUNGS={RUNGS}", f"HADAR_STUDY_RUNGS={rungs}"))
+    # (epochs of 12 s: HadarE forks no job whose consolidation, 2.5 s for a ResNet-18, takes
+    # half of a round or more)
+    config = run_sidecar(cluster, tmp_path, policy="hadare", epoch_s=12)
+    array = submit(
+        cluster, script=str(payload), job_name="study-forked", gres="gpu:1",
+        comment=(f"hadar: model=resnet18 bs=64 steps={STEPS} study=live-forked rule=sh "
+                 f"rungs={rungs} eta={ETA} fork=2"),
+        output=str(tmp_path / "forked-%a.out"), chdir=str(tmp_path),
+        extra=[f"--array=0-{trials - 1}", "--open-mode=append"],
+        script_args=["live-forked", warm, str(seed), "0"])
+    env = dict(os.environ, SLURM_CONF=str(cluster.dir / "etc" / "slurm.conf"),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
+                             str(config)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "sidecar.err", "w"))
+    try:
+        wait_arrays(cluster, [array], proc, tmp_path / "sidecar.err", 420,
+                    tmp_path / "state" / "studies.json")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        left = [j for j, job in jobs(cluster).items()
+                if (job.array_job_id == array or copy_of(job.comment) is not None)
+                and job.state not in FINAL_STATES]
+        if left:
+            cluster.runner.run(commands.scancel(left), check=False)
+    events = JsonLinesReader(tmp_path / "sidecar.log").read_new()
+    study = {s["array"]: s for s in json.loads(
+        (tmp_path / "state" / "studies.json").read_text())["studies"]}[array]
+    assert study["ended"] is not None, study
+    book = study["trials"]
+    forked = {e["job"] for e in events if e.get("event") == "action"
+              and e.get("action") == "fork"}
+    assert forked & {t["job_id"] for t in book}, events  # (trials ran as copies)
+    given = {(t["task"], int(k)): v for t in book for k, v in t["verdicts"].items()}
+    assert given == replay("sh", book, trials, rungs), given
+    curves = LearningCurves(trials, seed=seed)
+    targets = rung_targets(STEPS, rungs, ETA)
+    final = {job.array_task_id: job for job in tasks_of(cluster, array).values()}
+    for t in book:
+        reports, told = study_files(tmp_path, t["job_id"])
+        assert sorted(reports) == sorted(int(k) for k in t["reports"]), t
+        for rung, rep in reports.items():
+            assert rep["value"] == pytest.approx(
+                curves.report(t["task"], rung, targets[rung] / STEPS), abs=1e-12)
+            assert rep["steps"] == targets[rung], (t, rep)
+        assert told == {int(k): v for k, v in t["verdicts"].items()}, t
+        progress = json.loads((tmp_path / ".hadar-tracker" / str(t["job_id"])
+                               / "progress.json").read_text())
+        last = max(int(k) for k in t["verdicts"])
+        if t["final"] == "stop":
+            assert progress["done"] == targets[last], (t, progress)
+            assert final[t["task"]].state in ("COMPLETED", "CANCELLED"), final[t["task"]]
+        else:
+            assert (t["final"], final[t["task"]].state) == ("done", "COMPLETED"), t
+            assert progress["done"] == STEPS and progress["complete"], progress
+    finals = {t["task"]: t["reports"][str(rungs - 1)][0] for t in book
+              if str(rungs - 1) in t["reports"]}
+    done = [e for e in events if e.get("event") == "study_done" and e.get("array") == array]
+    assert len(done) == 1 and done[0]["best_task"] == max(
+        finals, key=lambda k: (finals[k], -k)), (done, finals)
 
 
 DIGITS_TOML = """
