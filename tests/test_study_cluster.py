@@ -306,15 +306,19 @@ def test_a_study_whose_trials_are_forked_is_halved_live(dev_cluster: DevCluster,
                                                         tmp_path: Path, warm: str) -> None:
     """A study with ``fork=2`` under ``hadare``: the water-filling cap lets each of its 4
     trials run as 2 copies on the dev cluster's 18 GPUs, so the sidecar forks them (one
-    heterogeneous job per trial, the copies told the task's index). Asserted as for the
-    unforked studies: every trial ends once, reports what the curves say at exactly the
-    rung's steps, the verdicts are sh's over the reports, and the best is the study's."""
+    heterogeneous job per trial, the copies told the task's index). The last trial starts
+    late, so the others wait for it at rung 0 as copies. Asserted as for the unforked
+    studies: every trial ends once, reports what the curves say at exactly the rung's steps,
+    the verdicts are sh's over the reports, and the best is the study's; and a forked trial
+    told to wait has its copies ended, and goes on as copies or as itself when promoted."""
     cluster = dev_cluster
     tmp_path.chmod(0o755)
     trials, rungs, seed = 4, 2, 21
     payload = _payload(tmp_path / "trial.sh")
     text = payload.read_text().replace(f"--trials {TRIALS}", f"--trials {trials}")
-    payload.write_text(text.replace(f"HADAR_STUDY_RUNGS={RUNGS}", f"HADAR_STUDY_RUNGS={rungs}"))
+    text = text.replace(f"HADAR_STUDY_RUNGS={RUNGS}", f"HADAR_STUDY_RUNGS={rungs}")
+    # (the last trial starts late, so that the others report rung 0 and wait for it)
+    payload.write_text(text.replace(f'= {TRIALS - 1} ]', f'= {trials - 1} ]'))
     # (epochs of 12 s: HadarE forks no job whose consolidation, 2.5 s for a ResNet-18, takes
     # half of a round or more)
     config = run_sidecar(cluster, tmp_path, policy="hadare", epoch_s=12)
@@ -324,7 +328,7 @@ def test_a_study_whose_trials_are_forked_is_halved_live(dev_cluster: DevCluster,
                  f"rungs={rungs} eta={ETA} fork=2"),
         output=str(tmp_path / "forked-%a.out"), chdir=str(tmp_path),
         extra=[f"--array=0-{trials - 1}", "--open-mode=append"],
-        script_args=["live-forked", warm, str(seed), "0"])
+        script_args=["live-forked", warm, str(seed), str(LATE_S)])
     env = dict(os.environ, SLURM_CONF=str(cluster.dir / "etc" / "slurm.conf"),
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
@@ -349,6 +353,21 @@ def test_a_study_whose_trials_are_forked_is_halved_live(dev_cluster: DevCluster,
     forked = {e["job"] for e in events if e.get("event") == "action"
               and e.get("action") == "fork"}
     assert forked & {t["job_id"] for t in book}, events  # (trials ran as copies)
+    # the others reported rung 0 before the late trial (their reports bring epochs forward
+    # though their jobs are held while their copies run): told to wait, their copies ended,
+    # and those promoted went on from the rung (forked or placed again)
+    acts = [e for e in events if e.get("event") == "action"]
+    waited = {e["job"] for e in acts if e.get("action") == "tell_trial"
+              and e.get("verdict") == "wait"}
+    assert waited & forked, acts
+    ended = {e["copy_of"] for e in acts if e.get("action") == "cancel_copies"}
+    assert waited & forked <= ended, acts
+    went_on = {t["job_id"] for t in book if t["job_id"] in waited and t["final"] == "done"}
+    for job_id in went_on:
+        told_go = min(k for k, e in enumerate(acts) if e.get("job") == job_id
+                      and e.get("action") == "tell_trial" and e.get("verdict") == "go")
+        assert any(e.get("job") == job_id and e.get("action") in ("fork", "place")
+                   for e in acts[told_go:]), acts
     given = {(t["task"], int(k)): v for t in book for k, v in t["verdicts"].items()}
     assert given == replay("sh", book, trials, rungs), given
     curves = LearningCurves(trials, seed=seed)

@@ -386,3 +386,21 @@ def test_the_backend_stops_requeues_and_cancels_trials_as_their_study_says(
     # the book is on disk: a restarted sidecar knows the verdicts it gave
     saved = json.loads((tmp_path / "state" / STUDIES_FILE).read_text())
     assert saved["studies"][0]["trials"][0]["verdicts"] == {"0": "stop"}
+
+
+def test_a_report_brings_an_epoch_forward_whatever_the_last_read_saw(tmp_path: Path) -> None:
+    # Trial 0 runs; trial 1 was pending at the read (the epoch places it, or forks it: its
+    # copies are a job of their own and it stays held), starts after the read and reports
+    # before the next one: both are worth an early epoch. A report already read is not.
+    jobs = [task(50, 0, 50, "sh", tmp_path), task(50, 1, 51, "sh", tmp_path, state="PENDING")]
+    api = FakeSlurm(jobs, NODES)
+    b = backend(api, studies=StudyBook(tmp_path / "state" / STUDIES_FILE, grace_s=5.0))
+    _decision, changes = decide(b, {50: [(0, 1)], 51: [(1, 1)]}, epoch=0)
+    b.apply(changes, 2000.0)
+    assert b.reported_since_epoch() == []
+    report(tmp_path, 51, 0, 0.5, 1100.0)
+    assert b.reported_since_epoch() == [51]
+    report(tmp_path, 50, 0, 0.7, 1101.0)
+    assert b.reported_since_epoch() == [50, 51]
+    decide(b, {}, epoch=1, now=2001.0)  # (the next read takes both reports in)
+    assert b.reported_since_epoch() == []

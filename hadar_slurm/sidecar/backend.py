@@ -90,10 +90,13 @@ class SlurmBackend(SlurmObserver):
         return None if self._should_stop() else now + round_s
 
     def reported_since_epoch(self) -> list[int]:
-        """Running trials of a study that have reported the rung they trained for since the
-        last epoch (one ``stat`` each, no Slurm command): each waits for its verdict, which
-        is worth an epoch before the round is over (``[scheduler] reschedule_on_finish``)."""
-        return self.studies.reported_since(v.job_id for v in self.views.values() if v.running)
+        """Trials of a study that have reported the rung they trained for since the last
+        epoch (one ``stat`` each, no Slurm command): each waits for its verdict, which is
+        worth an epoch before the round is over (``[scheduler] reschedule_on_finish``).
+        Every trial the last read saw is looked at, not only those it saw running: one the
+        last epoch placed (or forked: its copies are a job of their own, the trial stays
+        held) starts after the read and may report before the next one."""
+        return self.studies.reported_since(self.views)
 
     def ended_since_epoch(self) -> list[int]:
         """The jobs of :attr:`watch` that have ended (one light ``squeue`` of the live jobs'

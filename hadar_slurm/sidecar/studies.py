@@ -540,9 +540,9 @@ class StudyBook:
                            detail)
 
     def reported_since(self, live: Iterable[int]) -> list[int]:
-        """Jobs (of ``live``: running jobs) whose trial has written the report of the rung it
-        trains toward since the last epoch read it: worth an early epoch, since the trial
-        waits for its verdict.  One ``stat`` per running trial."""
+        """Jobs (of ``live``) whose trial has written the report of the rung it trains toward
+        since the last epoch read it: worth an early epoch, since the trial waits for its
+        verdict.  One ``stat`` per trial of ``live`` that has not reported that rung."""
         out = []
         wanted = set(live)
         for study in self.studies.values():
