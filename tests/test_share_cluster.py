@@ -237,9 +237,11 @@ def test_a_studys_trials_share_gpus_live(v100_only: DevCluster, tmp_path: Path) 
     """Issue #17 with #16: a study of 8 trials of Recommendation (batch size 4096), sh, 2 rungs,
     on node1 alone (4 v100s, 2 shards each), ``share = true``. Two such trials on a v100 keep
     0.77 of their speed each (Gavel's table: 1.53 of one's work per second), so with trials
-    waiting Hadar pairs them: on Slurm 24.11 and later the sidecar places paired trials on
-    shards. Every trial ends once, the verdicts are sh's over the reports (on 22.05 too, where
-    nothing shares)."""
+    waiting Hadar pairs them; but node1 has a CPU per GPU, so on Slurm 24.11 and later the
+    sidecar refuses the pairs while the epoch's placements ask more CPUs than the node has
+    free (a pair's second job would wait for a CPU, then take whichever GPU has a free shard).
+    Every trial ends once, the verdicts are sh's over the reports (on 22.05 too, where nothing
+    shares)."""
     from hadar_slurm.studies.reporter import rung_targets
     from tests.test_study_cluster import replay, study_files, tasks_of, wait_arrays
 
@@ -316,15 +318,22 @@ log_file = "{log}"
                    for rung, rep in reports.items()), (t, reports)
     final = tasks_of(cluster, array)
     assert all(job.state in ("COMPLETED", "CANCELLED") for job in final.values()), final
+    events = JsonLinesReader(log).read_new()
     on_shards = {j for h in seen for j, (kind, _) in h.items() if kind == "shard"}
-    paired = [e for e in JsonLinesReader(log).read_new() if e.get("event") == "action"
-              and e.get("action") == "place" and e.get("mate")]
+    paired = [e for e in events if e.get("event") == "action" and e.get("action") == "place"
+              and e.get("mate")]
+    refused = [e for e in events if e.get("event") == "share_refused"]
     if old:
         assert not on_shards and not paired, (seen, paired)
         return
-    # the policy paired trials, and the sidecar placed them on shards. (That Slurm runs both
-    # of a pair on one GPU is not asserted here: it gives a shard job the lowest GPU with a
-    # free shard when the job starts, and the array's own record, its last task, started
-    # seconds after the task paired with it, after a trial waiting for its cohort had freed a
-    # lower GPU; docs/sharing.md, "Limits".)
-    assert paired and {e["job"] for e in paired} & on_shards, (seen, paired)
+    # the policy pairs trials; node1 has a CPU per GPU, so a pair's second job would wait for
+    # a CPU and then start on whichever GPU has a free shard: the sidecar places no pair
+    # there while the epoch's placements ask more CPUs than the node has free
+    assert paired or refused, events
+    assert any("free CPU" in str(e.get("why")) for e in refused), refused
+    # a pair placed ran on one GPU whenever both ran on shards
+    for e in paired:
+        for h in seen:
+            a, b = h.get(int(str(e["job"]))), h.get(int(str(e["mate"])))
+            if a and b and a[0] == b[0] == "shard":
+                assert a[1] == b[1], (e, h)

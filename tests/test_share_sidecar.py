@@ -288,6 +288,25 @@ def test_a_pair_that_first_fit_would_split_is_not_placed() -> None:
     assert "would take both" in b.report.detail[2]
 
 
+def test_a_pair_is_not_placed_where_the_node_has_no_cpu_for_both() -> None:
+    # node1 has 4 CPUs. Three are in use: the pair's two jobs need two, so the second would wait
+    # for a CPU and then get whichever GPU has a free shard. The earlier job runs alone, the
+    # later waits with the reason. With two CPUs free, the pair is placed.
+    nodes = two_nodes()
+    busy = [dataclasses.replace(nodes[0], alloc_cpus=3), nodes[1]]
+    api = Recording([pending(1), pending(2)], busy)
+    b = sharing(api)
+    place(b, {1: [(0, 1)], 2: [(0, 1)]}, ((1, 2),))
+    assert api.fields[1].get("TresPerNode", "gres:gpu:1") == "gres:gpu:1"
+    assert ("release", 1) in api.log and ("release", 2) not in api.log
+    assert "1 free CPU(s) for the 2" in b.report.detail[2]
+    api = Recording([pending(1), pending(2)], [dataclasses.replace(nodes[0], alloc_cpus=2),
+                                               nodes[1]])
+    b = sharing(api)
+    place(b, {1: [(0, 1)], 2: [(0, 1)]}, ((1, 2),))
+    assert api.fields[2]["TresPerNode"] == "gres/shard:1" and ("release", 2) in api.log
+
+
 def test_a_guest_joins_a_lone_shard_job_only_where_first_fit_sends_it_there() -> None:
     # job 1 runs alone on GPU 1's shards; GPU 0 is free: a shard job released now would get
     # GPU 0, not GPU 1, so job 2 waits.  With GPU 0 given whole to someone else, it joins.

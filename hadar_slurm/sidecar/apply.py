@@ -126,6 +126,7 @@ class SlurmApplier:
         #: GPU sharing: nodes where a pair was placed this epoch, and what each job was last
         #: told of its mate (:meth:`_tell_mates`; 0: alone).
         self._shard_nodes: set[str] = set()
+        self._cpu_demand: dict[str, int] = {}  # per node: CPUs the epoch's placements ask
         self._told: dict[int, int] = {}
         #: When a moved job was seen back in the queue (its last run ended before), by job.
         self._left: dict[int, float] = {}
@@ -175,6 +176,7 @@ class SlurmApplier:
         # GPU sharing: the jobs of pairs already placed (a pair is placed at its first job)
         paired: set[int] = set()
         self._shard_nodes = set()
+        self._cpu_demand = self._cpus_placed(todo)
         stopped = False
         grace: _Grace | None = None
         for c in todo:
@@ -486,6 +488,22 @@ class SlurmApplier:
             self._did("split", job.job_id, array=array, tasks=len(done),
                       first=done[0], last=done[-1], were=job.array_tasks)
 
+    def _cpus_placed(self, todo: Sequence[Change]) -> dict[str, int]:
+        """Per node, the CPUs that the jobs this epoch places or moves there (not running
+        there now) ask for: at least one each."""
+        seen = self.seen
+        out: dict[str, int] = {}
+        for c in todo:
+            view = seen.views.get(c.job_id)
+            if c.kind not in (ChangeKind.PLACE, ChangeKind.MOVE) or view is None or not c.copies:
+                continue
+            for k, _count in c.copies[0]:
+                name = seen.node_names[k]
+                if view.running and name in view.job.node_names:
+                    continue
+                out[name] = out.get(name, 0) + max(1, view.job.cpus_per_node or 1)
+        return out
+
     def _pair_refused(self, node: SlurmNode | None, placing: Sequence[int],
                       mate: JobView | None) -> str:
         """Why a pair cannot be placed on ``node`` now ("" when it can): see
@@ -494,6 +512,15 @@ class SlurmApplier:
             return "its mate or its node is not in the last read"
         if node.name in self._shard_nodes:
             return f"another pair is placed on {node.name} this epoch"
+        if node.cpus is not None and node.alloc_cpus is not None:
+            idle = node.cpus - node.alloc_cpus
+            need = self._cpu_demand.get(node.name, 0)
+            if need > idle:
+                # (a job Slurm cannot give a CPU waits, and starts later on whichever GPU has
+                # a free shard then: the pair would be split)
+                return (f"{node.name} has {idle} free CPU(s) for the {need} the jobs placed "
+                        "on it this epoch ask; a job of the pair could wait for one and then "
+                        "get another GPU")
         others = [j for j in self.seen.jobs if j.job_id not in placing]
         waiting = shard.waiting_for(node, others)
         if waiting:
