@@ -98,6 +98,30 @@ def v100_only(shard_cluster: DevCluster) -> Iterator[DevCluster]:
     yield from only(shard_cluster, "node1")
 
 
+def sharing_config(tmp_path: Path, conf: Path) -> Path:
+    """The sidecar's config (``hadar`` with ``share = true``, 4 s epochs, its log in
+    ``tmp_path/sidecar.log``) in ``tmp_path``.  The bundled table (Gavel's, with co-located
+    rates), as the payloads use it, uncompressed: the policy sees 60x longer jobs and epochs
+    than the wall's, which only scales its times."""
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f"""
+[slurm]
+conf = "{conf}"
+[scheduler]
+policy = "hadar"
+share = true
+epoch_seconds = 4
+finish_poll_s = 1
+preempt_grace_s = 2
+learn_throughputs = false
+[sidecar]
+state_dir = "{tmp_path}/state"
+log_format = "json"
+log_file = "{tmp_path / "sidecar.log"}"
+""")
+    return config
+
+
 def holdings(job: SlurmJob) -> tuple[str, frozenset[int]] | None:
     """What a running job holds on its node: ``("gpu"|"shard", GPU indices)``."""
     if job.state != "RUNNING" or not job.node_names:
@@ -125,24 +149,7 @@ def test_hadar_shares_a_gpu_live_where_the_table_says_the_pair_pays(
     payload.write_text(PAYLOAD.replace("@REPO@", str(REPO)).replace("@PYTHON@", sys.executable))
     payload.chmod(0o755)
     log = tmp_path / "sidecar.log"
-    config = tmp_path / "sidecar.toml"
-    # the bundled table (Gavel's, with co-located rates), as the payloads use it, uncompressed:
-    # the policy sees 60x longer jobs and epochs than the wall's, which only scales its times
-    config.write_text(f"""
-[slurm]
-conf = "{conf}"
-[scheduler]
-policy = "hadar"
-share = true
-epoch_seconds = 4
-finish_poll_s = 1
-preempt_grace_s = 2
-learn_throughputs = false
-[sidecar]
-state_dir = "{tmp_path}/state"
-log_format = "json"
-log_file = "{log}"
-""")
+    config = sharing_config(tmp_path, conf)
     ids: dict[str, int] = {}
     steps: dict[str, int] = {}
     for name, (job_type, secs, extra) in JOBS.items():
@@ -258,22 +265,7 @@ def test_a_studys_trials_share_gpus_live(v100_only: DevCluster, tmp_path: Path) 
                        .replace("@PYTHON@", sys.executable))
     payload.chmod(0o755)
     log = tmp_path / "sidecar.log"
-    config = tmp_path / "sidecar.toml"
-    config.write_text(f"""
-[slurm]
-conf = "{conf}"
-[scheduler]
-policy = "hadar"
-share = true
-epoch_seconds = 4
-finish_poll_s = 1
-preempt_grace_s = 2
-learn_throughputs = false
-[sidecar]
-state_dir = "{tmp_path}/state"
-log_format = "json"
-log_file = "{log}"
-""")
+    config = sharing_config(tmp_path, conf)
     array = submit(cluster, script=str(payload), job_name="study-share", gres="gpu:1",
                    comment=hints(job_type, steps, " study=live-share rule=sh rungs=2 eta=2"),
                    output=str(tmp_path / "share-%a.out"), chdir=str(tmp_path),
