@@ -250,7 +250,13 @@ def test_a_studys_trials_share_gpus_live(v100_only: DevCluster, tmp_path: Path) 
     Every trial ends once, the verdicts are sh's over the reports (on 22.05 too, where nothing
     shares)."""
     from hadar_slurm.studies.reporter import rung_targets
-    from tests.test_study_cluster import replay, study_files, tasks_of, wait_arrays
+    from tests.test_study_cluster import (
+        replay,
+        sidecar_running,
+        study_files,
+        tasks_of,
+        wait_arrays,
+    )
 
     cluster = v100_only
     tmp_path.chmod(0o755)
@@ -272,14 +278,9 @@ def test_a_studys_trials_share_gpus_live(v100_only: DevCluster, tmp_path: Path) 
                    extra=[f"--array=0-{trials - 1}", "--open-mode=append"],
                    script_args=["live-share", job_type, str(steps), f"{COMPRESSION:g}",
                                 str(seed), str(trials)])
-    env = dict(os.environ, SLURM_CONF=str(conf),
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
-                             str(config)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "sidecar.err", "w"))
     seen: list[dict[int, tuple[str, frozenset[int]]]] = []  # each poll: job -> holdings
     book_path = tmp_path / "state" / "studies.json"
-    try:
+    with sidecar_running(cluster, config, tmp_path, [array]) as proc:
         end = time.monotonic() + 300
         while time.monotonic() < end:
             now = tasks_of(cluster, array)
@@ -289,13 +290,6 @@ def test_a_studys_trials_share_gpus_live(v100_only: DevCluster, tmp_path: Path) 
             assert proc.poll() is None, (tmp_path / "sidecar.err").read_text()[-3000:]
             time.sleep(0.5)
         wait_arrays(cluster, [array], proc, tmp_path / "sidecar.err", 60, book_path)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        left = [j for j, job in tasks_of(cluster, array).items()
-                if job.state not in FINAL_STATES]
-        if left:
-            cluster.runner.run(commands.scancel(left), check=False)
     (tmp_path / "seen.json").write_text(json.dumps(
         [{str(j): [k, sorted(g)] for j, (k, g) in h.items()} for h in seen]))
     study = {s["array"]: s for s in json.loads(book_path.read_text())["studies"]}[array]

@@ -423,13 +423,7 @@ def test_copies_of_an_array_task_know_which_task_they_are(fork: Fork) -> None:
     # launcher of `hadar-slurm tune`) does the same work in every copy as in the task.
     work = fork.path / "array"
     work.mkdir()
-    path = work / "train.sh"
-    path.write_text(ARRAY_REPORT)
-    path.chmod(0o755)
-    array = parse_sbatch_parsable(fork.cluster.runner.run(commands.sbatch(
-        script=str(path), job_name="array", gres="gpu:1", comment=HINT, chdir=str(work),
-        output=str(work / "job-%A_%a.out"), extra=["--array=3"])).stdout)
-    fork.submitted.append(array)
+    array = fork.submit(ARRAY_REPORT, work, extra=["--array=3"])
     (task_id, task), = [(j, t) for j, t in jobs(fork.cluster).items()
                         if t.array_job_id == array]
     fork.submitted.append(task_id)

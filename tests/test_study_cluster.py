@@ -35,7 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,36 @@ log_file = "{tmp_path / "sidecar.log"}"
     return config
 
 
+def sidecar_env(cluster: DevCluster, **extra: str) -> dict[str, str]:
+    """The environment of the sidecar and the command line against ``cluster``."""
+    return dict(os.environ, SLURM_CONF=str(cluster.dir / "etc" / "slurm.conf"),
+                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+
+
+@contextmanager
+def sidecar_running(cluster: DevCluster, config: Path, tmp_path: Path, arrays: Iterable[int],
+                    env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``hadar-slurm run --config config`` (its stderr in ``tmp_path/sidecar.err``) while the
+    block runs; then stopped, and every task of ``arrays``, or copy of one, still live is
+    cancelled."""
+    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
+                             str(config)], env=env or sidecar_env(cluster),
+                            stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "sidecar.err", "w"))
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        now = jobs(cluster)
+        wanted = set(arrays)
+        tasks = {j for j, job in now.items() if job.array_job_id in wanted}
+        left = [j for j, job in now.items() if (j in tasks or copy_of(job.comment) in tasks)
+                and job.state not in FINAL_STATES]
+        if left:
+            cluster.runner.run(commands.scancel(left), check=False)
+
+
 def ended_in_book(book: Path) -> set[int]:
     """The arrays whose study the sidecar's book says has ended."""
     try:
@@ -193,7 +224,6 @@ def test_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
                                                          tmp_path: Path, warm: str) -> None:
     cluster = dev_cluster
     tmp_path.chmod(0o755)
-    conf = cluster.dir / "etc" / "slurm.conf"
     payload = _payload(tmp_path / "trial.sh")
     log = tmp_path / "sidecar.log"
     config = run_sidecar(cluster, tmp_path)
@@ -206,24 +236,13 @@ def test_studies_are_halved_live_as_their_rules_say(dev_cluster: DevCluster,
             output=str(tmp_path / f"{rule}-%a.out"), chdir=str(tmp_path),
             extra=[f"--array=0-{TRIALS - 1}", "--open-mode=append"],
             script_args=[f"live-{rule}", warm, str(seed), str(LATE_S if rule == "sh" else 0)])
-    env = dict(os.environ, SLURM_CONF=str(conf),
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
-                             str(config)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "sidecar.err", "w"))
-    try:
+    env = sidecar_env(cluster)
+    with sidecar_running(cluster, config, tmp_path, arrays.values()) as proc:
         wait_arrays(cluster, list(arrays.values()), proc, tmp_path / "sidecar.err", 420,
                     tmp_path / "state" / "studies.json")
         status = subprocess.run([sys.executable, "-m", "hadar_slurm", "status", "--config",
                                  str(config), "--json"], env=env, capture_output=True,
                                 text=True, timeout=120, check=False)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        left = [j for a in arrays.values() for j, job in tasks_of(cluster, a).items()
-                if job.state not in FINAL_STATES]
-        if left:
-            cluster.runner.run(commands.scancel(left), check=False)
     events = JsonLinesReader(log).read_new()
     book = {s["array"]: s for s in json.loads(
         (tmp_path / "state" / "studies.json").read_text())["studies"]}
@@ -329,22 +348,9 @@ def test_a_study_whose_trials_are_forked_is_halved_live(dev_cluster: DevCluster,
         output=str(tmp_path / "forked-%a.out"), chdir=str(tmp_path),
         extra=[f"--array=0-{trials - 1}", "--open-mode=append"],
         script_args=["live-forked", warm, str(seed), str(LATE_S)])
-    env = dict(os.environ, SLURM_CONF=str(cluster.dir / "etc" / "slurm.conf"),
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
-                             str(config)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "sidecar.err", "w"))
-    try:
+    with sidecar_running(cluster, config, tmp_path, [array]) as proc:
         wait_arrays(cluster, [array], proc, tmp_path / "sidecar.err", 420,
                     tmp_path / "state" / "studies.json")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        left = [j for j, job in jobs(cluster).items()
-                if (job.array_job_id == array or copy_of(job.comment) is not None)
-                and job.state not in FINAL_STATES]
-        if left:
-            cluster.runner.run(commands.scancel(left), check=False)
     events = JsonLinesReader(tmp_path / "sidecar.log").read_new()
     study = {s["array"]: s for s in json.loads(
         (tmp_path / "state" / "studies.json").read_text())["studies"]}[array]
@@ -430,9 +436,7 @@ def test_a_real_digits_study_finds_its_best_configuration_live(dev_cluster: DevC
     space = tmp_path / "digits.toml"
     space.write_text(DIGITS_TOML.replace("@PYTHON@", sys.executable)
                      .replace("@REPO@", str(REPO)))
-    env = dict(os.environ, SLURM_CONF=str(cluster.dir / "etc" / "slurm.conf"),
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
+    env = sidecar_env(cluster, OMP_NUM_THREADS="1")
     out = tmp_path / "study"
     sub = subprocess.run([sys.executable, "-m", "hadar_slurm", "tune", str(space), "--out",
                           str(out), "--submit"], env=env, capture_output=True, text=True,
@@ -440,19 +444,9 @@ def test_a_real_digits_study_finds_its_best_configuration_live(dev_cluster: DevC
     assert sub.returncode == 0, sub.stderr
     array = int(sub.stdout.split("submitted job array ")[1].split()[0])
     config = run_sidecar(cluster, tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "hadar_slurm", "run", "--config",
-                             str(config)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "sidecar.err", "w"))
-    try:
+    with sidecar_running(cluster, config, tmp_path, [array], env) as proc:
         wait_arrays(cluster, [array], proc, tmp_path / "sidecar.err", 600,
                     tmp_path / "state" / "studies.json")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        left = [j for j, job in tasks_of(cluster, array).items()
-                if job.state not in FINAL_STATES]
-        if left:
-            cluster.runner.run(commands.scancel(left), check=False)
     book = json.loads((tmp_path / "state" / "studies.json").read_text())["studies"]
     # (only this study: the arrays of earlier tests that Slurm still shows had ended)
     assert [s["array"] for s in book] == [array]

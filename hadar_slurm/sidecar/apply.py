@@ -501,7 +501,7 @@ class SlurmApplier:
                 name = seen.node_names[k]
                 if view.running and name in view.job.node_names:
                     continue
-                out[name] = out.get(name, 0) + max(1, view.job.cpus_per_node or 1)
+                out[name] = out.get(name, 0) + (view.job.cpus_per_node or 1)
         return out
 
     def _pair_refused(self, node: SlurmNode | None, placing: Sequence[int],
