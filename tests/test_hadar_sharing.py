@@ -141,6 +141,32 @@ def test_a_job_that_may_not_share_is_never_paired() -> None:
         assert d.reason.tolist() == [Reason.PLACED, Reason.PRICED_OUT]
 
 
+def test_a_guest_joins_only_where_the_node_has_a_cpu_for_it() -> None:
+    # One v100 node: x is placed there this epoch and y would join it (as above).  The node's
+    # free CPUs must cover both: with 1 free, y waits; with 2, the pair forms; with 2 free and
+    # y asking 2 CPUs, y waits again.  A pair that ran last epoch forms again whatever the
+    # CPUs (both hold theirs already).
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "y")]
+    sim = SimulatedCluster(jobs, parse_counts("v100=1"), table_with(0.8))
+    snap = sim.snapshot(0, 0.0, 360.0, None)
+    for free, cpus, packed in ((1, None, ()), (2, None, ((0, 1),)), (2, [1, 2], ()),
+                               (3, [1, 2], ((0, 1),))):
+        d = hadar().allocate(dataclasses.replace(
+            snap, node_free_cpus=np.array([free]),
+            cpus=None if cpus is None else np.array(cpus)))
+        assert d.packed == packed, (free, cpus)
+        if not packed:
+            assert d.placement.by_job_sorted() == {0: [(0, 1)]}
+            assert d.detail[1] == (
+                f"would share a GPU with job 0 on {snap.node_names[0]}, but the node has "
+                f"{free - 1} free CPU(s) for the {1 if cpus is None else 2} it asks, this "
+                "epoch's placements counted")
+    ran = dataclasses.replace(snap, node_free_cpus=np.array([0]), packed=((0, 1),),
+                              current=Placement(np.array([0, 1]), np.array([0, 0]),
+                                                np.array([1, 1])))
+    assert hadar().allocate(ran).packed == ((0, 1),)
+
+
 def test_without_sharing_offered_hadar_decides_as_without_the_setting() -> None:
     # Gavel's table has pairs; where the simulator does not offer them (or the setting is
     # off) every decision is the one Hadar made before sharing existed (share=False).

@@ -300,6 +300,14 @@ def test_a_pair_is_not_placed_where_the_node_has_no_cpu_for_both() -> None:
     assert api.fields[1].get("TresPerNode", "gres:gpu:1") == "gres:gpu:1"
     assert ("release", 1) in api.log and ("release", 2) not in api.log
     assert "1 free CPU(s) for the 2" in b.report.detail[2]
+    # (the policy is told the CPUs, so that it does not offer such a pair: one free on node1;
+    # node2, whose read gives no CPU figures, is not limited by them)
+    api = Recording([pending(1), pending(2)], [busy[0], dataclasses.replace(
+        nodes[1], cpus=None)])
+    snap = sharing(api).snapshot(1, 2000.0, 60.0, None)
+    assert snap.node_free_cpus is not None and snap.cpus is not None
+    assert snap.node_free_cpus.tolist() == [1, np.iinfo(np.int32).max]
+    assert snap.cpus.tolist() == [1, 1]
     api = Recording([pending(1), pending(2)], [dataclasses.replace(nodes[0], alloc_cpus=2),
                                                nodes[1]])
     b = sharing(api)

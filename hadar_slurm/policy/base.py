@@ -269,6 +269,15 @@ class Snapshot:
     #: Per node, whether two jobs may share its GPUs (None: every node); the sidecar: the nodes
     #: whose GPUs are split into shards (``gres/shard``), two or more per GPU.
     share_nodes: BoolArray | None = None
+    #: Per node, the CPUs no job holds (None: CPUs are not counted).  The sidecar with
+    #: sharing on: ``sinfo``'s CPUTot less CPUAlloc, at the read.  Read by GPU sharing only:
+    #: a guest joins a host on a node only where these cover the CPUs that every job placed
+    #: there this epoch asks (``cpus``), as the sidecar's applier requires (a job Slurm cannot
+    #: give a CPU waits, and then starts on whichever GPU has a free shard: the pair is split).
+    node_free_cpus: IntArray | None = None
+    #: Per job, the CPUs it asks on each node it runs on (None: one each; read with
+    #: ``node_free_cpus``).
+    cpus: IntArray | None = None
     #: Per job, whether it runs where it is until it ends, whatever the policy decides (None:
     #: no job does).  The sidecar's running jobs that may not be stopped (``preempt=never``):
     #: the policy sees them, their remaining work and the GPUs they hold as those of any
@@ -337,6 +346,7 @@ class Snapshot:
             packed=tuple(p for p in self.packed if p[0] in kept and p[1] in kept),
             max_copies=opt(self.max_copies), may_share=opt(self.may_share),
             may_host=opt(self.may_host), may_join=opt(self.may_join), fixed=opt(self.fixed),
+            cpus=opt(self.cpus),
             pool=opt(self.pool), spread=opt(self.spread))
 
     def current_index(self) -> IntArray:

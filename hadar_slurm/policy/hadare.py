@@ -288,7 +288,7 @@ class HadarEPolicy:
             policy_state=prev_hadar,
             max_copies=None,
             # (copies do not share: HadarE pairs the real jobs after the merge, step 4)
-            colocated=None, packed=(), may_share=None,
+            colocated=None, packed=(), may_share=None, cpus=None,
             # (the loop keeps a fixed job where it runs, on the real jobs' decision)
             fixed=None,
             pool=owner, spread=None,

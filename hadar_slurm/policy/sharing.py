@@ -32,7 +32,10 @@ waiting jobs in queue order, each with the host where it pays most, a host takin
    or a host spread over several GPU types; and, where the world says so (the Slurm sidecar),
    never a new pair whose host may not be joined (``Snapshot.may_host``: it holds whole GPUs),
    whose guest may not join (``Snapshot.may_join``: it runs), or on GPUs that may not be
-   shared (``Snapshot.share_nodes``).  A pair that ran in the last epoch may always form again.
+   shared (``Snapshot.share_nodes``), or on a node without a CPU for the guest
+   (``Snapshot.node_free_cpus``: the CPUs free at the read must cover those of every job placed
+   on the node this epoch, the guest's included, as the sidecar's applier requires).  A pair
+   that ran in the last epoch may always form again.
 
 Nothing here runs where ``Snapshot.colocated`` is None (a backend that cannot share, or the
 sidecar with sharing off): Hadar then decides exactly as without sharing.
@@ -116,6 +119,27 @@ def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
     return w1 * (t1 - b1) + w2 * (t1 + t2 - b2) + behind * (t1 + t2 - max(b1, b2))
 
 
+def cpus_after(snapshot: Snapshot, placement: Placement) -> IntArray | None:
+    """Per node, the CPUs left for a guest: those free at the read
+    (``Snapshot.node_free_cpus``) less those that the jobs ``placement`` puts on the node
+    and that do not run there now ask (``Snapshot.cpus``, at least one each), as the sidecar's
+    applier counts them (a job stopped this epoch frees its CPUs only once it has left).  None
+    where the snapshot does not count CPUs."""
+    if snapshot.node_free_cpus is None:
+        return None
+    left = snapshot.node_free_cpus.astype(np.int64).copy()
+    index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
+    now = {(int(j), int(nd)) for j, nd in zip(snapshot.current.job.tolist(),
+                                              snapshot.current.node.tolist(), strict=True)}
+    for j, nd in {(int(j), int(nd)) for j, nd in zip(placement.job.tolist(),
+                                                     placement.node.tolist(), strict=True)}:
+        i = index_of.get(j)
+        if i is None or (j, nd) in now:
+            continue
+        left[nd] -= 1 if snapshot.cpus is None else max(int(snapshot.cpus[i]), 1)
+    return left
+
+
 def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
                  window: float = np.inf
                  ) -> tuple[Placement, Pairs, BoolArray, dict[int, str]]:
@@ -125,7 +149,8 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     ``window``: seconds to the drain target, by which a host must still end if it shares to
     its end.  Returns the placement with the guests' rows (the same as their
     hosts'), the pairs ``(lower id, higher id)``, the mask of the guests, and a detail line per
-    job of a pair."""
+    job of a pair and per waiting job whose pair would have paid on a node without a CPU for
+    it."""
     n = snapshot.num_jobs
     guests = np.zeros(n, dtype=np.bool_)
     rates = sharing_rates(snapshot)
@@ -166,6 +191,9 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     per_gpu = 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
     start_s = float(snapshot.migration_s)
     before = {a: b for p in snapshot.packed for a, b in (p, p[::-1])}
+    cpus_left = cpus_after(snapshot, placement)
+    cpus = (np.ones(n, dtype=np.int64) if snapshot.cpus is None
+            else np.maximum(snapshot.cpus.astype(np.int64), 1))
 
     def gain_with(x: int, p: int, h: int) -> float | None:
         """What waiting job ``x`` joining host ``p`` on type ``h`` gains (None: not allowed)."""
@@ -209,16 +237,33 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
         if not waiting[x]:
             continue
         best: tuple[float, int] | None = None
-        for p, (h, _rows) in hosts.items():
+        no_cpu: tuple[float, int, int] | None = None  # (gain, host, node) short of CPUs
+        for p, (h, rows) in hosts.items():
             gain = gain_with(x, p, h)
             if gain is None or gain <= 0.0:
                 continue
+            if cpus_left is not None and before.get(ids[x]) != ids[p]:
+                tight = [nd for nd, _c in rows if cpus_left[nd] < cpus[x]]
+                if tight:  # (it would wait for a CPU, and then the pair split)
+                    if no_cpu is None or gain > no_cpu[0]:
+                        no_cpu = (gain, p, tight[0])
+                    continue
             if best is None or gain > best[0]:
                 best = (gain, p)
         if best is None:
+            if no_cpu is not None:
+                _g, p, nd = no_cpu
+                left = 0 if cpus_left is None else max(int(cpus_left[nd]), 0)
+                detail[ids[x]] = (
+                    f"would share a GPU with job {ids[p]} on {snapshot.node_names[nd]}, but "
+                    f"the node has {left} free CPU(s) for the "
+                    f"{int(cpus[x])} it asks, this epoch's placements counted")
             continue
         p = best[1]
         _h, rows = hosts.pop(p)
+        if cpus_left is not None:
+            for nd, _c in rows:
+                cpus_left[nd] -= cpus[x]
         guests[x] = True
         waiting[x] = False
         pairs.append((min(ids[p], ids[x]), max(ids[p], ids[x])))
@@ -229,7 +274,7 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
             node.append(nd)
             count.append(c)
     if not pairs:
-        return placement, (), guests, {}
+        return placement, (), guests, detail
     k = len(job)
     out = Placement(np.concatenate([placement.job, np.array(job, dtype=np.int64)]),
                     np.concatenate([placement.node, np.array(node, dtype=np.int64)]),
@@ -239,4 +284,5 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     return out, tuple(sorted(pairs)), guests, detail
 
 
-__all__ = ["SharingRates", "pack_waiting", "pair_gain", "shared_finish", "sharing_rates"]
+__all__ = ["SharingRates", "cpus_after", "pack_waiting", "pair_gain", "shared_finish",
+           "sharing_rates"]

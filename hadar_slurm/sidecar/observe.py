@@ -621,7 +621,8 @@ class SlurmObserver:
     def _sharing(self, nodes: Sequence[SlurmNode],
                  ordered: Sequence[JobView]) -> dict[str, object]:
         """What the snapshot says of GPU sharing (``Snapshot.colocated``, ``packed``,
-        ``may_share``, ``may_host``, ``may_join``, ``share_nodes``), and each running view's
+        ``may_share``, ``may_host``, ``may_join``, ``share_nodes``, ``node_free_cpus``,
+        ``cpus``), and each running view's
         shard GPU and mate.  A steered 1-GPU job that runs as shards on a GPU holds it with the
         job on its other shards (a *pair*, ``packed``) or alone; one alone there, and one that
         waits, may get a new partner; a job that waits may join one.  Only unforked 1-GPU jobs
@@ -676,9 +677,16 @@ class SlurmObserver:
         alone = np.array([v.shard_gpu is not None and not v.mate
                           and room.get((v.job.node_names[0], v.shard_gpu), 0) >= 1
                           for v in ordered], dtype=np.bool_)
+        # (CPUs, as the applier counts them: a node whose read gives no CPU figures is not
+        # limited by them)
+        free_cpus = np.array([n.cpus - n.alloc_cpus
+                              if n.cpus is not None and n.alloc_cpus is not None
+                              else np.iinfo(np.int32).max for n in nodes], dtype=np.int64)
+        cpus = np.array([v.job.cpus_per_node or 1 for v in ordered], dtype=np.int64)
         return {"colocated": self.table.colocated, "packed": self.pairs,
                 "may_share": may_share, "may_host": may_share & (waits | alone),
-                "may_join": may_share & waits, "share_nodes": share_nodes}
+                "may_join": may_share & waits, "share_nodes": share_nodes,
+                "node_free_cpus": free_cpus, "cpus": cpus}
 
     def _foreign_by_index(self, node: SlurmNode, ours: set[int]) -> int:
         """GPUs of ``node`` (one with shards) that jobs other than the steered ones hold, whole
