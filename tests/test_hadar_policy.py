@@ -21,6 +21,8 @@ from hadar_slurm.policy.hadar import (
     drain_estimate,
     ends_this_round,
     ideal_seconds,
+    restarted,
+    round_progress,
     upgrade_idle,
 )
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
@@ -403,6 +405,32 @@ def test_drain_after_round_counts_a_moves_cost_now_and_later() -> None:
     assert ideal_seconds(snap, moved) == pytest.approx(30.0)
     nearly = dataclasses.replace(snap, remaining=np.array([20.0]))
     assert ideal_seconds(nearly, kept) == pytest.approx(20.0)
+
+
+def test_the_copies_of_one_job_restart_together() -> None:
+    # HadarE's copies (``pool``): jobs 0 and 1 are two copies of one job; copy 0 runs on
+    # type a.  A plan that keeps copy 0 where it is and adds copy 1 on b restarts the job,
+    # copy 0 too (the job runs as one set of copies): its round loses the move's 40 s, 60
+    # steps of 100.  As two jobs of their own, only the new one starts.
+    cluster = parse_counts("a=1:b=1")
+    table = parse_csv("job_type,scale_factor,gpu_type,steps_per_second\n"
+                      "t,1,a,1.0\nt,1,b,0.5\n", "t.csv")
+    snap = first_snapshot([job(0, "t", 500), job(1, "t", 500)], cluster, table)
+    a = int(np.flatnonzero(snap.node_type == snap.gpu_types.index("a"))[0])
+    snap = dataclasses.replace(snap, round_s=100.0, migration_s=40.0,
+                               current=Placement(np.array([0]), np.array([a]), np.array([1])))
+    ia, ib = snap.gpu_types.index("a"), snap.gpu_types.index("b")
+    both = np.zeros((2, 2), dtype=np.int64)
+    both[0, ia] = both[1, ib] = 1
+    alone = both.copy()
+    alone[1] = 0
+    assert restarted(snap, both).tolist() == [False, True]
+    assert round_progress(snap, both).tolist() == pytest.approx([100.0, 30.0])
+    pooled = dataclasses.replace(snap, pool=np.array([0, 0]))
+    assert restarted(pooled, both).tolist() == [True, True]
+    assert round_progress(pooled, both).tolist() == pytest.approx([60.0, 30.0])
+    # kept as it runs: nothing restarts
+    assert restarted(pooled, alone).tolist() == [False, False]
 
 
 def test_moves_that_gain_less_than_the_margin_are_not_made() -> None:

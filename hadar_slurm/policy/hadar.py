@@ -178,14 +178,25 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
 
 
 
+def restarted(snapshot: Snapshot, alloc: IntArray) -> BoolArray:
+    """Per job, whether ``alloc`` (GPUs per job and type) starts it anew: its GPUs there differ
+    from those it holds (``snapshot.held()``).  The copies of one job (``Snapshot.pool``:
+    HadarE's) restart together, since the job runs as one set of copies: a copy added, stopped
+    or moved restarts the others too."""
+    out: BoolArray = (alloc != snapshot.held()).any(axis=1)
+    if snapshot.pool is not None and out.any():
+        out = np.bincount(snapshot.pool, weights=out)[snapshot.pool] > 0
+    return out
+
+
 def round_progress(snapshot: Snapshot, alloc: IntArray) -> FloatArray:
     """The steps each job makes in a round of ``alloc`` (GPUs per job and type), at most what
-    it has left: a job whose GPUs in ``alloc`` differ from those it holds (``snapshot.held()``)
-    works the round less a move's cost (``migration_s``; a waiting job's start costs as much),
-    at its :func:`job_speed` on them."""
+    it has left: a job that ``alloc`` starts anew (:func:`restarted`) works the round less a
+    move's cost (``migration_s``; a waiting job's start costs as much), at its
+    :func:`job_speed` on them."""
     round_s = float(snapshot.round_s)
     worker_rate = snapshot.rate / np.maximum(snapshot.scale, 1)[:, None]
-    run_s = np.where((alloc != snapshot.held()).any(axis=1),
+    run_s = np.where(restarted(snapshot, alloc),
                      max(round_s - float(snapshot.migration_s), 0.0), round_s)
     speed = job_speed(alloc, worker_rate, snapshot.sync)
     out: FloatArray = np.minimum(speed * run_s, np.maximum(snapshot.remaining, 0.0))
@@ -453,9 +464,13 @@ class HadarPolicy:
         withheld: list[int] = []
         if self.move_margin >= 0.0 and snapshot.migration_s > 0.0:
             running = current.sum(axis=1) > 0
-            moved = running & (alloc.sum(axis=1) > 0) & (alloc != current).any(axis=1)
+            moved = running & (alloc.sum(axis=1) > 0) & restarted(snapshot, alloc)
             if moved.any():
                 keep = np.where(running[:, None], (current > 0) & (worker_rate > 0), main)
+                if snapshot.pool is not None:
+                    # (no copy added to a job that runs: that would restart it too)
+                    runs_pool = np.bincount(snapshot.pool, weights=running)[snapshot.pool] > 0
+                    keep &= ~(runs_pool & ~running)[:, None]
                 stay = self._dispatch(snapshot, keep, current, worker_rate, ukey, age, order,
                                       capacity, floor, lo, hi)
                 margin = self.move_margin * float(snapshot.migration_s)
@@ -697,4 +712,5 @@ class HadarPolicy:
 
 
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "carried_window", "drain_estimate",
-           "job_speed", "pooled_time", "repack_gangs", "upgrade_idle", "utility_bounds"]
+           "job_speed", "pooled_time", "repack_gangs", "restarted", "round_progress",
+           "upgrade_idle", "utility_bounds"]
