@@ -113,6 +113,8 @@ REGISTRY: dict[str, Where] = {
         creates="/etc/slurm/job_submit.lua"),
     "scontrol show config | grep JobSubmitPlugins": OnCluster(out="lua"),
     "scontrol show config | grep RequeueExitHold": OnCluster(out="75"),
+    "scontrol show config | grep -E SchedulerType|SchedulerParameters": OnCluster(
+        out="bf_interval=1"),
     "hadar-slurm hints lua": Here(out=LUA_BEGIN),
     "useradd --system --no-create-home --shell /usr/sbin/nologin hadar": NotRun(
         "adds a system user to the host"),
