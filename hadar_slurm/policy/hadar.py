@@ -178,6 +178,13 @@ def drain_estimate(remaining: FloatArray, scale: IntArray, rate: FloatArray,
 
 
 
+def any_copy(pool: IntArray, mask: BoolArray) -> BoolArray:
+    """Per copy (``Snapshot.pool``: the job each is a copy of), whether ``mask`` holds for any
+    copy of its job."""
+    out: BoolArray = np.bincount(pool, weights=mask)[pool] > 0
+    return out
+
+
 def restarted(snapshot: Snapshot, alloc: IntArray) -> BoolArray:
     """Per job, whether ``alloc`` (GPUs per job and type) starts it anew: its GPUs there differ
     from those it holds (``snapshot.held()``).  The copies of one job (``Snapshot.pool``:
@@ -185,7 +192,7 @@ def restarted(snapshot: Snapshot, alloc: IntArray) -> BoolArray:
     or moved restarts the others too."""
     out: BoolArray = (alloc != snapshot.held()).any(axis=1)
     if snapshot.pool is not None and out.any():
-        out = np.bincount(snapshot.pool, weights=out)[snapshot.pool] > 0
+        out = any_copy(snapshot.pool, out)
     return out
 
 
@@ -469,8 +476,7 @@ class HadarPolicy:
                 keep = np.where(running[:, None], (current > 0) & (worker_rate > 0), main)
                 if snapshot.pool is not None:
                     # (no copy added to a job that runs: that would restart it too)
-                    runs_pool = np.bincount(snapshot.pool, weights=running)[snapshot.pool] > 0
-                    keep &= ~(runs_pool & ~running)[:, None]
+                    keep &= ~(any_copy(snapshot.pool, running) & ~running)[:, None]
                 stay = self._dispatch(snapshot, keep, current, worker_rate, ukey, age, order,
                                       capacity, floor, lo, hi)
                 margin = self.move_margin * float(snapshot.migration_s)
@@ -711,6 +717,6 @@ class HadarPolicy:
         return critical, chain_now, tuple(sorted(chain_ids))
 
 
-__all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "carried_window", "drain_estimate",
-           "job_speed", "pooled_time", "repack_gangs", "restarted", "round_progress",
-           "upgrade_idle", "utility_bounds"]
+__all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "carried_window",
+           "drain_estimate", "job_speed", "pooled_time", "repack_gangs", "restarted",
+           "round_progress", "upgrade_idle", "utility_bounds"]

@@ -119,12 +119,20 @@ def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
     return w1 * (t1 - b1) + w2 * (t1 + t2 - b2) + behind * (t1 + t2 - max(b1, b2))
 
 
-def cpus_after(snapshot: Snapshot, placement: Placement) -> IntArray | None:
+def job_cpus(snapshot: Snapshot) -> IntArray:
+    """Per job, the CPUs it asks on each node (``Snapshot.cpus``), at least one."""
+    if snapshot.cpus is None:
+        return np.ones(snapshot.num_jobs, dtype=np.int64)
+    out: IntArray = np.maximum(snapshot.cpus.astype(np.int64), 1)
+    return out
+
+
+def cpus_after(snapshot: Snapshot, placement: Placement, cpus: IntArray) -> IntArray | None:
     """Per node, the CPUs left for a guest: those free at the read
     (``Snapshot.node_free_cpus``) less those that the jobs ``placement`` puts on the node
-    and that do not run there now ask (``Snapshot.cpus``, at least one each), as the sidecar's
-    applier counts them (a job stopped this epoch frees its CPUs only once it has left).  None
-    where the snapshot does not count CPUs."""
+    and that do not run there now ask (``cpus``: :func:`job_cpus`), as the sidecar's applier
+    counts them (a job stopped this epoch frees its CPUs only once it has left).  None where
+    the snapshot does not count CPUs."""
     if snapshot.node_free_cpus is None:
         return None
     left = snapshot.node_free_cpus.astype(np.int64).copy()
@@ -136,7 +144,7 @@ def cpus_after(snapshot: Snapshot, placement: Placement) -> IntArray | None:
         i = index_of.get(j)
         if i is None or (j, nd) in now:
             continue
-        left[nd] -= 1 if snapshot.cpus is None else max(int(snapshot.cpus[i]), 1)
+        left[nd] -= int(cpus[i])
     return left
 
 
@@ -191,9 +199,8 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     per_gpu = 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
     start_s = float(snapshot.migration_s)
     before = {a: b for p in snapshot.packed for a, b in (p, p[::-1])}
-    cpus_left = cpus_after(snapshot, placement)
-    cpus = (np.ones(n, dtype=np.int64) if snapshot.cpus is None
-            else np.maximum(snapshot.cpus.astype(np.int64), 1))
+    cpus = job_cpus(snapshot)
+    cpus_left = cpus_after(snapshot, placement, cpus)
 
     def gain_with(x: int, p: int, h: int) -> float | None:
         """What waiting job ``x`` joining host ``p`` on type ``h`` gains (None: not allowed)."""
@@ -284,5 +291,5 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     return out, tuple(sorted(pairs)), guests, detail
 
 
-__all__ = ["SharingRates", "cpus_after", "pack_waiting", "pair_gain", "shared_finish",
-           "sharing_rates"]
+__all__ = ["SharingRates", "cpus_after", "job_cpus", "pack_waiting", "pair_gain",
+           "shared_finish", "sharing_rates"]

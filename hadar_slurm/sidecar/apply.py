@@ -512,8 +512,8 @@ class SlurmApplier:
             return "its mate or its node is not in the last read"
         if node.name in self._shard_nodes:
             return f"another pair is placed on {node.name} this epoch"
-        if node.cpus is not None and node.alloc_cpus is not None:
-            idle = node.cpus - node.alloc_cpus
+        idle = node.free_cpus
+        if idle is not None:
             need = self._cpu_demand.get(node.name, 0)
             if need > idle:
                 # (a job Slurm cannot give a CPU waits, and starts later on whichever GPU has

@@ -679,9 +679,8 @@ class SlurmObserver:
                           for v in ordered], dtype=np.bool_)
         # (CPUs, as the applier counts them: a node whose read gives no CPU figures is not
         # limited by them)
-        free_cpus = np.array([n.cpus - n.alloc_cpus
-                              if n.cpus is not None and n.alloc_cpus is not None
-                              else np.iinfo(np.int32).max for n in nodes], dtype=np.int64)
+        free_cpus = np.array([np.iinfo(np.int32).max if n.free_cpus is None else n.free_cpus
+                              for n in nodes], dtype=np.int64)
         cpus = np.array([v.job.cpus_per_node or 1 for v in ordered], dtype=np.int64)
         return {"colocated": self.table.colocated, "packed": self.pairs,
                 "may_share": may_share, "may_host": may_share & (waits | alone),

@@ -200,6 +200,13 @@ class SlurmNode:
         types = {g.type for g in self.gres if g.name == "gpu" and g.type}
         return types.pop() if len(types) == 1 else None
 
+    @property
+    def free_cpus(self) -> int | None:
+        """CPUs no job holds (CPUTot less CPUAlloc), or None where the read lacks either."""
+        if self.cpus is None or self.alloc_cpus is None:
+            return None
+        return self.cpus - self.alloc_cpus
+
 
 # ------------------------------------------------------------------------------ field readers
 
