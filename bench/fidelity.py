@@ -292,6 +292,8 @@ def sim_seed(jobs: Sequence[Job], policy_name: str, st: Settings, seed: int,
                    make_policy(policy_name, **settings), round_s=st.epoch_s * c,
                    reschedule_on_finish=True, migration_cost_s=costs.move_s * c,
                    start_cost_s=costs.start_s * c, wake_delay_s=st.finish_poll_s * c,
+                   fork_start_s=costs.fork_start_s * c,
+                   fork_interval_s=costs.fork_interval_s * c,
                    seed=seed, even_gangs=True)
     finish = {job.job_id: float(res.finish[i]) / c for i, job in enumerate(order)
               if not math.isnan(float(res.finish[i]))}

@@ -1,8 +1,11 @@
 """What moving a running job really costs on Slurm: from the checkpoint signal to the job running
 again on its new node, measured on the real dev cluster.
 
-    python -m bench.move_cost [--repeats 8] [--grace 30] [--checkpoint-s 1]
+    python -m bench.move_cost [--repeats 8] [--grace 30] [--checkpoint-s 1] [--fork-repeats 8]
                               [--json bench/results/move_cost.json]
+
+(``--repeats 0`` or ``--fork-repeats 0`` runs one part alone; the other keeps its rows in the
+``--json`` file.)
 
 Needs root and Debian's Slurm (``make deps``); uses the dev cluster that answers at
 ``$SLURM_CONF`` or starts its own and stops it again (as ``bench.epoch_overhead`` does).
@@ -31,11 +34,22 @@ it left (:func:`hadar_slurm.sidecar.apply.start_time`), without which ``start_s`
 
 The median ``running_s`` is what ``[scheduler] migration_s`` should be (the sidecar tells the
 policy, and ``simulate`` charges, that many seconds per move): see ``docs/architecture.md``.
+
+**Forks** (``--fork-repeats``, HadarE): Slurm starts a heterogeneous job only from its backfill
+scheduler, never from the main one, so a fork waits for the next backfill cycle (``bf_interval``
+is 1 s on the dev cluster).  Each repeat submits, at once, heterogeneous jobs rendered as the
+sidecar renders its forks (:func:`hadar_slurm.slurm.hetjob.render_hetjob`, two copies of one
+GPU each) in two layouts: ``shared``, three forks on the same two nodes, and ``disjoint``, two
+forks on two nodes each, no node in common; per fork, in the order they were submitted
+(``rank``), ``fork_start_s``: the first submission to the fork's first copy running.
+The medians by layout and rank are what :mod:`hadar_slurm.costs` takes
+(``SLURM_FORK_START_S``, ``SLURM_FORK_INTERVAL_S``) and the simulator charges.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -43,11 +57,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.epoch_overhead import DEV_CONFIG, Cluster, all_jobs, dev_cluster
+from bench.epoch_overhead import DEV_CONFIG, Cluster, all_jobs, cancel_bench_jobs, dev_cluster
 from bench.report import write_rows
 from hadar_slurm.sidecar.config import load_config
 from hadar_slurm.sidecar.controller import Sidecar
 from hadar_slurm.slurm import SlurmJob, commands
+from hadar_slurm.slurm.hetjob import CopySpec, ForkPlan, render_hetjob
 from hadar_slurm.slurm.parse import parse_sbatch_parsable
 
 JOB_NAME = "hadar-bench-move"
@@ -59,6 +74,20 @@ trap 'echo "signal $(date +%s.%N)" >> "$log"; sleep $2; echo "exit $(date +%s.%N
       exit 75' USR1
 while true; do sleep 1 & wait $!; done
 """
+
+
+FORK_JOB_NAME = "hadar-bench-fork"
+FORK_PAYLOAD = """#!/bin/bash
+# bench.move_cost fork payload: log the start of this copy with the time, then end
+echo "start $(date +%s.%N) $(hostname) ${HADAR_COPY_INDEX:-0}" >> "$1/fork-$2.log"
+sleep 1
+"""
+#: The forks' nodes by layout: each fork's two copies (one GPU each, the nodes' GPU types).
+FORK_LAYOUTS: dict[str, tuple[tuple[tuple[str, str], ...], ...]] = {
+    "shared": ((("node1", "v100"), ("node2", "p100")),) * 3,
+    "disjoint": ((("node1", "v100"), ("node2", "p100")),
+                 (("node3", "k80"), ("node4", "a100"))),
+}
 
 
 def _jobs(cluster: Cluster) -> dict[int, SlurmJob]:
@@ -161,6 +190,55 @@ def one_move(cluster: Cluster, work: Path, run: int, grace: float,
     return row
 
 
+def fork_starts(cluster: Cluster, work: Path, run: int, layout: str,
+                phase: float = 0.0) -> list[dict[str, Any]]:
+    """Submit the forks of ``layout`` (:data:`FORK_LAYOUTS`) at once, beginning at ``phase``
+    (a fraction of a second); per fork, the seconds from the first submission to its first
+    copy's start, and from its own."""
+    payload = work / "fork-payload.sh"
+    payload.write_text(FORK_PAYLOAD)
+    scripts = []
+    for k, copies in enumerate(FORK_LAYOUTS[layout]):
+        plan = ForkPlan(original_job_id=k + 1, job_name=FORK_JOB_NAME,
+                        command=("bash", str(payload), str(work), str(k)),
+                        copies=tuple(CopySpec(n, t, 1) for n, t in copies),
+                        workdir=str(work), tracker_dir=str(work / f"tracker-{k}"),
+                        output="/dev/null")
+        path = work / f"fork-{k}.sbatch"
+        path.write_text(render_hetjob(plan))
+        scripts.append(path)
+    time.sleep((phase - time.time()) % 1.0)
+    submitted = []
+    for path in scripts:
+        submitted.append(time.time())
+        cluster.runner.run(commands.sbatch(script=str(path)))
+    logs = [work / f"fork-{k}.log" for k in range(len(scripts))]
+    _wait("the forks to start", 60, lambda: all(_log(x) for x in logs))
+    cancel_bench_jobs(cluster, ours=lambda j: j.name == FORK_JOB_NAME)
+    rows = []
+    for k, log in enumerate(logs):
+        first = min(float(x[1]) for x in _log(log) if x[0] == "start")
+        rows.append({"run": run, "layout": layout, "rank": k, "phase": round(phase, 3),
+                     "fork_start_s": round(first - submitted[0], 3),
+                     "own_start_s": round(first - submitted[k], 3)})
+    print(f"  forks {run} ({layout}): started " + ", ".join(
+        f"{r['fork_start_s']:.2f}" for r in rows) + " s after the first submission",
+          flush=True)
+    return rows
+
+
+def fork_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per layout and rank, the median ``fork_start_s``."""
+    out = []
+    for layout in FORK_LAYOUTS:
+        for rank in sorted({r["rank"] for r in rows if r["layout"] == layout}):
+            v = [r["fork_start_s"] for r in rows if r["layout"] == layout
+                 and r["rank"] == rank]
+            out.append({"run": "median", "layout": layout, "rank": rank,
+                        "fork_start_s": round(statistics.median(v), 3), "forks": len(v)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.move_cost", description=__doc__.split(
         "\n\n")[0])
@@ -168,26 +246,52 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=float, default=30.0, help="preempt_grace_s (s)")
     p.add_argument("--checkpoint-s", type=float, default=1.0,
                    help="seconds the payload takes to checkpoint on the signal")
+    p.add_argument("--fork-repeats", type=int, default=8,
+                   help="repeats of each fork layout (0: no forks)")
+    # (with --repeats 0 or --fork-repeats 0, the part not run keeps its rows in --json's file)
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = p.parse_args(argv)
     rows: list[dict[str, Any]] = []
+    forks: list[dict[str, Any]] = []
     with dev_cluster() as cluster, tempfile.TemporaryDirectory(prefix="hadar-move-") as tmp:
+        Path(tmp).chmod(0o755)
         for run in range(args.repeats):
             work = Path(tmp) / f"run{run}"
             work.mkdir()
             rows.append(one_move(cluster, work, run, args.grace, args.checkpoint_s,
                                  phase=(run + 0.5) / args.repeats))
+        for run in range(args.fork_repeats):
+            for layout in FORK_LAYOUTS:
+                work = Path(tmp) / f"fork{run}-{layout}"
+                work.mkdir()
+                forks += fork_starts(cluster, work, run, layout,
+                                     phase=(run + 0.5) / args.fork_repeats)
     keys = ("exit_s", "placed_s", "start_s", "running_s", "apply_s", "first_start_s")
-    summary = {"run": "median", **{k: round(statistics.median(r[k] for r in rows), 3)
-                                   for k in keys}}
-    print()
-    print(f"{'':8s} " + " ".join(f"{k:>10s}" for k in keys))
-    for r in [*rows, summary]:
-        print(f"{r['run']!s:8s} " + " ".join(f"{r[k]:10.2f}" for k in keys))
-    print(f"\nmove cost (signal to running on the new node), median of {len(rows)}: "
-          f"{summary['running_s']:.1f} s")
+    summary: list[dict[str, Any]] = []
+    if rows:
+        summary = [{"run": "median", **{k: round(statistics.median(r[k] for r in rows), 3)
+                                        for k in keys}}]
+        print()
+        print(f"{'':8s} " + " ".join(f"{k:>10s}" for k in keys))
+        for r in [*rows, *summary]:
+            print(f"{r['run']!s:8s} " + " ".join(f"{r[k]:10.2f}" for k in keys))
+        print(f"\nmove cost (signal to running on the new node), median of {len(rows)}: "
+              f"{summary[0]['running_s']:.1f} s")
+    fork_rows = fork_summary(forks) if forks else []
+    if fork_rows:
+        print("\nforks: first submission to the fork's first copy running (median, s)")
+        for r in fork_rows:
+            print(f"  {r['layout']:8s} rank {r['rank']}: {r['fork_start_s']:.2f} "
+                  f"({r['forks']} forks)")
     if args.json is not None:
-        write_rows([*rows, summary], args.json)
+        moves_part, forks_part = [*rows, *summary], [*forks, *fork_rows]
+        if args.json.exists() and not (moves_part and forks_part):
+            # A part not run (--repeats 0 or --fork-repeats 0) keeps its rows in the file.
+            kept = json.loads(args.json.read_text())
+            moves_part = moves_part or [r for r in kept if "layout" not in r]
+            forks_part = forks_part or [r for r in kept if "layout" in r]
+            print(f"(kept the {'moves' if not rows else 'forks'}' rows of {args.json})")
+        write_rows([*moves_part, *forks_part], str(args.json))
     return 0
 
 

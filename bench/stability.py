@@ -112,7 +112,9 @@ def probe(policy_name: str, seeds: int, draws: int, offsets: Sequence[float],
         res = simulate(jobs, fidelity.dev_cluster_spec(), fidelity.dev_table(), rec,
                        round_s=st.epoch_s * c, reschedule_on_finish=True,
                        migration_cost_s=costs.move_s * c, start_cost_s=costs.start_s * c,
-                       wake_delay_s=st.finish_poll_s * c, seed=seed, even_gangs=True)
+                       wake_delay_s=st.finish_poll_s * c, seed=seed, even_gangs=True,
+                       fork_start_s=costs.fork_start_s * c,
+                       fork_interval_s=costs.fork_interval_s * c)
         spans.append(res.makespan_s / c)
         jcts.append(res.avg_jct_s / c)
         moves.append(sum(r.moves for r in res.records))

@@ -38,6 +38,14 @@ SLURM_MOVE_S = 2.41
 #: Placement of a pending job to its payload's first line (median, bench.move_cost's
 #: ``first_start_s``).
 SLURM_START_S = 0.38
+#: A heterogeneous job's (HadarE's fork's) submission to its payload's first line, the first
+#: of those submitted at once (median, bench.move_cost's ``fork_start_s`` at rank 0): Slurm
+#: starts heterogeneous jobs only from its backfill scheduler (``bf_interval`` = 1 s on the
+#: dev cluster), so it waits for the next cycle.
+SLURM_FORK_START_S = 0.58
+#: How much later each further heterogeneous job submitted at once starts (median spacing,
+#: bench.move_cost's forks): the backfill scheduler starts one per cycle.
+SLURM_FORK_INTERVAL_S = 1.0
 #: A training job's own restart (checkpoint on the signal, then start to first step): assumed.
 DEFAULT_RESTART_S = 30.0
 
@@ -62,6 +70,17 @@ class LiveCosts:
     def start_s(self) -> float:
         """A pending job's first start."""
         return SLURM_START_S + self.restart_s
+
+    @property
+    def fork_start_s(self) -> float:
+        """How much longer than a plain start the first fork (heterogeneous job) of an epoch
+        takes to start (the simulator's ``fork_start_s``)."""
+        return max(SLURM_FORK_START_S - SLURM_START_S, 0.0)
+
+    @property
+    def fork_interval_s(self) -> float:
+        """How much later each further fork of the epoch starts (``fork_interval_s``)."""
+        return SLURM_FORK_INTERVAL_S
 
 
 #: What the sidecar and the simulator charge when nothing else is configured.

@@ -4,12 +4,21 @@ in step with what bench.move_cost measured."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hadar_slurm.costs import DEFAULT, SLURM_MOVE_S, SLURM_START_S, LiveCosts
+from hadar_slurm.consolidation import ConsolidationCost
+from hadar_slurm.costs import (
+    DEFAULT,
+    SLURM_FORK_INTERVAL_S,
+    SLURM_FORK_START_S,
+    SLURM_MOVE_S,
+    SLURM_START_S,
+    LiveCosts,
+)
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import ClusterSpec, Job, Node
 from hadar_slurm.policy import make_policy
@@ -126,3 +135,66 @@ def test_a_start_or_move_is_paid_in_full_when_an_epoch_comes_sooner() -> None:
                      cluster, table, _MoveOnce(), round_s=100.0, start_cost_s=7.0,
                      migration_cost_s=20.0, reschedule_on_finish=True)
     assert moved.finish.tolist() == pytest.approx([100.0 + 20.0 + 907.0, 105.0 + 7.0 + 50.0])
+
+
+_FORK_NODES = {0: (0, 1), 1: (0, 1), 2: (2, 3)}
+
+
+class _ForkThree:
+    """Jobs 0 and 1 as two copies each on nodes 0 and 1, job 2 on nodes 2 and 3, every epoch
+    (each holds one GPU per node)."""
+
+    name = "fork-three"
+
+    def allocate(self, snapshot: Snapshot) -> Decision:
+        ids = [int(j) for j in snapshot.job_ids]
+        job = np.repeat(np.array(ids, dtype=np.int64), 2)
+        node = np.array([n for j in ids for n in _FORK_NODES[j]], dtype=np.int64)
+        return Decision(snapshot.epoch, Placement(
+            job, node, np.ones(len(job), dtype=np.int64), np.tile([0, 1], len(ids))),
+            np.full(len(ids), Reason.PLACED, dtype=np.int8))
+
+
+def test_forks_that_share_a_node_start_a_backfill_cycle_apart() -> None:
+    # Slurm starts heterogeneous jobs only from its backfill scheduler, no two that share a
+    # node in one cycle (bench.move_cost's forks).  Jobs 0 and 1 share nodes 0 and 1: job 1
+    # starts one cycle (fork_interval_s, 10 s) after job 0.  Job 2 shares no node: it starts
+    # with job 0.  All three wait fork_start_s (3 s) more than a plain start (7 s), give or
+    # take where in the cycle the round began (+-5 s, one draw for the round).
+    cluster = ClusterSpec(tuple(Node(f"n{k}", "v100", 2) for k in range(4)))
+    table = ThroughputTable({("toy", 1): {"v100": 1.0}})
+    jobs = [Job(k, "toy", scale_factor=1, total_steps=1000.0, arrival_s=0.0) for k in range(3)]
+
+    def finish(fork_start_s: float = 0.0, fork_interval_s: float = 0.0) -> list[float]:
+        res = simulate(jobs, cluster, table, _ForkThree(), round_s=10000.0,
+                       start_cost_s=7.0, consolidation=ConsolidationCost(0.0, 0.0),
+                       fork_start_s=fork_start_s, fork_interval_s=fork_interval_s)
+        return [float(x) for x in res.finish]
+
+    # two copies at 1 step/s each (consolidation free here): 500 s of work, a start before
+    # and one after (the job's own run)
+    plain = finish()
+    assert plain == pytest.approx([7.0 + 500.0 + 7.0] * 3)
+    for seed_like in (3.0, 0.0):
+        staggered = finish(fork_start_s=seed_like + 3.0, fork_interval_s=10.0)
+        assert staggered[1] - staggered[0] == pytest.approx(10.0)
+        assert staggered[2] == pytest.approx(staggered[0])
+        assert seed_like + 3.0 - 5.0 <= staggered[0] - plain[0] <= seed_like + 3.0 + 5.0
+    assert finish(fork_start_s=3.0) == pytest.approx([7.0 + 3.0 + 500.0 + 7.0] * 3)
+    with pytest.raises(ValueError, match="fork_interval_s"):
+        finish(fork_interval_s=-1.0)
+
+
+def test_live_costs_carry_the_measured_fork_start() -> None:
+    rows = json.loads((REPO / "bench" / "results" / "move_cost.json").read_text())
+    shared = {r["rank"]: r["fork_start_s"] for r in rows
+              if r.get("run") == "median" and r.get("layout") == "shared"}
+    disjoint = {r["rank"]: r["fork_start_s"] for r in rows
+                if r.get("run") == "median" and r.get("layout") == "disjoint"}
+    assert SLURM_FORK_START_S == pytest.approx(shared[0], abs=0.02)
+    assert SLURM_FORK_INTERVAL_S == pytest.approx(
+        statistics.median(np.diff([shared[k] for k in sorted(shared)])), abs=0.02)
+    # (no node in common: they start in the same cycle, as the simulator has it)
+    assert max(disjoint.values()) - min(disjoint.values()) < 0.5 * SLURM_FORK_INTERVAL_S
+    assert DEFAULT.fork_start_s == pytest.approx(SLURM_FORK_START_S - SLURM_START_S)
+    assert DEFAULT.fork_interval_s == SLURM_FORK_INTERVAL_S

@@ -248,11 +248,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise InputError("exists and is not a directory", source=args.plots, field="plots")
 
     if args.free_moves:
-        move_s = start_s = 0.0
+        move_s = start_s = fork_start_s = fork_interval_s = 0.0
         costs = "starts and moves free"
     else:
         live = LiveCosts(parse_seconds(args.restart_s, "restart-s"))
         move_s, start_s = live.move_s, live.start_s
+        fork_start_s, fork_interval_s = live.fork_start_s, live.fork_interval_s
         costs = f"a start costs {start_s:g} s, a move {move_s:g} s"
     print(core_line(), file=sys.stderr)
     print(f"trace {source}: {len(jobs)} jobs; cluster {cluster.describe()}; "
@@ -267,7 +268,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             results.append(simulate(jobs, cluster, table, policy, round_s=round_s,
                                     consolidation=consolidation, on_epoch=hook,
                                     reschedule_on_finish=args.reschedule_on_finish,
-                                    migration_cost_s=move_s, start_cost_s=start_s))
+                                    migration_cost_s=move_s, start_cost_s=start_s,
+                                    fork_start_s=fork_start_s,
+                                    fork_interval_s=fork_interval_s))
         finally:
             progress.close()
     print(result_table(results))

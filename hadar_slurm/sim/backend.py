@@ -20,6 +20,16 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
   world's figures: ``hadar-slurm simulate`` charges them by default).  A round that ends
   sooner (``reschedule_on_finish``) does not cut them short: a job kept on its GPUs pays the
   rest at the start of the next round, as a live job is still starting then.
+* A forked start (a heterogeneous job: HadarE's copies, started anew or again) costs a first
+  start (``start_cost_s``: a new heterogeneous job, whose old copies, if any, checkpointed)
+  and waits for Slurm's backfill scheduler when ``fork_start_s`` or ``fork_interval_s`` is set:
+  Slurm starts heterogeneous jobs only from it, and starts no two in one cycle that share a
+  node (measured, ``bench/move_cost.py``).  So the forks a round starts, taken in job id order
+  (as the sidecar submits them), wait ``fork_start_s`` more than a plain start on average,
+  plus ``fork_interval_s`` for each cycle they must wait for an earlier fork that shares a
+  node with them (one cycle more than the latest such fork's); all shifted by one draw
+  uniform in +-``fork_interval_s / 2`` (seeded: where in the backfill cycle the round
+  began).  :class:`~hadar_slurm.costs.LiveCosts` has the dev cluster's figures.
 
 Progress of a job in a round: per-worker rate ``r[h] = rate[h] / scale``; a synchronous job
 runs at ``workers * min r over the types it uses`` (the slowest worker sets the pace) times
@@ -134,9 +144,16 @@ class SimulatedCluster:
         seed: int = 0,
         even_gangs: bool = False,
         gpu_sharing: bool = True,
+        fork_start_s: float = 0.0,
+        fork_interval_s: float = 0.0,
     ) -> None:
-        if not wake_delay_s >= 0:
-            raise ValueError(f"wake_delay_s must be >= 0, got {wake_delay_s!r}")
+        for name, value in (("wake_delay_s", wake_delay_s), ("fork_start_s", fork_start_s),
+                            ("fork_interval_s", fork_interval_s)):
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        #: A forked start's wait beyond a plain start's (the module docstring).
+        self.fork_start_s = fork_start_s
+        self.fork_interval_s = fork_interval_s
         self.reschedule_on_finish = reschedule_on_finish
         #: How late an epoch that a finish or an arrival brings forward starts: uniform in
         #: [0, wake_delay_s) (the sidecar's ``finish_poll_s``: it sees a finish at its next
@@ -332,6 +349,7 @@ class SimulatedCluster:
             c.job_id: (self.start_cost_s if np.isnan(self.state.first_start[
                 self.index_of[c.job_id]]) else self.migration_cost_s)
             for c in changes if c.kind in started}
+        self._stagger_forks(changes)
         self.current = placement_of(changes)
         # A job that keeps its GPUs while its start or move is not over yet (an epoch came
         # sooner: a job ended or arrived) still has the rest of it to go, as live: the epoch
@@ -356,6 +374,24 @@ class SimulatedCluster:
                 self.state.first_start[i] = now
         return ApplyReport(applied=[{"job": c.job_id, "action": c.kind.value}
                                     for c in changes if c.kind is not ChangeKind.KEEP])
+
+    def _stagger_forks(self, changes: Sequence[Change]) -> None:
+        """Charge each forked start of this round (the copies of one job started anew) a first
+        start and its wait for Slurm's backfill scheduler (the module docstring)."""
+        if not (self.fork_start_s or self.fork_interval_s):
+            return
+        forks = sorted((c.job_id, {n for rows in c.copies for n, _ in rows}) for c in changes
+                       if c.job_id in self._moved and len(c.copies) > 1)
+        if not forks:
+            return
+        shift = (float(self._rng.uniform(-0.5, 0.5)) * self.fork_interval_s
+                 if self.fork_interval_s else 0.0)
+        cycles: list[tuple[set[int], int]] = []
+        for job_id, nodes in forks:
+            cycle = 1 + max((k for seen, k in cycles if seen & nodes), default=-1)
+            cycles.append((nodes, cycle))
+            self._moved[job_id] = self.start_cost_s + max(
+                self.fork_start_s + shift + cycle * self.fork_interval_s, 0.0)
 
     def next_epoch_start(self, now: float, round_s: float) -> float | None:
         ttf = [self._time_to_finish(j, copies)

@@ -134,6 +134,8 @@ def simulate(
     seed: int = 0,
     even_gangs: bool = False,
     gpu_sharing: bool = True,
+    fork_start_s: float = 0.0,
+    fork_interval_s: float = 0.0,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
 
@@ -157,6 +159,9 @@ def simulate(
     simulator offers GPU sharing to the policy (pairs of jobs on the same GPUs at the table's
     co-located rates, with fixed rounds only; see
     :class:`~hadar_slurm.sim.backend.SimulatedCluster`); no policy but a packing one uses it.
+    ``fork_start_s``, ``fork_interval_s``: how much longer than a plain start a forked one
+    (a heterogeneous job) takes, the first of a round and each further one (Slurm's backfill
+    scheduler starts them one per cycle; see :class:`~hadar_slurm.sim.backend.SimulatedCluster`).
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
                                start_cost_s=start_cost_s,
@@ -165,7 +170,8 @@ def simulate(
                                reschedule_on_finish=reschedule_on_finish,
                                multi_node_copies=multi_node_copies,
                                wake_delay_s=wake_delay_s, seed=seed, even_gangs=even_gangs,
-                               gpu_sharing=gpu_sharing)
+                               gpu_sharing=gpu_sharing, fork_start_s=fork_start_s,
+                               fork_interval_s=fork_interval_s)
     return run_backend(backend, policy, round_s=round_s, on_epoch=on_epoch)
 
 
