@@ -564,7 +564,36 @@ def test_a_job_that_ends_this_round_is_not_stopped_for_critical_jobs() -> None:
     mine = decision.placement.select(decision.placement.job == 2)
     assert [(snap.node_names[n], c) for n, c in zip(mine.node, mine.count, strict=True)] == [
         ("node4", 4)]
-    # With rounds that leave a job's freed GPUs idle to their end, the rule does not apply:
-    # the critical jobs come first, as they did live.
+    # With rounds that leave a job's freed GPUs idle to their end, Hadar's rule does not
+    # apply: the critical jobs come first, as they did live, and job 2 is stopped.  (Shown
+    # with Hadar over the real jobs: HadarE now plans jobs 5, 6 and 10 as the two copies each
+    # runs as, test_a_job_running_as_copies_is_planned_as_them, which leaves the critical
+    # jobs other GPUs here whichever the rounds.)
+    assert 2 in policy.hadar.allocate(snap).placement.job
     snap, policy = captured_snapshot("fidelity-hadare-epoch2.json", refill_on_finish=False)
-    assert 2 not in policy.allocate(snap).placement.job
+    assert 2 not in policy.hadar.allocate(snap).placement.job
+
+
+def test_a_job_running_as_copies_is_planned_as_them() -> None:
+    # bench/fidelity's trace in the simulator, 24 s in (tests/data/snapshots): job 9, a
+    # 1-GPU ResNet-50 too short for step 1 to fork, runs as the three copies an earlier
+    # epoch's step 3 gave it on GPUs nobody took; job 4 runs as two.  Each copy added or
+    # dropped restarts the whole job.  Planned as one copy again, as before, job 9 lost two
+    # copies here (a restart) and step 3, which gives idle GPUs out only once no waiting job
+    # fits in them, did not give them back; in the live runs such jobs went from three copies
+    # to one and back to two, a restart each time.  Planned as the copies it runs as, it keeps
+    # them, and no running job restarts.
+    d = json.loads((SNAPSHOTS / "fidelity-hadare-sim-24s.json").read_text())
+    state = d["policy_state"]
+    snap = snapshot_from_json(
+        d, HadarEState(HadarState(state["hadar_target"], (), ()), state["target"]),
+        refill_on_finish=True)
+    runs_as = dict(zip(snap.job_ids.tolist(), HadarEPolicy.runs_as(snap).tolist(), strict=True))
+    assert {j: k for j, k in runs_as.items() if k != 1} == {0: 0, 4: 2, 5: 2, 6: 0, 8: 0,
+                                                              9: 3, 12: 0}
+    policy = HadarEPolicy(consolidation=ConsolidationCost(
+        base_s=d["consolidation_base_s"], s_per_gb=d["consolidation_s_per_gb"]))
+    now = snap.current.by_job_copies()
+    new = policy.allocate(snap).placement.by_job_copies()
+    assert new[9] == now[9] and new[4] == now[4]
+    assert [j for j in now if j in new and new[j] != now[j]] == []

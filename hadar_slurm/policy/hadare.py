@@ -14,7 +14,11 @@ compete for GPUs like any job.  One epoch:
    room for, node-disjoint).  The others keep one copy (``fork_all`` offers every job its cap:
    a much lower average JCT for a longer makespan and lower utilisation; see bench/quality.py).
    A job the world asks to spread (``Snapshot.spread``: a study's trials, whose cap is the
-   study's water-filling share of the cluster) is offered its cap whatever its length.
+   study's water-filling share of the cluster) is offered its cap whatever its length.  A job
+   that runs as copies (step 3's, say) is offered at least as many (:meth:`HadarEPolicy.runs_as`,
+   up to its cap): dropping one restarts the job as adding one did, so Hadar plans them and its
+   rule that moves must pay weighs the restart (planned as one copy, such a job lost its copies
+   at the next full epoch and got them back later, a restart each way: docs/algorithm.md).
 2. **Hadar plans the copies.**  Each offered copy becomes a job of its own in a virtual snapshot:
    its share of the remaining work, the job's rate less the consolidation overhead, and its share
    of the job's weight, so that in Hadar's shortest-remaining-time order a copy ranks by the whole
@@ -141,6 +145,9 @@ class HadarEPolicy:
         if snapshot.spread is not None:  # (a study's trials once few remain, issue #17)
             long_job |= snapshot.spread & (cap > 1)
         want[long_job] = cap[long_job]
+        # A job that runs as copies (step 3's, say) is planned as at least those copies.
+        # (copies_allowed's cap still applies: a job over its cap now loses copies)
+        want = np.maximum(want, np.minimum(self.runs_as(snapshot), cap))
 
         # 2: Hadar over the copies; planned again, without the copies the merge had to drop,
         # while their GPUs would idle as jobs wait.
@@ -211,6 +218,15 @@ class HadarEPolicy:
                        detail={**decision.detail, **forked_detail(placement)})
 
     # -- pieces -------------------------------------------------------------------------------
+
+    @staticmethod
+    def runs_as(snapshot: Snapshot) -> IntArray:
+        """Per job, how many copies it runs as now (0: it holds no GPU)."""
+        idx = snapshot.current_index()
+        ok = idx >= 0
+        pairs = np.unique(np.stack([idx[ok], snapshot.current.copy_index()[ok]]), axis=1)
+        out: IntArray = np.bincount(pairs[0], minlength=snapshot.num_jobs).astype(np.int64)
+        return out
 
     def copies_allowed(self, snapshot: Snapshot, overhead: FloatArray) -> IntArray:
         """Per job, the most copies it may run as: its cap (``Snapshot.max_copies``, or
