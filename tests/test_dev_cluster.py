@@ -16,6 +16,7 @@ from hadar_slurm.slurm import (
     parse_sinfo_json,
 )
 from hadar_slurm.slurm.api import CliApi
+from hadar_slurm.slurm.schedconf import SchedulerConfig, fork_warning
 from tests.slurm_cluster import DevCluster, dev_script, jobs, nodes_conf, submit, wait_job
 
 
@@ -30,6 +31,14 @@ def test_nodes_idle_with_their_gpu_types(dev_cluster: DevCluster) -> None:
         assert node.state == "IDLE" and node.state_flags == (), node
         assert (node.gpu_type, node.gpus, node.gpus_used) == (gpu_type, gpus, 0)
         assert gpu_type in node.features
+
+
+def test_the_dev_cluster_starts_forks_at_once(dev_cluster: DevCluster) -> None:
+    # hadare's forks start from the backfill scheduler only: the dev cluster runs it every
+    # second (slurm_conf), and the sidecar reads that as it does at start
+    sched = CliApi(dev_cluster.runner).scheduler_config()
+    assert sched == SchedulerConfig("sched/backfill", 1)
+    assert fork_warning(sched, 360.0) is None
 
 
 def test_typed_constraint_job_runs_on_node2(dev_cluster: DevCluster, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from hadar_slurm.slurm import RunAs, SlurmCommandError, SlurmJob, SlurmNode
 from hadar_slurm.slurm.api import UPDATE_FIELDS, DryRunApi, SlurmApi
 from hadar_slurm.slurm.parse import FINAL_STATES, LAUNCH_FAILED_HELD, Gres, expand_array_tasks
 from hadar_slurm.slurm.runner import write_files_as
+from hadar_slurm.slurm.schedconf import SchedulerConfig
 from hadar_slurm.slurm.version import SlurmVersion, parse_version
 
 HINT = "hadar: model=resnet50 bs=64 steps=40000 preempt=checkpoint"
@@ -69,6 +70,7 @@ class FakeSlurm:
         self.submit_error: Exception | None = None
         self.script = "#!/bin/bash\necho training\n"
         self.version = "slurm 22.05.8"  # what `scontrol version` prints
+        self.sched = SchedulerConfig("sched/backfill", 1)  # what `scontrol show config` says
 
     def _do(self, what: str, job_id: int) -> None:
         self.commands += 1
@@ -78,6 +80,10 @@ class FakeSlurm:
 
     def slurm_version(self) -> SlurmVersion:
         return parse_version(self.version)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        self.commands += 1
+        return self.sched
 
     def read_jobs(self) -> list[SlurmJob]:
         self.commands += 1

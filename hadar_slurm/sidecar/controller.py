@@ -67,6 +67,7 @@ from hadar_slurm.sidecar.studies import STUDIES_FILE, StudyBook, study_summary
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmParseError, SlurmRunner
 from hadar_slurm.slurm.api import DryRunApi, SlurmApi, with_drills
 from hadar_slurm.slurm.pyslurm_api import make_api
+from hadar_slurm.slurm.schedconf import fork_warning
 from hadar_slurm.slurm.version import SlurmVersion, check_version, tested_text
 
 STATE_FILE = "state.json"
@@ -346,6 +347,24 @@ class Sidecar:
         self.backend.slurm_version = version
         self._slurm_checked = True
         self.metrics.slurm(version.release, tested=version.tested)
+        self.check_fork_scheduler()
+
+    def check_fork_scheduler(self) -> None:
+        """Where the policy forks jobs (``hadare``), read how Slurm schedules and log it
+        (``fork_scheduler``), a warning where forks would start late or never
+        (:func:`~hadar_slurm.slurm.schedconf.fork_warning`).  A failed read is logged and
+        the sidecar goes on: it only informs."""
+        if self.config.policy != "hadare" or not self.api.can_fork:
+            return
+        try:
+            sched = self.api.scheduler_config()
+        except SlurmError as exc:
+            log_event(self.logger, "fork_scheduler", logging.WARNING, error=str(exc))
+            return
+        warning = fork_warning(sched, self.config.epoch_seconds)
+        log_event(self.logger, "fork_scheduler", logging.WARNING if warning else logging.INFO,
+                  scheduler_type=sched.scheduler_type, bf_interval_s=sched.bf_interval_s,
+                  **({"warning": warning} if warning else {}))
 
     def close(self) -> None:
         """Close the store and release the state_dir lock (idempotent)."""

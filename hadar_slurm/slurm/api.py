@@ -28,6 +28,11 @@ from hadar_slurm.slurm.parse import (
     parse_squeue_json,
 )
 from hadar_slurm.slurm.runner import write_files_as
+from hadar_slurm.slurm.schedconf import (
+    SchedulerConfig,
+    parse_scheduler_config,
+    scontrol_show_config,
+)
 from hadar_slurm.slurm.version import SlurmVersion, parse_version, scontrol_version
 
 #: Fields the sidecar sets with :meth:`SlurmApi.update_job` (``scontrol update`` names).
@@ -111,6 +116,11 @@ class SlurmApi(Protocol):
         """The job's batch script (pending jobs too)."""
         ...
 
+    def scheduler_config(self) -> SchedulerConfig:
+        """How slurmctld schedules (its plugin and backfill interval): whether and how soon
+        forks start.  Read once at start by a sidecar whose policy forks."""
+        ...
+
     def write_files(self, owner: RunAs, directory: str, files: Mapping[str, str]) -> None:
         """Write ``files`` (``{name: text}``) into ``directory`` as ``owner``: what a
         submission as the owner runs (:func:`~hadar_slurm.slurm.runner.write_files_as`)."""
@@ -164,6 +174,9 @@ class CliApi:
 
     def slurm_version(self) -> SlurmVersion:
         return parse_version(self._run(scontrol_version()))
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return parse_scheduler_config(self._run(scontrol_show_config()))
 
     def read_jobs(self) -> list[SlurmJob]:
         jobs = list(parse_squeue_json(self._run(commands.squeue_json()),
@@ -256,6 +269,9 @@ class ApiWrapper:
 
     def batch_script(self, job_id: int) -> str:
         return self.inner.batch_script(job_id)  # a read
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.inner.scheduler_config()
 
 
 class DryRunApi(ApiWrapper):

@@ -86,6 +86,7 @@ from hadar_slurm.slurm.parse import (
     parse_gres,
 )
 from hadar_slurm.slurm.runner import RunAs, SlurmRunner, write_files_as
+from hadar_slurm.slurm.schedconf import SchedulerConfig
 from hadar_slurm.slurm.version import SlurmVersion, parse_release, tested_text
 
 __all__ = [
@@ -237,6 +238,10 @@ class PyslurmApi:
         """HadarE forks need the batch script and a submission as the job's owner, which go
         through the CLI: possible when a runner for it was given."""
         return self._fork_runner is not None
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """Through the CLI, as forks go (only a forking sidecar asks)."""
+        return self._fork_cli("scontrol show config").scheduler_config()
 
     def _fork_cli(self, what: str) -> CliApi:
         if self._fork_runner is None:
