@@ -93,7 +93,7 @@ from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.costs import LiveCosts
 from hadar_slurm.logs import read_events
 from hadar_slurm.model import ClusterSpec, Job, Node
-from hadar_slurm.policy import make_policy
+from hadar_slurm.policy import Policy, make_policy
 from hadar_slurm.rates.table import ThroughputTable, load_tables
 from hadar_slurm.runtime.warmstart import warm_server
 from hadar_slurm.sidecar.fork import copy_of
@@ -280,21 +280,29 @@ def compare(sim: Run, live: Run, n_jobs: int,
 # -- simulated ---------------------------------------------------------------------------------
 
 
+def simulate_live(jobs: Sequence[Job], policy: Policy, st: Settings, seed: int) -> SimResult:
+    """``policy`` over ``jobs`` in the simulator as the live world of the dev cluster runs
+    them (its nodes and table, rounds and costs of ``st`` in simulated seconds, epochs on a
+    finish or an arrival up to a poll late, even gangs, forks started as Slurm starts them),
+    the polls' delays drawn with ``seed``."""
+    c = st.compression
+    costs = st.costs
+    return simulate(jobs, dev_cluster_spec(), dev_table(), policy, round_s=st.epoch_s * c,
+                    reschedule_on_finish=True, migration_cost_s=costs.move_s * c,
+                    start_cost_s=costs.start_s * c, wake_delay_s=st.finish_poll_s * c,
+                    fork_start_s=costs.fork_start_s * c,
+                    fork_interval_s=costs.fork_interval_s * c,
+                    seed=seed, even_gangs=True)
+
+
 def sim_seed(jobs: Sequence[Job], policy_name: str, st: Settings, seed: int,
              ) -> tuple[SimResult, dict[int, float]]:
     """One simulated run (its finish and arrival polls' delays drawn with ``seed``): the
     result and each completed job's finish (wall seconds)."""
     c = st.compression
-    costs = st.costs
     settings: dict[str, object] = {"max_copies": FORK} if policy_name == "hadare" else {}
     order = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
-    res = simulate(jobs, dev_cluster_spec(), dev_table(),
-                   make_policy(policy_name, **settings), round_s=st.epoch_s * c,
-                   reschedule_on_finish=True, migration_cost_s=costs.move_s * c,
-                   start_cost_s=costs.start_s * c, wake_delay_s=st.finish_poll_s * c,
-                   fork_start_s=costs.fork_start_s * c,
-                   fork_interval_s=costs.fork_interval_s * c,
-                   seed=seed, even_gangs=True)
+    res = simulate_live(jobs, make_policy(policy_name, **settings), st, seed)
     finish = {job.job_id: float(res.finish[i]) / c for i, job in enumerate(order)
               if not math.isnan(float(res.finish[i]))}
     return res, finish

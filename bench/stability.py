@@ -43,7 +43,6 @@ from bench import fidelity
 from bench.report import write_rows
 from hadar_slurm.policy import Decision, Policy, Snapshot, make_policy
 from hadar_slurm.policy.hadar import HadarPolicy
-from hadar_slurm.sim.run import simulate
 
 #: The live settings of bench.fidelity's results (its ``--pad-s 4.5 --restart-s 4.9``).
 SETTINGS = fidelity.Settings(60.0, 12.0, 4.9, pad_s=4.5)
@@ -104,17 +103,11 @@ def probe(policy_name: str, seeds: int, draws: int, offsets: Sequence[float],
     settings = policy_settings(policy_name, move_margin)
     jobs = fidelity.load_trace(fidelity.TRACE)
     c = st.compression
-    costs = st.costs
     counts = {d: [0, 0, 0, 0, 0] for d in offsets}  # decisions, flips, job flips, jobs, moved
     spans, jcts, moves = [], [], []
     for seed in range(seeds):
         rec = Recorder(make_policy(policy_name, **settings))
-        res = simulate(jobs, fidelity.dev_cluster_spec(), fidelity.dev_table(), rec,
-                       round_s=st.epoch_s * c, reschedule_on_finish=True,
-                       migration_cost_s=costs.move_s * c, start_cost_s=costs.start_s * c,
-                       wake_delay_s=st.finish_poll_s * c, seed=seed, even_gangs=True,
-                       fork_start_s=costs.fork_start_s * c,
-                       fork_interval_s=costs.fork_interval_s * c)
+        res = fidelity.simulate_live(jobs, rec, st, seed)
         spans.append(res.makespan_s / c)
         jcts.append(res.avg_jct_s / c)
         moves.append(sum(r.moves for r in res.records))

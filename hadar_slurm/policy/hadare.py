@@ -222,11 +222,8 @@ class HadarEPolicy:
     @staticmethod
     def runs_as(snapshot: Snapshot) -> IntArray:
         """Per job, how many copies it runs as now (0: it holds no GPU)."""
-        idx = snapshot.current_index()
-        ok = idx >= 0
-        pairs = np.unique(np.stack([idx[ok], snapshot.current.copy_index()[ok]]), axis=1)
-        out: IntArray = np.bincount(pairs[0], minlength=snapshot.num_jobs).astype(np.int64)
-        return out
+        runs = snapshot.current.num_copies()
+        return np.array([runs.get(j, 0) for j in snapshot.job_ids.tolist()], dtype=np.int64)
 
     def copies_allowed(self, snapshot: Snapshot, overhead: FloatArray) -> IntArray:
         """Per job, the most copies it may run as: its cap (``Snapshot.max_copies``, or

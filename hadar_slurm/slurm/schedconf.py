@@ -79,12 +79,12 @@ def fork_warning(config: SchedulerConfig, epoch_seconds: float) -> str | None:
     """What a forking sidecar should tell its admin about ``config``, or None when forks
     start promptly (within :data:`SLOW_SHARE` of an epoch, or at Slurm's shortest interval,
     1 s)."""
-    if not config.starts_forks:
+    interval = config.bf_interval_s
+    if interval is None:  # (not config.starts_forks)
         return (f"SchedulerType={config.scheduler_type}: Slurm starts heterogeneous jobs only "
                 "from sched/backfill, so hadare's forks would never start; set "
                 "SchedulerType=sched/backfill (and bf_interval=1 in SchedulerParameters) or "
                 "run another policy")
-    interval = config.bf_interval_s or DEFAULT_BF_INTERVAL_S
     if interval <= max(1.0, SLOW_SHARE * epoch_seconds):  # (1 s: Slurm's shortest)
         return None
     return (f"bf_interval={interval} s: each fork waits up to {interval} s for Slurm's backfill "
