@@ -185,6 +185,64 @@ def test_forks_that_share_a_node_start_a_backfill_cycle_apart() -> None:
         finish(fork_interval_s=-1.0)
 
 
+class _ForkThenLastRun:
+    """Job 0 as two copies on nodes 0 and 1 while it has work left; once it has none (the
+    snapshot's floor, :func:`remaining_seen`: its own run after the copies) as one copy on node
+    0.  Job 1 only ever on node 0, once job 0 is not there.  Keeps what each epoch saw."""
+
+    name = "fork-then-last-run"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, dict[int, float]]] = []
+
+    def allocate(self, snapshot: Snapshot) -> Decision:
+        left = dict(zip(snapshot.job_ids.tolist(), snapshot.remaining.tolist(), strict=True))
+        self.seen.append((snapshot.now, left))
+        job: list[int] = []
+        node: list[int] = []
+        copy: list[int] = []
+        if 0 in left and left[0] > 1.0:
+            job, node, copy = [0, 0], [0, 1], [0, 1]
+        elif 0 in left:
+            job, node, copy = [0], [0], [0]
+        elif 1 in left:
+            job, node, copy = [1], [0], [0]
+        placed = set(job)
+        return Decision(snapshot.epoch, Placement(
+            np.array(job, dtype=np.int64), np.array(node, dtype=np.int64),
+            np.ones(len(job), dtype=np.int64), np.array(copy, dtype=np.int64)),
+            np.array([Reason.PLACED if j in placed else Reason.PRICED_OUT
+                      for j in snapshot.job_ids.tolist()], dtype=np.int8))
+
+
+def test_a_forked_jobs_own_run_holds_its_gpus_with_final_run() -> None:
+    # Job 0 (1,000 steps at 1 step/s per copy) runs as two copies after a 7 s start and is done
+    # training at 7 + 500 = 507 s.  Its batch script then runs once more (the sidecar's
+    # world).  Without final_run that run costs a start and holds no GPU: job 0 ends at 514
+    # and job 1, given node 0 at the epoch its copies' end brings, at 507 + 7 + 100 = 614.
+    # With it, job 0 waits at 507 with no work left (the snapshot says one step, as the
+    # sidecar's does), is placed on node 0 and holds it for a first start (7 s, not the 20 s
+    # of a move): it ends at 514, and job 1 starts only then: 514 + 7 + 100 = 621.
+    cluster = ClusterSpec((Node("n0", "v100", 1), Node("n1", "v100", 1)))
+    table = ThroughputTable({("toy", 1): {"v100": 1.0}})
+    jobs = [Job(0, "toy", scale_factor=1, total_steps=1000.0, arrival_s=0.0),
+            Job(1, "toy", scale_factor=1, total_steps=100.0, arrival_s=0.0)]
+
+    def run(final_run: bool) -> tuple[list[float], _ForkThenLastRun]:
+        policy = _ForkThenLastRun()
+        res = simulate(jobs, cluster, table, policy, round_s=10000.0, start_cost_s=7.0,
+                       migration_cost_s=20.0, consolidation=ConsolidationCost(0.0, 0.0),
+                       reschedule_on_finish=True, final_run=final_run)
+        return [float(x) for x in res.finish], policy
+
+    finish, _ = run(False)
+    assert finish == pytest.approx([514.0, 614.0])
+    finish, policy = run(True)
+    assert finish == pytest.approx([514.0, 621.0])
+    at_507 = [left for now, left in policy.seen if now == pytest.approx(507.0)]
+    assert at_507 == [{0: 1.0, 1: 100.0}]  # (max(1 step, 1e-3 of 1,000))
+
+
 def test_live_costs_carry_the_measured_fork_start() -> None:
     rows = json.loads((REPO / "bench" / "results" / "move_cost.json").read_text())
     shared = {r["rank"]: r["fork_start_s"] for r in rows

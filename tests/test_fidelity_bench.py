@@ -99,3 +99,54 @@ def test_the_floor_of_a_live_world_identical_to_the_simulator(
     assert row["ideal_p90_jct_diff"] == 0.405 and row["p90_jct_diff"] == 0.0
     with pytest.raises(ValueError, match="live_runs"):
         reference_p90(jobs, "hadar", st, sim, live_runs=0)
+
+
+def test_kept_runs_are_simulated_with_the_poll_they_ran_with(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The simulated runs see finishes up to one ``finish_poll_s`` late, as the live sidecar
+    did: ``--from-dir`` over runs whose sidecar polled otherwise is refused, naming the value
+    to give, before anything is simulated."""
+    run0 = tmp_path / "run0"
+    run0.mkdir()
+    (run0 / "slurm-ids-hadar.json").write_text("{}")
+    (run0 / "sidecar-hadar.toml").write_text("[scheduler]\npolicy = \"hadar\"\n"
+                                             "finish_poll_s = 1.0\n")
+    assert fidelity.kept_dirs(tmp_path, "hadar") == [run0]
+    assert fidelity.kept_dirs(tmp_path, "fifo") == [tmp_path]  # (none of its own: the dir)
+    assert fidelity.kept_poll(run0, "hadar") == 1.0
+    assert fidelity.kept_poll(run0, "fifo") is None
+    with pytest.raises(SystemExit) as exc:
+        main(["--from-dir", str(tmp_path), "--policies", "hadar", "--pad-s", "4.5",
+              "--restart-s", "4.9"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"the hadar run in {run0} polled every 1 s (sidecar-hadar.toml), not 0.1 s" in err
+    assert "give --finish-poll-s 1" in err
+
+
+def test_forks_at_once_is_a_what_if_of_the_simulator(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--forks-at-once`` drops the simulated forks' wait for Slurm's backfill cycles (the
+    first fork's extra start stays); it has no live counterpart, so it needs ``--sim-only``."""
+    seen: list[dict[str, object]] = []
+
+    def fake_simulate(*args: object, **kwargs: object) -> None:
+        seen.append(kwargs)
+
+    monkeypatch.setattr(fidelity, "simulate", fake_simulate)
+    jobs: list[Job] = []
+    for stagger in (True, False):
+        st = Settings(compression=60.0, epoch_s=12.0, restart_s=4.9, fork_stagger=stagger)
+        fidelity.simulate_live(jobs, fidelity.make_policy("hadare"), st, seed=0)
+    assert [k["fork_interval_s"] for k in seen] == [60.0, 0.0]
+    assert seen[0]["fork_start_s"] == seen[1]["fork_start_s"]
+    assert float(seen[0]["fork_start_s"]) > 0  # type: ignore[arg-type]
+    assert all(k["final_run"] is True for k in seen)  # (a forked job's last run is placed)
+    assert [k["wake_delay_s"] for k in seen] == [pytest.approx(6.0)] * 2  # 0.1 s at 60x
+    with pytest.raises(SystemExit) as exc:
+        main(["--forks-at-once", "--policies", "hadare"])
+    assert exc.value.code == 2
+    assert "--forks-at-once is a what-if of the simulator" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--sim-only", "--finish-poll-s", "0"])
+    assert "--finish-poll-s 0: give a poll interval above 0 s" in capsys.readouterr().err

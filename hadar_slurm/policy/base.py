@@ -182,6 +182,14 @@ class Placement:
         return {j: sorted(rows) for j, rows in self.by_job().items()}
 
 
+def remaining_seen(total: FloatArray, done: FloatArray) -> FloatArray:
+    """The work a snapshot says a job has left: ``total - done``, but never under one step nor
+    a thousandth of its work, so that a job whose progress has reached its total but that has
+    not ended (its last round not yet reported; a forked job's run of its own after its copies)
+    is not taken for one with nothing to run."""
+    return np.maximum(total - done, np.maximum(1.0, 1e-3 * total))
+
+
 def _all_unless(mask: BoolArray | None, n: int) -> BoolArray:
     """``mask`` as booleans, or ``n`` times True where it is None (every one may)."""
     if mask is None:

@@ -31,7 +31,7 @@ import numpy as np
 from hadar_slurm.errors import InputError
 from hadar_slurm.hints import Hints, ModelCatalog, is_hadar_comment, parse_hints
 from hadar_slurm.logs import log_event
-from hadar_slurm.policy.base import Placement, Snapshot
+from hadar_slurm.policy.base import Placement, Snapshot, remaining_seen
 from hadar_slurm.rates.learn import Knowledge, SlurmRun
 from hadar_slurm.rates.store import StoreDamagedError
 from hadar_slurm.rates.table import ThroughputTable
@@ -556,7 +556,7 @@ class SlurmObserver:
         total = np.array([float(v.hints.steps if v.study is None else v.study.target)
                           for v in ordered], dtype=np.float64)
         done = np.minimum(np.array([v.done for v in ordered], dtype=np.float64), total)
-        remaining = np.maximum(total - done, np.maximum(1.0, 1e-3 * total))
+        remaining = remaining_seen(total, done)
         cur_job: list[int] = []
         cur_node: list[int] = []
         cur_count: list[int] = []

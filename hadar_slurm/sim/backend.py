@@ -30,6 +30,11 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
   node with them (one cycle more than the latest such fork's); all shifted by one draw
   uniform in +-``fork_interval_s / 2`` (seeded: where in the backfill cycle the round
   began).  :class:`~hadar_slurm.costs.LiveCosts` has the dev cluster's figures.
+* A forked job ends with a run of its own (its batch script, once its copies' work is done).
+  By default that run costs ``start_cost_s`` after the copies end and holds no GPU.  With
+  ``final_run`` it is placed as the sidecar places it: once the copies end the job waits, with
+  no work left (the policy is told what the sidecar tells it, :func:`remaining_seen`), until an
+  epoch places it, and its run holds those GPUs for a first start (``start_cost_s``).
 
 Progress of a job in a round: per-worker rate ``r[h] = rate[h] / scale``; a synchronous job
 runs at ``workers * min r over the types it uses`` (the slowest worker sets the pace) times
@@ -83,7 +88,14 @@ import numpy as np
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.loop import ApplyReport, Change, ChangeKind, diff, even, placement_of
 from hadar_slurm.model import ClusterSpec, Job
-from hadar_slurm.policy.base import Decision, FloatArray, Placement, Snapshot, gpus_in_use
+from hadar_slurm.policy.base import (
+    Decision,
+    FloatArray,
+    Placement,
+    Snapshot,
+    gpus_in_use,
+    remaining_seen,
+)
 from hadar_slurm.rates.colocated import ColocatedTable
 from hadar_slurm.rates.table import ThroughputTable
 
@@ -146,6 +158,7 @@ class SimulatedCluster:
         gpu_sharing: bool = True,
         fork_start_s: float = 0.0,
         fork_interval_s: float = 0.0,
+        final_run: bool = False,
     ) -> None:
         for name, value in (("wake_delay_s", wake_delay_s), ("fork_start_s", fork_start_s),
                             ("fork_interval_s", fork_interval_s)):
@@ -154,6 +167,11 @@ class SimulatedCluster:
         #: A forked start's wait beyond a plain start's (the module docstring).
         self.fork_start_s = fork_start_s
         self.fork_interval_s = fork_interval_s
+        #: Whether a forked job's run of its own after its copies is placed and holds GPUs
+        #: (the module docstring); ``_final``: the jobs whose copies' work is done and whose
+        #: own run has not ended.
+        self.final_run = final_run
+        self._final: set[int] = set()
         self.reschedule_on_finish = reschedule_on_finish
         #: How late an epoch that a finish or an arrival brings forward starts: uniform in
         #: [0, wake_delay_s) (the sidecar's ``finish_poll_s``: it sees a finish at its next
@@ -243,13 +261,18 @@ class SimulatedCluster:
         while self._admitted < len(self.jobs) and self.arrival[self._admitted] <= now + 1e-9:
             self._admitted += 1
         active = np.nonzero(np.isnan(self.state.finish[: self._admitted]))[0]
+        remaining = self.state.remaining[active]
+        if self._final:
+            last = np.isin(self.job_ids[active], np.fromiter(self._final, dtype=np.int64))
+            remaining = np.where(last, remaining_seen(self.total[active], self.total[active]),
+                                 remaining)
         return Snapshot(
             epoch=epoch, now=now, round_s=round_s, gpu_types=self.gpu_types,
             node_names=self.node_names, node_type=self.node_type, node_gpus=self.node_gpus,
             job_ids=self.job_ids[active],
             job_types=tuple(self.jobs[i].job_type for i in active.tolist()),
             arrival=self.arrival[active], total=self.total[active],
-            remaining=self.state.remaining[active], scale=self.scale[active],
+            remaining=remaining, scale=self.scale[active],
             weight=self.weight[active], sync=self.sync[active], rate=self.policy_rate[active],
             attained=self.state.attained[active], current=self.current,
             policy_state=policy_state,
@@ -345,9 +368,10 @@ class SimulatedCluster:
         """Run what ``changes`` leave running from ``now`` on (applying them twice is the same
         as once: the placement is what they name)."""
         started = (ChangeKind.PLACE, ChangeKind.FORK, ChangeKind.MOVE)
+        # (a forked job's own run after its copies is a first start: nothing to stop)
         self._moved = {
             c.job_id: (self.start_cost_s if np.isnan(self.state.first_start[
-                self.index_of[c.job_id]]) else self.migration_cost_s)
+                self.index_of[c.job_id]]) or c.job_id in self._final else self.migration_cost_s)
             for c in changes if c.kind in started}
         self._stagger_forks(changes)
         self.current = placement_of(changes)
@@ -509,6 +533,7 @@ class SimulatedCluster:
         busy = np.zeros(len(self.gpu_types))
         st = self.state
         held_by: dict[int, float] = {}
+        copies_done: set[int] = set()
         for job_id, copies in self.current.by_job_copies().items():
             i = self.index_of[job_id]
             r = self._running_rate(job_id, copies)
@@ -527,15 +552,25 @@ class SimulatedCluster:
             held_by[job_id] = held
             if st.remaining[i] <= EPS_STEPS * max(1.0, float(self.total[i])) or run >= ttf:
                 st.remaining[i] = 0.0
-                # (a forked job ends with a run of its own, its batch script after the copies'
-                # training: a start, once its copies have freed their GPUs)
-                last = self.start_cost_s if len(copies) > 1 else 0.0
-                st.finish[i] = self._round_start + delay + ttf + last
+                if job_id in self._final:
+                    # its own run ends once its start is over (an epoch may come sooner)
+                    if self._delay(job_id, len(copies)) <= span:
+                        st.finish[i] = self._round_start + delay
+                        self._final.discard(job_id)
+                elif self.final_run and len(copies) > 1:
+                    self._final.add(job_id)  # (its copies leave their GPUs; it waits for its run)
+                    copies_done.add(job_id)
+                else:
+                    # (a forked job ends with a run of its own, its batch script after the
+                    # copies' training: a start, once its copies have freed their GPUs)
+                    last = self.start_cost_s if len(copies) > 1 else 0.0
+                    st.finish[i] = self._round_start + delay + ttf + last
         for a, b in self._partner.items():
             if a < b and a in held_by and b in held_by:  # shared GPUs are busy once
                 for n, c in self.current.rows_of(a):
                     busy[self.node_type[n]] -= c * min(held_by[a], held_by[b])
         st.usage.append(EpochUsage(self._round_start, now, busy, len(self.current.by_job())))
         self._round_start = now
-        self.current = self.current.select(
-            np.isin(self.current.job, self.job_ids[~np.isnan(st.finish)], invert=True))
+        gone = np.concatenate([self.job_ids[~np.isnan(st.finish)],
+                               np.fromiter(copies_done, dtype=np.int64)])
+        self.current = self.current.select(np.isin(self.current.job, gone, invert=True))

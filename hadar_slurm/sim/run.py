@@ -136,6 +136,7 @@ def simulate(
     gpu_sharing: bool = True,
     fork_start_s: float = 0.0,
     fork_interval_s: float = 0.0,
+    final_run: bool = False,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on ``cluster`` until every job is done (or cannot run).
 
@@ -162,6 +163,8 @@ def simulate(
     ``fork_start_s``, ``fork_interval_s``: how much longer than a plain start a forked one
     (a heterogeneous job) takes, the first of a round and each further one (Slurm's backfill
     scheduler starts them one per cycle; see :class:`~hadar_slurm.sim.backend.SimulatedCluster`).
+    ``final_run``: a forked job's run of its own after its copies is placed by the policy and
+    holds its GPUs for a start, as the sidecar runs it (else it costs a start and holds none).
     """
     backend = SimulatedCluster(jobs, cluster, table, migration_cost_s=migration_cost_s,
                                start_cost_s=start_cost_s,
@@ -171,7 +174,7 @@ def simulate(
                                multi_node_copies=multi_node_copies,
                                wake_delay_s=wake_delay_s, seed=seed, even_gangs=even_gangs,
                                gpu_sharing=gpu_sharing, fork_start_s=fork_start_s,
-                               fork_interval_s=fork_interval_s)
+                               fork_interval_s=fork_interval_s, final_run=final_run)
     return run_backend(backend, policy, round_s=round_s, on_epoch=on_epoch)
 
 
