@@ -194,10 +194,12 @@ class _ForkThenLastRun:
 
     def __init__(self) -> None:
         self.seen: list[tuple[float, dict[int, float]]] = []
+        self.caps: list[tuple[float, list[int]]] = []
 
     def allocate(self, snapshot: Snapshot) -> Decision:
         left = dict(zip(snapshot.job_ids.tolist(), snapshot.remaining.tolist(), strict=True))
         self.seen.append((snapshot.now, left))
+        self.caps.append((snapshot.now, snapshot.copies_cap(4).tolist()))
         job: list[int] = []
         node: list[int] = []
         copy: list[int] = []
@@ -241,6 +243,10 @@ def test_a_forked_jobs_own_run_holds_its_gpus_with_final_run() -> None:
     assert finish == pytest.approx([514.0, 621.0])
     at_507 = [left for now, left in policy.seen if now == pytest.approx(507.0)]
     assert at_507 == [{0: 1.0, 1: 100.0}]  # (max(1 step, 1e-3 of 1,000))
+    # its own run is not forked (the sidecar marks such a job nofork): one copy at most for
+    # it, the policy's own cap (4 here) for the other
+    assert [cap for now, cap in policy.caps if now == pytest.approx(507.0)] == [[1, 4]]
+    assert policy.caps[0] == (0.0, [4, 4])
 
 
 def test_live_costs_carry_the_measured_fork_start() -> None:

@@ -232,7 +232,8 @@ class Snapshot:
     current: Placement
     policy_state: object = None
     #: HadarE: the most copies each job may be forked into (None: 1 for every job, none may be
-    #: forked, unless the policy has a cap of its own for the simulator; see ``copies_cap``).
+    #: forked, unless the policy has a cap of its own for the simulator; 0 for a job: that
+    #: cap of the policy's; see ``copies_cap``).
     max_copies: IntArray | None = None
     #: What the world allows, set by the backend (not a policy setting): whether one copy of a
     #: forked job may span several nodes.  False in Slurm (each copy is one component of a
@@ -308,10 +309,13 @@ class Snapshot:
         return int(self.job_ids.shape[0])
 
     def copies_cap(self, default: int) -> IntArray:
-        """Per job, the most copies it may run as: ``max_copies``, or ``default`` for all."""
+        """Per job, the most copies it may run as: ``max_copies``, or ``default`` for all (and
+        for a job whose ``max_copies`` is 0)."""
+        fallback = max(int(default), 1)
         if self.max_copies is None:
-            return np.full(self.num_jobs, max(int(default), 1), dtype=np.int64)
-        return np.maximum(self.max_copies.astype(np.int64), 1)
+            return np.full(self.num_jobs, fallback, dtype=np.int64)
+        cap = self.max_copies.astype(np.int64)
+        return np.where(cap == 0, fallback, np.maximum(cap, 1))
 
     def sharing_allowed(self) -> BoolArray:
         """Per job, whether it may share its GPUs (``may_share``, or True for all)."""

@@ -34,7 +34,8 @@ Semantics follow Gavel's simulator so numbers compare (see ``data/gavel/README.m
   By default that run costs ``start_cost_s`` after the copies end and holds no GPU.  With
   ``final_run`` it is placed as the sidecar places it: once the copies end the job waits, with
   no work left (the policy is told what the sidecar tells it, :func:`remaining_seen`), until an
-  epoch places it, and its run holds those GPUs for a first start (``start_cost_s``).
+  epoch places it, unforked (``Snapshot.max_copies`` 1, as the sidecar's ``nofork``), and its
+  run holds those GPUs for a first start (``start_cost_s``).
 
 Progress of a job in a round: per-worker rate ``r[h] = rate[h] / scale``; a synchronous job
 runs at ``workers * min r over the types it uses`` (the slowest worker sets the pace) times
@@ -262,10 +263,13 @@ class SimulatedCluster:
             self._admitted += 1
         active = np.nonzero(np.isnan(self.state.finish[: self._admitted]))[0]
         remaining = self.state.remaining[active]
+        max_copies = None
         if self._final:
+            # (its own run is not forked: the sidecar marks such a job nofork)
             last = np.isin(self.job_ids[active], np.fromiter(self._final, dtype=np.int64))
             remaining = np.where(last, remaining_seen(self.total[active], self.total[active]),
                                  remaining)
+            max_copies = np.where(last, 1, 0).astype(np.int64)  # (0: the policy's own cap)
         return Snapshot(
             epoch=epoch, now=now, round_s=round_s, gpu_types=self.gpu_types,
             node_names=self.node_names, node_type=self.node_type, node_gpus=self.node_gpus,
@@ -280,6 +284,7 @@ class SimulatedCluster:
             even_gangs=self.even_gangs, colocated=self.offered_pairs,
             refill_on_finish=self.reschedule_on_finish,
             packed=tuple(sorted((a, b) for a, b in self._partner.items() if a < b)),
+            max_copies=max_copies,
         )
 
     def reconcile(self, snapshot: Snapshot, decision: Decision) -> list[Change]:
