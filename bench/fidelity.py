@@ -784,8 +784,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     jobs = load_trace(args.trace)
     live_runs = not (args.sim_only or args.from_dir)
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     if args.from_dir:
-        for pol in [x.strip() for x in args.policies.split(",") if x.strip()]:
+        for pol in policies:
             for kept in kept_dirs(args.from_dir, pol):
                 polled = kept_poll(kept, pol)
                 if polled is not None and polled != args.finish_poll_s:
@@ -808,7 +809,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"epoch {st.epoch_s:g} s; payload start padded to {pad:g} s, restart "
               f"{restart:.2f} s: a start costs {st.costs.start_s:.2f} s, a move "
               f"{st.costs.move_s:.2f} s (wall)", flush=True)
-        policies = [x.strip() for x in args.policies.split(",") if x.strip()]
         rows: list[dict[str, Any]] = []
         per_job: dict[str, Any] = {}
         sims = {pol: run_sim(jobs, pol, st) for pol in policies}

@@ -545,7 +545,8 @@ class SimulatedCluster:
             if r <= 0:
                 continue
             rows = [row for cp in copies.values() for row in cp]
-            delay = min(self._delay(job_id, len(copies)), span)
+            full_delay = self._delay(job_id, len(copies))  # (restart and consolidation, in full)
+            delay = min(full_delay, span)
             ttf = float(st.remaining[i]) / r
             run = min(span - delay, ttf)
             st.remaining[i] -= r * run
@@ -559,7 +560,7 @@ class SimulatedCluster:
                 st.remaining[i] = 0.0
                 if job_id in self._final:
                     # its own run ends once its start is over (an epoch may come sooner)
-                    if self._delay(job_id, len(copies)) <= span:
+                    if full_delay <= span:
                         st.finish[i] = self._round_start + delay
                         self._final.discard(job_id)
                 elif self.final_run and len(copies) > 1:
