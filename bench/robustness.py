@@ -2,7 +2,7 @@
 
     python -m bench.robustness [--seed-base 0] [--only NAME ...] [--policies P,P]
                                [--jobs-scale 1.0] [--workers 2] [--free-moves]
-                               [--reschedule-on-finish]
+                               [--reschedule-on-finish] [--pin-binding]
                                [--json bench/results/robustness.json]
                                [--plot bench/results/robustness.png]
 
@@ -156,20 +156,22 @@ def instance(case: Case) -> Instance:
 
 
 def run_one(case: Case, policy: str, free_moves: bool,
-            reschedule_on_finish: bool = False) -> dict[str, Any]:
+            reschedule_on_finish: bool = False, pin_binding: bool = False) -> dict[str, Any]:
     inst = instance(case)
     jobs, cluster, table = inst.jobs, inst.cluster, inst.table
     bound, fork, fork_any, load = inst.bound, inst.fork, inst.fork_any, inst.load
     live = LiveCosts()
     move_s, start_s = (0.0, 0.0) if free_moves else (live.move_s, live.start_s)
     t0 = time.perf_counter()
-    res = simulate(jobs, cluster, table, make_policy(policy), migration_cost_s=move_s,
+    settings: dict[str, object] = {"pin_binding": True} if pin_binding and policy == "hadare" \
+        else {}
+    res = simulate(jobs, cluster, table, make_policy(policy, **settings), migration_cost_s=move_s,
                    start_cost_s=start_s, reschedule_on_finish=reschedule_on_finish)
     return {
         "trace": case.name, "regime": case.regime, "cluster": case.cluster_name,
         "cluster_spec": case.cluster, "generate": case.command(), "policy": policy,
         "rounds": "end on finish" if reschedule_on_finish else "fixed",
-        "moves": "free" if free_moves else "charged",
+        "moves": "free" if free_moves else "charged", "settings": settings,
         "jobs": len(jobs), "offered_load": None if math.isinf(load) else round(load, 3),
         "multi_gpu_jobs": sum(j.scale_factor > 1 for j in jobs),
         "makespan_s": round(res.makespan_s, 1), "avg_jct_s": round(res.avg_jct_s, 1),
@@ -306,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="charge nothing for starts and moves, as Gavel's simulator")
     ap.add_argument("--reschedule-on-finish", action="store_true",
                     help="a round also ends when a job ends (the sidecar's default)")
+    ap.add_argument("--pin-binding", action="store_true",
+                    help="hadare with the jobs that bind the fork makespan on their fastest "
+                    "copies (its setting pin_binding; docs/algorithm.md)")
     ap.add_argument("--workers", type=int, default=2, help="processes (default: 2)")
     ap.add_argument("--json", default="bench/results/robustness.json")
     ap.add_argument("--plot", default="bench/results/robustness.png")
@@ -319,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(c, p) for c in cases for p in policies]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futures = [pool.submit(run_one, c, p, args.free_moves, args.reschedule_on_finish)
-                   for c, p in tasks]
+        futures = [pool.submit(run_one, c, p, args.free_moves, args.reschedule_on_finish,
+                               args.pin_binding) for c, p in tasks]
         rows = []
         for k, f in enumerate(futures):
             rows.append(f.result())

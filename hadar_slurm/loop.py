@@ -34,6 +34,7 @@ from hadar_slurm.policy.base import (
     Reason,
     Snapshot,
     gpus_in_use,
+    joined,
 )
 
 
@@ -234,15 +235,6 @@ def kept_pairs(snapshot: Snapshot) -> tuple[tuple[int, int], ...]:
     fill keeps them packed; a job whose partner ended runs on alone."""
     running = set(snapshot.current.job[snapshot.current_index() >= 0].tolist())
     return tuple(p for p in snapshot.packed if p[0] in running and p[1] in running)
-
-
-def joined(a: Placement, b: Placement) -> Placement:
-    """The rows of ``a`` and then those of ``b`` (copy indices kept where either has them)."""
-    copy = None
-    if a.copy is not None or b.copy is not None:
-        copy = np.concatenate([a.copy_index(), b.copy_index()])
-    return Placement(np.concatenate([a.job, b.job]), np.concatenate([a.node, b.node]),
-                     np.concatenate([a.count, b.count]), copy)
 
 
 def keep_fixed(snapshot: Snapshot, decision: Decision) -> Decision:

@@ -410,6 +410,19 @@ def test_simulate_cli_runs_hadare_and_plots_copies(tmp_path: Path) -> None:
     assert rows["hadare"]["forked_jobs"] >= 3
 
 
+def test_simulate_cli_takes_pin_binding(tmp_path: Path) -> None:
+    # The setting reaches the policy: the same trace ends otherwise, every job completed.
+    rows = {}
+    for flags in ((), ("--pin-binding",)):
+        out = tmp_path / f"r{len(flags)}.json"
+        proc = run_cli("simulate", "--trace", str(BENCH_TRACES / "long_tail_seed0.trace"),
+                       "--cluster", "4:4:4", "--policy", "hadare", *flags, "--json", str(out))
+        assert proc.returncode == 0, proc.stderr
+        rows[flags] = json.loads(out.read_text())[0]
+    assert all(r["num_completed"] == r["num_jobs"] == 31 for r in rows.values())
+    assert rows[()]["makespan_s"] != rows[("--pin-binding",)]["makespan_s"]
+
+
 @pytest.mark.parametrize("flag,value", [
     ("--max-copies", "0"), ("--max-copies", "x"), ("--consolidation-base-s", "-1"),
     ("--consolidation-s-per-gb", "nan"),
@@ -597,3 +610,91 @@ def test_a_job_running_as_copies_is_planned_as_them() -> None:
     new = policy.allocate(snap).placement.by_job_copies()
     assert new[9] == now[9] and new[4] == now[4]
     assert [j for j in now if j in new and new[j] != now[j]] == []
+
+
+# -- step 0: the jobs that bind the fork makespan (pin_binding) -----------------------------
+
+FASTV_CSV = TOY_CSV + "fastv,1,v100,1.0\nfastv,1,k80,0.1\n"
+NO_CONSOLIDATION = ConsolidationCost(base_s=0.0, s_per_gb=0.0)
+
+
+def binding_snapshot(others: list[tuple[int, float, str]], counts: str) -> Snapshot:
+    """Job 1, a 36,000-step ``toy`` (1 step/s on a v100, 0.5 on a k80), and ``others`` as
+    (id, steps, type), all there at 0, on 1-GPU nodes (v100 nodes first)."""
+    table = parse_csv(FASTV_CSV, "toy.csv")
+    jobs = [make_job(1, 36000, 0)] + [make_job(j, s, 0, t) for j, s, t in others]
+    return SimulatedCluster(jobs, parse_counts(counts), table).snapshot(0, 0.0, 360.0, None)
+
+
+def test_a_jobs_own_fork_time_is_its_work_over_its_fastest_copies() -> None:
+    table = parse_csv(FASTV_CSV, "toy.csv")
+    jobs = [make_job(1, 36000, 0), make_job(2, 4000, 0, "fastv"), make_job(3, 100, 0, "toy2", 2)]
+    snap = SimulatedCluster(jobs, parse_counts("v100=2:k80=4"), table).snapshot(
+        0, 0.0, 360.0, None)
+    cap = np.array([2, 2, 2], dtype=I64)
+    none = np.zeros(3)
+    # job 1: two copies, both on the v100 nodes: 36,000 / (1 + 1); job 2: 4,000 / (1 + 1);
+    # job 3 (2 GPUs) fits on no 1-GPU node.
+    own = HadarEPolicy().own_fork_time(snap, cap, none)
+    assert own.tolist() == [18000.0, 2000.0, np.inf]
+    # With three copies job 1 adds a k80 (0.5): 36,000 / 2.5; a tenth of each round lost to
+    # consolidation: 36,000 / (2 * 0.9).
+    assert HadarEPolicy().own_fork_time(snap, np.array([3, 2, 2], dtype=I64), none)[0] == 14400.0
+    assert HadarEPolicy().own_fork_time(snap, cap, np.full(3, 0.1))[0] == pytest.approx(20000.0)
+
+
+def test_the_job_that_binds_the_fork_makespan_runs_on_its_fastest_copies() -> None:
+    # Job 1 runs 2x faster on a v100 than on a k80; four 4,000-step jobs run 10x faster there.
+    # With two copies at most, job 1 ends at 18,000 s at the soonest (both v100s), past the
+    # drain of all the work (the fork LP's 12,994 s, which lets job 1 use any number of
+    # GPUs): the makespan is job 1's own.  Hadar's price split puts its copies on the k80s,
+    # where it gives up the least against the others (36,000 s there); step 0 runs it on the
+    # two v100s, as the fork LP does, and the others on the k80s: their average JCT is what
+    # it pays (docs/algorithm.md, "Jobs that bind the fork makespan").
+    snap = binding_snapshot([(j, 4000, "fastv") for j in (2, 3, 4, 5)], "v100=2:k80=4")
+    v100 = {0, 1}
+    fork_w = fork_drain(snap.remaining, snap.scale.astype(I64), snap.rate, snap.capacity())
+    assert fork_w == pytest.approx(12994.5, abs=1.0)
+    plain = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION).allocate(snap)
+    assert set(plain.placement.rows_of(1)) == {(2, 1), (5, 1)}  # two k80 nodes
+    pin = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True)
+    d = pin.allocate(snap)
+    assert set(d.placement.rows_of(1)) == {(0, 1), (1, 1)}
+    assert d.placement.num_copies()[1] == 2 and d.detail[1] == "forked into 2 copies"
+    assert {nd for j in (2, 3, 4, 5) for nd, _ in d.placement.rows_of(j)} == {2, 3, 4, 5}
+    assert (d.reason == 0).all()
+    # The others' Hadar target is no sooner than job 1's end: none of them need end before.
+    assert isinstance(d.policy_state, HadarEState)
+    assert isinstance(d.policy_state.hadar, HadarState)
+    assert d.policy_state.hadar.target >= 18000.0
+    assert not v100 & {nd for j in (2, 3, 4, 5) for nd, _ in d.placement.rows_of(j)}
+
+
+def test_a_type_the_binding_job_takes_whole_is_not_planned_for_the_others() -> None:
+    # Job 1 (18,000 s on both v100s, past the fork drain's 12,592 s) takes every v100.  The
+    # others are planned without v100s: the two 1,000-step jobs on the k80s (each its own),
+    # not as if a v100 were free; job 4, which runs on v100s only, waits with the reason.
+    snap = binding_snapshot([(2, 1000, "fastv"), (3, 1000, "fastv"), (4, 500, "v100only")],
+                            "v100=2:k80=2")
+    d = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True).allocate(
+        snap)
+    assert set(d.placement.rows_of(1)) == {(0, 1), (1, 1)}
+    assert {j: d.placement.rows_of(j) for j in (2, 3)} in (
+        {2: [(2, 1)], 3: [(3, 1)]}, {2: [(3, 1)], 3: [(2, 1)]})
+    assert d.placement.rows_of(4) == []
+    assert d.reason.tolist() == [0, 0, 0, 2]  # NO_FREE_GPU
+    assert d.detail[4] == "every GPU of its types is held by the jobs that bind the makespan (1)"
+
+
+def test_no_job_binds_and_step_0_changes_nothing() -> None:
+    # Job 1 with four copies (v100, v100, k80, k80: 36,000 / 3 = 12,000 s) ends before the
+    # drain of all the work: no job binds, and the decision is plan()'s.
+    snap = binding_snapshot([(j, 4000, "fastv") for j in (2, 3)], "v100=2:k80=2")
+    plain = HadarEPolicy(consolidation=NO_CONSOLIDATION)
+    pin = HadarEPolicy(consolidation=NO_CONSOLIDATION, pin_binding=True)
+    cap = pin.copies_allowed(snap, pin.overhead(snap))
+    assert pin.own_fork_time(snap, cap, pin.overhead(snap))[0] == 12000.0
+    assert fork_drain(snap.remaining, snap.scale.astype(I64), snap.rate,
+                      snap.capacity()) > 12000.0
+    assert pin.pin(snap) is None
+    assert pin.allocate(snap).placement.same_as(plain.allocate(snap).placement)

@@ -237,7 +237,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         s_per_gb=parse_seconds(args.consolidation_s_per_gb, "consolidation-s-per-gb"))
     # Each policy's own settings from the command line (only hadare has any given here).
     settings: dict[str, dict[str, object]] = {
-        "hadare": {"max_copies": parse_copies(args.max_copies), "consolidation": consolidation},
+        "hadare": {"max_copies": parse_copies(args.max_copies), "consolidation": consolidation,
+                   "pin_binding": bool(args.pin_binding)},
     }
     policies = parse_policies(args.policy, settings)
     table = load_throughputs(args.throughputs)
@@ -396,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-copies", default="4", metavar="K",
                      help="hadare: the most copies a job may be forked into "
                      "(default: %(default)s)")
+    sim.add_argument("--pin-binding", action="store_true",
+                     help="hadare: run the jobs that bind the fork makespan on their fastest "
+                     "copies (a shorter makespan for a longer average JCT; "
+                     "docs/algorithm.md)")
     sim.add_argument("--consolidation-base-s", default="2", metavar="S",
                      help="hadare: seconds each consolidation of a forked job's copies takes, "
                      "plus the model-size term below (default: %(default)s)")

@@ -182,6 +182,15 @@ class Placement:
         return {j: sorted(rows) for j, rows in self.by_job().items()}
 
 
+def joined(a: Placement, b: Placement) -> Placement:
+    """The rows of ``a`` and then those of ``b`` (copy indices kept where either has them)."""
+    copy = None
+    if a.copy is not None or b.copy is not None:
+        copy = np.concatenate([a.copy_index(), b.copy_index()])
+    return Placement(np.concatenate([a.job, b.job]), np.concatenate([a.node, b.node]),
+                     np.concatenate([a.count, b.count]), copy)
+
+
 def remaining_seen(total: FloatArray, done: FloatArray) -> FloatArray:
     """The work a snapshot says a job has left: ``total - done``, but never under one step nor
     a thousandth of its work, so that a job whose progress has reached its total but that has

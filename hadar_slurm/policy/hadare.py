@@ -5,6 +5,16 @@ up the copies' iterations (the job is done when they reach its work) and consoli
 models at the end of every round, which costs time (:mod:`hadar_slurm.consolidation`).  Copies
 compete for GPUs like any job.  One epoch:
 
+0. **Jobs that bind the makespan** (``pin_binding``, off by default: it trades average JCT
+   for makespan, docs/algorithm.md, "Jobs that bind the fork makespan").  A job whose own
+   fork-limited time, its remaining work over the summed rates of its ``cap`` fastest
+   node-disjoint copies net of consolidation (:meth:`HadarEPolicy.own_fork_time`), is past the
+   fork window below cannot end by it however the others run: the makespan is its own.  Such a
+   job, and any other within ``margin_rounds`` rounds of the longest, runs on exactly those
+   fastest copies (:meth:`HadarEPolicy.pin`), as the fork LP runs it; Hadar's type split would
+   put its copies on the types that are cheapest for the cluster's drain instead, and the job
+   ends later than the fork bound.  The other jobs are planned below on the GPUs left, with
+   Hadar's target no sooner than the binding job's end.
 1. **Which jobs are long.**  A lower bound on the time to drain all remaining work when jobs
    may be forked (:func:`fork_drain`, the Lagrangian dual of the fork LP with Hadar's type
    prices) sets a *window*, kept across epochs as an absolute target that only moves later.  A
@@ -56,6 +66,7 @@ import numpy as np
 
 from hadar_slurm.consolidation import ConsolidationCost
 from hadar_slurm.policy.base import (
+    BoolArray,
     Decision,
     FloatArray,
     IntArray,
@@ -63,6 +74,7 @@ from hadar_slurm.policy.base import (
     Reason,
     Snapshot,
     gpus_in_use,
+    joined,
 )
 from hadar_slurm.policy.hadar import HadarPolicy, HadarState, carried_window, drain_estimate
 from hadar_slurm.policy.sharing import pack_waiting
@@ -109,7 +121,8 @@ class HadarEPolicy:
     whether one copy may span nodes (a gang, as the job itself may; ``False`` in Slurm, where
     each copy is one component on one node, and in the simulator unless told otherwise).
     ``replans``: how many times at most Hadar plans the copies again without those the merge
-    dropped (step 2)."""
+    dropped (step 2).  ``pin_binding``: step 0, the jobs that bind the fork makespan on their
+    fastest copies (off by default)."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
@@ -118,9 +131,127 @@ class HadarEPolicy:
     max_overhead: float = 0.5
     share: bool = False
     replans: int = 2
+    pin_binding: bool = False
     name: str = "hadare"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
+        if self.pin_binding and snapshot.num_jobs:
+            pinned = self.pin(snapshot)
+            if pinned is not None:
+                return pinned
+        return self.plan(snapshot)
+
+    def pin(self, snapshot: Snapshot) -> Decision | None:
+        """Step 0: the jobs that bind the fork makespan on their fastest node-disjoint copies,
+        the others planned (:meth:`plan`) on the GPUs left; None when no job binds."""
+        overhead = self.overhead(snapshot)
+        cap = self.copies_allowed(snapshot, overhead)
+        prev = snapshot.policy_state
+        window, _ = carried_window(
+            fork_drain(snapshot.remaining, snapshot.scale.astype(np.int64), snapshot.rate,
+                       snapshot.capacity()),
+            prev.target if isinstance(prev, HadarEState) else None, snapshot.now)
+        fixed = (np.asarray(snapshot.fixed, dtype=np.bool_) if snapshot.fixed is not None
+                 else np.zeros(snapshot.num_jobs, dtype=np.bool_))
+        own = np.where(fixed | (cap < 2), np.inf, self.own_fork_time(snapshot, cap, overhead))
+        fin = np.isfinite(own)
+        if not (fin & (own >= window)).any():
+            return None
+        longest = float(own[fin].max())
+        slack = float(snapshot.round_s) * self.hadar.margin_rounds
+        binding = fin & (own >= window) & (own + slack >= longest)
+        # (a job that runs until it ends keeps its GPUs: the loop holds it where it runs)
+        fixed_ids = snapshot.job_ids[fixed]
+        cur = snapshot.current
+        left = snapshot.node_gpus.astype(np.int64) - gpus_in_use(
+            cur.select(np.isin(cur.job, fixed_ids)), (), snapshot.node_gpus.shape[0])
+        rows = self.fastest_copies(snapshot, binding, own, cap, left)
+        if not rows:
+            return None
+        keep = np.ones(snapshot.num_jobs, dtype=np.bool_)
+        keep[[i for i, _k, _nd, _c in rows]] = False
+        # Hadar's target no sooner than the binding jobs' end: no other job need end before it.
+        end = float(snapshot.now) + longest
+        if isinstance(prev, HadarEState):
+            inner = prev.hadar
+            if isinstance(inner, HadarState):
+                inner = replace(inner, target=max(inner.target, end))
+            else:
+                inner = HadarState(end)
+            prev = replace(prev, hadar=inner)
+        else:
+            prev = HadarEState(HadarState(end), float(snapshot.now))
+        # (a type the binding jobs took whole is no type the others may be planned on)
+        full = np.bincount(snapshot.node_type, weights=left,
+                           minlength=len(snapshot.gpu_types)) <= 0
+        others = snapshot.select_jobs(keep)
+        rate = np.where(full[None, :], 0.0, others.rate)
+        rest = self.plan(replace(others, rate=rate, node_gpus=left, policy_state=prev))
+        pinned = self._placement(snapshot, rows)
+        reason = np.full(snapshot.num_jobs, np.int8(Reason.PLACED), dtype=np.int8)
+        reason[keep] = rest.reason
+        detail = {**rest.detail, **forked_detail(pinned)}
+        names = ", ".join(str(j) for j in sorted(set(pinned.job.tolist())))
+        for k in np.nonzero((others.rate.max(axis=1) > 0) & (rate.max(axis=1) <= 0))[0].tolist():
+            reason[np.nonzero(keep)[0][k]] = Reason.NO_FREE_GPU
+            detail[int(others.job_ids[k])] = (
+                f"every GPU of its types is held by the jobs that bind the makespan ({names})")
+        return replace(rest, placement=joined(pinned, rest.placement), reason=reason,
+                       detail=detail)
+
+    def own_fork_time(self, snapshot: Snapshot, cap: IntArray,
+                      overhead: FloatArray) -> FloatArray:
+        """Per job, its remaining work over the summed rates of its ``cap`` fastest
+        node-disjoint copies (one node each, with at least its scale factor of GPUs), net of
+        consolidation where it has more than one: the soonest it can end, whatever else
+        runs (``inf`` where it runs nowhere)."""
+        n = snapshot.num_jobs
+        scale = snapshot.scale.astype(np.int64)
+        out = np.full(n, np.inf)
+        for s in np.unique(scale).tolist():
+            fits = snapshot.node_gpus >= s
+            nodes = np.bincount(snapshot.node_type[fits], minlength=len(snapshot.gpu_types))
+            for i in np.nonzero(scale == s)[0].tolist():
+                left = int(cap[i])
+                speed = 0.0
+                for h in np.argsort(-snapshot.rate[i], kind="stable").tolist():
+                    if left <= 0 or snapshot.rate[i, h] <= 0:
+                        break
+                    k = min(left, int(nodes[h]))
+                    speed += k * float(snapshot.rate[i, h])
+                    left -= k
+                copies = int(cap[i]) - left
+                if copies > 1:
+                    speed *= 1.0 - float(overhead[i])
+                if speed > 0 and snapshot.remaining[i] > 0:
+                    out[i] = float(snapshot.remaining[i]) / speed
+        return out
+
+    @staticmethod
+    def fastest_copies(snapshot: Snapshot, binding: BoolArray, own: FloatArray, cap: IntArray,
+                       left: IntArray) -> list[tuple[int, int, int, int]]:
+        """Rows (job index, copy, node, GPUs) for the ``binding`` jobs, longest first, each on
+        its ``cap`` fastest nodes with room (``left``, lowered as they are taken): among nodes
+        of equal speed, those the job holds now, then the fullest that fits."""
+        held: dict[int, set[int]] = {}
+        idx = snapshot.current_index()
+        for r, i in enumerate(idx.tolist()):
+            if i >= 0:
+                held.setdefault(i, set()).add(int(snapshot.current.node[r]))
+        rows: list[tuple[int, int, int, int]] = []
+        for i in sorted(np.nonzero(binding)[0].tolist(), key=lambda i: (-own[i], i)):
+            need = int(snapshot.scale[i])
+            speed = snapshot.rate[i, snapshot.node_type]
+            mine = held.get(i, set())
+            cand = [nd for nd in np.nonzero((speed > 0) & (left >= need))[0].tolist()]
+            cand.sort(key=lambda nd: (-float(speed[nd]), nd not in mine, int(left[nd]), nd))
+            for k, nd in enumerate(cand[:int(cap[i])]):
+                left[nd] -= need
+                rows.append((i, k, nd, need))
+        return rows
+
+    def plan(self, snapshot: Snapshot) -> Decision:
+        """Steps 1-4 of the module docstring."""
         n = snapshot.num_jobs
         prev = snapshot.policy_state
         prev_hadar = prev.hadar if isinstance(prev, HadarEState) else None
