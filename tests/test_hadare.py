@@ -657,7 +657,8 @@ def test_the_job_that_binds_the_fork_makespan_runs_on_its_fastest_copies() -> No
     assert fork_w == pytest.approx(12994.5, abs=1.0)
     plain = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION).allocate(snap)
     assert set(plain.placement.rows_of(1)) == {(2, 1), (5, 1)}  # two k80 nodes
-    pin = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True)
+    pin = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True,
+                       pin_tolerance=0.0)
     d = pin.allocate(snap)
     assert set(d.placement.rows_of(1)) == {(0, 1), (1, 1)}
     assert d.placement.num_copies()[1] == 2 and d.detail[1] == "forked into 2 copies"
@@ -667,6 +668,7 @@ def test_the_job_that_binds_the_fork_makespan_runs_on_its_fastest_copies() -> No
     assert isinstance(d.policy_state, HadarEState)
     assert isinstance(d.policy_state.hadar, HadarState)
     assert d.policy_state.hadar.target >= 18000.0
+    assert d.policy_state.deadlines == ((1, 18000.0),)
     assert not v100 & {nd for j in (2, 3, 4, 5) for nd, _ in d.placement.rows_of(j)}
 
 
@@ -676,8 +678,8 @@ def test_a_type_the_binding_job_takes_whole_is_not_planned_for_the_others() -> N
     # not as if a v100 were free; job 4, which runs on v100s only, waits with the reason.
     snap = binding_snapshot([(2, 1000, "fastv"), (3, 1000, "fastv"), (4, 500, "v100only")],
                             "v100=2:k80=2")
-    d = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True).allocate(
-        snap)
+    d = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True,
+                     pin_tolerance=0.0).allocate(snap)
     assert set(d.placement.rows_of(1)) == {(0, 1), (1, 1)}
     assert {j: d.placement.rows_of(j) for j in (2, 3)} in (
         {2: [(2, 1)], 3: [(3, 1)]}, {2: [(3, 1)], 3: [(2, 1)]})
@@ -696,5 +698,26 @@ def test_no_job_binds_and_step_0_changes_nothing() -> None:
     assert pin.own_fork_time(snap, cap, pin.overhead(snap))[0] == 12000.0
     assert fork_drain(snap.remaining, snap.scale.astype(I64), snap.rate,
                       snap.capacity()) > 12000.0
-    assert pin.pin(snap) is None
+    assert pin.pin(snap) == (None, ())
     assert pin.allocate(snap).placement.same_as(plain.allocate(snap).placement)
+
+
+def test_a_binding_job_runs_on_its_fastest_copies_once_its_deadline_is_near() -> None:
+    # The case above with the default tolerance: job 1 binds (18,000 s at the soonest) and
+    # gets a deadline 5% later, 18,900 s.  At 0 that leaves it 900 s, more than the slack of
+    # 1.5 rounds (540 s): the others may still go first, and the decision is plan()'s, with
+    # the deadline carried.  Given a deadline of 18,400 s (400 s to spare), it is pinned.
+    snap = binding_snapshot([(j, 4000, "fastv") for j in (2, 3, 4, 5)], "v100=2:k80=4")
+    pin = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True)
+    plain = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION)
+    d = pin.allocate(snap)
+    assert d.placement.same_as(plain.allocate(snap).placement)
+    assert isinstance(d.policy_state, HadarEState)
+    (job, deadline), = d.policy_state.deadlines
+    assert job == 1 and deadline == pytest.approx(18900.0)
+    due = replace(snap, policy_state=replace(d.policy_state, deadlines=((1, 18400.0),)))
+    assert set(pin.allocate(due).placement.rows_of(1)) == {(0, 1), (1, 1)}
+    # (a job that no longer binds loses its deadline)
+    gone = pin.allocate(replace(snap, remaining=np.array([1000.0, 4000, 4000, 4000, 4000])))
+    assert isinstance(gone.policy_state, HadarEState)
+    assert gone.policy_state.deadlines == ()

@@ -9,12 +9,14 @@ compete for GPUs like any job.  One epoch:
    for makespan, docs/algorithm.md, "Jobs that bind the fork makespan").  A job whose own
    fork-limited time, its remaining work over the summed rates of its ``cap`` fastest
    node-disjoint copies net of consolidation (:meth:`HadarEPolicy.own_fork_time`), is past the
-   fork window below cannot end by it however the others run: the makespan is its own.  Such a
-   job, and any other within ``margin_rounds`` rounds of the longest, runs on exactly those
-   fastest copies (:meth:`HadarEPolicy.pin`), as the fork LP runs it; Hadar's type split would
-   put its copies on the types that are cheapest for the cluster's drain instead, and the job
-   ends later than the fork bound.  The other jobs are planned below on the GPUs left, with
-   Hadar's target no sooner than the binding job's end.
+   fork window below cannot end by it however the others run: the makespan is its own.  When
+   it first binds it gets a deadline, its soonest end plus ``pin_tolerance`` of its time
+   (carried in ``HadarEState.deadlines``); from the round its deadline is within
+   ``margin_rounds`` rounds of its soonest end, it runs on exactly those fastest copies
+   (:meth:`HadarEPolicy.pin`), as the fork LP runs it.  Hadar's type split would put its
+   copies on the types that are cheapest for the cluster's drain instead, and the job would
+   end later than the fork bound.  The other jobs are planned below on the GPUs left, with
+   Hadar's target no sooner than the binding jobs' deadline.
 1. **Which jobs are long.**  A lower bound on the time to drain all remaining work when jobs
    may be forked (:func:`fork_drain`, the Lagrangian dual of the fork LP with Hadar's type
    prices) sets a *window*, kept across epochs as an absolute target that only moves later.  A
@@ -104,11 +106,13 @@ def fork_drain(remaining: FloatArray, scale: IntArray, rate: FloatArray,
 class HadarEState:
     """Carried from epoch to epoch: Hadar's own state, the fork drain target, and the copies
     Hadar's gang-chain rule made critical (``HadarState.chain``), as ``(job id, copy)``: the
-    virtual ids Hadar saw are renumbered every epoch."""
+    virtual ids Hadar saw are renumbered every epoch.  ``deadlines``: ``(job id, time)`` for the
+    jobs that bind the fork makespan (``pin_binding``, step 0), when each must end."""
 
     hadar: object
     target: float
     chain: tuple[tuple[int, int], ...] = ()
+    deadlines: tuple[tuple[int, float], ...] = ()
 
 
 # The algorithm: docs/algorithm.md, "HadarE: forking jobs into copies".
@@ -122,7 +126,7 @@ class HadarEPolicy:
     each copy is one component on one node, and in the simulator unless told otherwise).
     ``replans``: how many times at most Hadar plans the copies again without those the merge
     dropped (step 2).  ``pin_binding``: step 0, the jobs that bind the fork makespan on their
-    fastest copies (off by default)."""
+    fastest copies (off by default), ``pin_tolerance`` of their soonest end after it at most."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
@@ -132,18 +136,24 @@ class HadarEPolicy:
     share: bool = False
     replans: int = 2
     pin_binding: bool = False
+    pin_tolerance: float = 0.05
     name: str = "hadare"
 
     def allocate(self, snapshot: Snapshot) -> Decision:
         if self.pin_binding and snapshot.num_jobs:
-            pinned = self.pin(snapshot)
-            if pinned is not None:
-                return pinned
+            pinned, deadlines = self.pin(snapshot)
+            decision = pinned if pinned is not None else self.plan(snapshot)
+            state = decision.policy_state
+            if isinstance(state, HadarEState):
+                decision = replace(decision, policy_state=replace(state, deadlines=deadlines))
+            return decision
         return self.plan(snapshot)
 
-    def pin(self, snapshot: Snapshot) -> Decision | None:
-        """Step 0: the jobs that bind the fork makespan on their fastest node-disjoint copies,
-        the others planned (:meth:`plan`) on the GPUs left; None when no job binds."""
+    def pin(self, snapshot: Snapshot,
+            ) -> tuple[Decision | None, tuple[tuple[int, float], ...]]:
+        """Step 0: the jobs that bind the fork makespan, once their deadline is near, on their
+        fastest node-disjoint copies, the others planned (:meth:`plan`) on the GPUs left; the
+        decision (None when no job is due) and the deadlines to carry."""
         overhead = self.overhead(snapshot)
         cap = self.copies_allowed(snapshot, overhead)
         prev = snapshot.policy_state
@@ -154,12 +164,22 @@ class HadarEPolicy:
         fixed = (np.asarray(snapshot.fixed, dtype=np.bool_) if snapshot.fixed is not None
                  else np.zeros(snapshot.num_jobs, dtype=np.bool_))
         own = np.where(fixed | (cap < 2), np.inf, self.own_fork_time(snapshot, cap, overhead))
-        fin = np.isfinite(own)
-        if not (fin & (own >= window)).any():
-            return None
-        longest = float(own[fin].max())
+        binds = np.isfinite(own) & (own >= window)
+        if not binds.any():
+            return None, ()
+        # A binding job's deadline, set when it first binds: its soonest end, plus
+        # ``pin_tolerance`` of its time, in which the others may still go first.
+        now = float(snapshot.now)
+        before = dict(prev.deadlines) if isinstance(prev, HadarEState) else {}
+        ids = snapshot.job_ids.tolist()
+        due_at = {ids[i]: before.get(ids[i], now + float(own[i]) * (1.0 + self.pin_tolerance))
+                  for i in np.nonzero(binds)[0].tolist()}
+        deadlines = tuple(sorted(due_at.items()))
         slack = float(snapshot.round_s) * self.hadar.margin_rounds
-        binding = fin & (own >= window) & (own + slack >= longest)
+        binding = binds & (now + own + slack >= np.array(
+            [due_at.get(j, np.inf) for j in ids], dtype=np.float64))
+        if not binding.any():
+            return None, deadlines
         # (a job that runs until it ends keeps its GPUs: the loop holds it where it runs)
         fixed_ids = snapshot.job_ids[fixed]
         cur = snapshot.current
@@ -167,11 +187,11 @@ class HadarEPolicy:
             cur.select(np.isin(cur.job, fixed_ids)), (), snapshot.node_gpus.shape[0])
         rows = self.fastest_copies(snapshot, binding, own, cap, left)
         if not rows:
-            return None
+            return None, deadlines
         keep = np.ones(snapshot.num_jobs, dtype=np.bool_)
         keep[[i for i, _k, _nd, _c in rows]] = False
         # Hadar's target no sooner than the binding jobs' end: no other job need end before it.
-        end = float(snapshot.now) + longest
+        end = max(due_at[ids[i]] for i in np.nonzero(binding)[0].tolist())
         if isinstance(prev, HadarEState):
             inner = prev.hadar
             if isinstance(inner, HadarState):
@@ -197,7 +217,7 @@ class HadarEPolicy:
             detail[int(others.job_ids[k])] = (
                 f"every GPU of its types is held by the jobs that bind the makespan ({names})")
         return replace(rest, placement=joined(pinned, rest.placement), reason=reason,
-                       detail=detail)
+                       detail=detail), deadlines
 
     def own_fork_time(self, snapshot: Snapshot, cap: IntArray,
                       overhead: FloatArray) -> FloatArray:
