@@ -212,8 +212,9 @@ class HadarEPolicy:
         reason[keep] = rest.reason
         detail = {**rest.detail, **forked_detail(pinned)}
         names = ", ".join(str(j) for j in sorted(set(pinned.job.tolist())))
+        kept = np.nonzero(keep)[0]
         for k in np.nonzero((others.rate.max(axis=1) > 0) & (rate.max(axis=1) <= 0))[0].tolist():
-            reason[np.nonzero(keep)[0][k]] = Reason.NO_FREE_GPU
+            reason[kept[k]] = Reason.NO_FREE_GPU
             detail[int(others.job_ids[k])] = (
                 f"every GPU of its types is held by the jobs that bind the makespan ({names})")
         return replace(rest, placement=joined(pinned, rest.placement), reason=reason,
@@ -248,22 +249,27 @@ class HadarEPolicy:
         return out
 
     @staticmethod
+    def nodes_held(snapshot: Snapshot) -> dict[int, set[int]]:
+        """Per job index, the nodes it holds GPUs on now (``current``)."""
+        held: dict[int, set[int]] = {}
+        for r, i in enumerate(snapshot.current_index().tolist()):
+            if i >= 0:
+                held.setdefault(i, set()).add(int(snapshot.current.node[r]))
+        return held
+
+    @staticmethod
     def fastest_copies(snapshot: Snapshot, binding: BoolArray, own: FloatArray, cap: IntArray,
                        left: IntArray) -> list[tuple[int, int, int, int]]:
         """Rows (job index, copy, node, GPUs) for the ``binding`` jobs, longest first, each on
         its ``cap`` fastest nodes with room (``left``, lowered as they are taken): among nodes
         of equal speed, those the job holds now, then the fullest that fits."""
-        held: dict[int, set[int]] = {}
-        idx = snapshot.current_index()
-        for r, i in enumerate(idx.tolist()):
-            if i >= 0:
-                held.setdefault(i, set()).add(int(snapshot.current.node[r]))
+        held = HadarEPolicy.nodes_held(snapshot)
         rows: list[tuple[int, int, int, int]] = []
         for i in sorted(np.nonzero(binding)[0].tolist(), key=lambda i: (-own[i], i)):
             need = int(snapshot.scale[i])
             speed = snapshot.rate[i, snapshot.node_type]
             mine = held.get(i, set())
-            cand = [nd for nd in np.nonzero((speed > 0) & (left >= need))[0].tolist()]
+            cand = np.nonzero((speed > 0) & (left >= need))[0].tolist()
             cand.sort(key=lambda nd: (-float(speed[nd]), nd not in mine, int(left[nd]), nd))
             for k, nd in enumerate(cand[:int(cap[i])]):
                 left[nd] -= need
@@ -552,11 +558,7 @@ class HadarEPolicy:
         copies = placement.by_job_copies()
         rows = [(index_of[j], k, nd, c) for j, cps in copies.items() for k, rs in cps.items()
                 for nd, c in rs]
-        prev_nodes: dict[int, set[int]] = {}
-        for j, nd in zip(snapshot.current.job.tolist(), snapshot.current.node.tolist(),
-                         strict=True):
-            if j in index_of:
-                prev_nodes.setdefault(index_of[j], set()).add(int(nd))
+        prev_nodes = self.nodes_held(snapshot)
         worker = snapshot.rate / snapshot.scale[:, None]
         state: dict[int, tuple[int, float, set[int]]] = {}  # i -> (copies, rate, nodes)
         for j, cps in copies.items():
