@@ -4,7 +4,8 @@ The file has five sections::
 
     [slurm]       how to reach Slurm (slurm.conf, backend, partition, command timeout)
     [scheduler]   what to decide (policy, epoch length, preemption, throughput tables)
-    [hadare]      forked jobs (where their job trackers live)
+    [hadare]      forked jobs (where their job trackers live, what consolidation costs,
+                  whether the jobs that bind the makespan run on their fastest copies)
     [sidecar]     how to run (dry run, state directory, logs)
     [metrics]     the Prometheus endpoint (address; loopback only unless allow_remote)
 
@@ -157,6 +158,17 @@ def _factor(value: object, _base: Path) -> float:
     if not math.isfinite(factor) or factor < 1:
         raise _InvalidValueError(problem, "e.g. 3 (the default), or 1 for the plain estimates")
     return factor
+
+
+def _tolerance(value: object, _base: Path) -> float:
+    problem = f"must be a number from 0 to 1, got {_show(value)}"
+    fix = "e.g. 0.05 (the default: 5% of the job's soonest time), or 0 to pin at once"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _InvalidValueError(problem, fix)
+    tolerance = float(value)
+    if not math.isfinite(tolerance) or not 0.0 <= tolerance <= 1.0:
+        raise _InvalidValueError(problem, fix)
+    return tolerance
 
 
 def _gpu_memory(value: object, _base: Path) -> tuple[tuple[str, float], ...]:
@@ -497,6 +509,25 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_seconds(allow_zero=True),
     ),
     ConfigKey(
+        "hadare", "pin_binding", "bool", "false",
+        "Run the jobs that bind the makespan on their fastest copies: a forked job (hint "
+        "fork=N) whose work, over its N fastest node-disjoint copies, takes longer than all "
+        "the cluster's work spread over every GPU is what the last finish waits for, so once "
+        "its deadline nears (its soonest end plus pin_tolerance) it runs on exactly those "
+        "copies and the other jobs are planned on the GPUs left. Simulated on the regime "
+        "suite, hadare's makespan is 2 to 3% shorter in geometric mean and its average JCT "
+        "1 to 2.4% longer; off by default. See docs/algorithm.md, \"Jobs that "
+        "bind the fork makespan\".",
+        check=_bool,
+    ),
+    ConfigKey(
+        "hadare", "pin_tolerance", "number", "0.05",
+        "With pin_binding: how late, as a share of a binding job's soonest time (0 to 1), "
+        "its end may come; until its deadline nears, the other jobs may go first. 0 pins "
+        "the job from the epoch it first binds.",
+        check=_tolerance,
+    ),
+    ConfigKey(
         "sidecar", "dry_run", "bool", "false",
         "Shadow mode: compute and log every decision but change nothing in Slurm.",
         check=_bool,
@@ -586,6 +617,8 @@ class SidecarConfig:
     tracker_root: str | None
     consolidation_base_s: float
     consolidation_s_per_gb: float
+    pin_binding: bool
+    pin_tolerance: float
     dry_run: bool
     state_dir: str | None
     log_format: str

@@ -243,7 +243,7 @@ class Sidecar:
         # What Slurm allows (one node per copy) and what a move costs reach the policy
         # through the backend's snapshots, not as settings.
         self.policy = make_policy(config.policy, **share_setting(config),
-                                  **consolidation_setting(config))
+                                  **consolidation_setting(config), **pin_setting(config))
         table = load_table_for(config)
         self.store: SidecarStore | None = open_store(config, self.logger)
         self.backend = SlurmBackend(
@@ -508,6 +508,22 @@ def consolidation_setting(config: SidecarConfig) -> dict[str, object]:
         return {}
     return {"consolidation": ConsolidationCost(base_s=config.consolidation_base_s,
                                                s_per_gb=config.consolidation_s_per_gb)}
+
+
+def pin_setting(config: SidecarConfig) -> dict[str, object]:
+    """The policy's ``pin_binding`` and ``pin_tolerance`` settings from ``[hadare]
+    pin_binding`` and ``pin_tolerance``: both when it is on (an :class:`InputError` when the
+    policy does not fork), ``{}`` when it is off."""
+    if not config.pin_binding:
+        return {}
+    if "pin_binding" not in policy_settings(config.policy):
+        forking = sorted(n for n in REGISTRY if "pin_binding" in policy_settings(n))
+        raise InputError(f"policy {config.policy!r} does not fork jobs, so none binds the "
+                         "makespan as a forked job", source=config.source,
+                         field="[hadare] pin_binding",
+                         fix=f"set pin_binding = false, or use a policy that forks: "
+                             f"{', '.join(forking)}")
+    return {"pin_binding": True, "pin_tolerance": config.pin_tolerance}
 
 
 def share_setting(config: SidecarConfig) -> dict[str, object]:
