@@ -226,26 +226,24 @@ class HadarEPolicy:
         node-disjoint copies (one node each, with at least its scale factor of GPUs), net of
         consolidation where it has more than one: the soonest it can end, whatever else
         runs (``inf`` where it runs nowhere)."""
-        n = snapshot.num_jobs
         scale = snapshot.scale.astype(np.int64)
-        out = np.full(n, np.inf)
+        rate = snapshot.rate
+        out = np.full(snapshot.num_jobs, np.inf)
         for s in np.unique(scale).tolist():
+            jobs = np.nonzero(scale == s)[0]
             fits = snapshot.node_gpus >= s
             nodes = np.bincount(snapshot.node_type[fits], minlength=len(snapshot.gpu_types))
-            for i in np.nonzero(scale == s)[0].tolist():
-                left = int(cap[i])
-                speed = 0.0
-                for h in np.argsort(-snapshot.rate[i], kind="stable").tolist():
-                    if left <= 0 or snapshot.rate[i, h] <= 0:
-                        break
-                    k = min(left, int(nodes[h]))
-                    speed += k * float(snapshot.rate[i, h])
-                    left -= k
-                copies = int(cap[i]) - left
-                if copies > 1:
-                    speed *= 1.0 - float(overhead[i])
-                if speed > 0 and snapshot.remaining[i] > 0:
-                    out[i] = float(snapshot.remaining[i]) / speed
+            # Each job's types fastest first; its copies take their nodes in that order.
+            order = np.argsort(-rate[jobs], axis=1, kind="stable")
+            fast = np.take_along_axis(rate[jobs], order, axis=1)
+            room = np.where(fast > 0, nodes[order], 0)
+            before = np.cumsum(room, axis=1) - room
+            take = np.clip(cap[jobs, None] - before, 0, room)
+            speed = (take * fast).sum(axis=1)
+            speed = np.where(take.sum(axis=1) > 1, speed * (1.0 - overhead[jobs]), speed)
+            left = snapshot.remaining[jobs]
+            ok = (speed > 0) & (left > 0)
+            out[jobs[ok]] = left[ok] / speed[ok]
         return out
 
     @staticmethod
