@@ -249,6 +249,56 @@ def test_a_forked_jobs_own_run_holds_its_gpus_with_final_run() -> None:
     assert policy.caps[0] == (0.0, [4, 4])
 
 
+@pytest.mark.parametrize("reschedule_on_finish", [True, False])
+def test_a_forked_jobs_own_run_ends_when_the_clock_rounds_its_start(
+        reschedule_on_finish: bool) -> None:
+    # As above with a start of 30.38 s (what LiveCosts charges): the copies are done at
+    # 530.38 s, job 0's own run holds node 0 for its start and ends at 560.76, job 1 at
+    # 560.76 + 30.38 + 100 = 691.14.  In floating point (530.38 + 30.38) - 530.38 is a few
+    # 1e-14 short of 30.38, so the run once owed that much of its start, was kept on its GPU
+    # at the same instant, epoch after epoch, and the simulation never ended
+    # (`hadar-slurm simulate --final-run` hung on bench/traces/long_tail_seed0.trace).
+    cluster = ClusterSpec((Node("n0", "v100", 1), Node("n1", "v100", 1)))
+    table = ThroughputTable({("toy", 1): {"v100": 1.0}})
+    jobs = [Job(0, "toy", scale_factor=1, total_steps=1000.0, arrival_s=0.0),
+            Job(1, "toy", scale_factor=1, total_steps=100.0, arrival_s=0.0)]
+    assert (530.38 + 30.38) - 530.38 < 30.38  # (the rounding this is about)
+    res = simulate(jobs, cluster, table, _ForkThenLastRun(), round_s=10000.0,
+                   start_cost_s=30.38, migration_cost_s=40.0,
+                   consolidation=ConsolidationCost(0.0, 0.0),
+                   reschedule_on_finish=reschedule_on_finish, final_run=True)
+    assert [float(x) for x in res.finish] == pytest.approx([560.76, 691.14])
+    assert res.epochs < 10
+
+
+class _Stay:
+    """Keeps job 0 on node 0 and says nothing moves the clock (a broken backend's view)."""
+
+    name = "stay"
+
+    def allocate(self, snapshot: Snapshot) -> Decision:
+        return Decision(snapshot.epoch, Placement(
+            np.array([0], dtype=np.int64), np.array([0], dtype=np.int64),
+            np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64)),
+            np.array([Reason.PLACED], dtype=np.int8))
+
+
+def test_a_simulator_whose_clock_stops_raises_rather_than_loops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A simulator whose next epoch never comes later (as the bug above made it) stops with
+    # an error naming the instant and the jobs placed, after STALL_EPOCHS epochs.
+    from hadar_slurm.sim import backend
+
+    cluster = ClusterSpec((Node("n0", "v100", 1),))
+    table = ThroughputTable({("toy", 1): {"v100": 1.0}})
+    jobs = [Job(0, "toy", scale_factor=1, total_steps=100.0, arrival_s=5.0)]
+    monkeypatch.setattr(backend.SimulatedCluster, "_next_epoch_start",
+                        lambda self, now, round_s: now)
+    with pytest.raises(RuntimeError, match=r"stalled: 1000 epochs in a row at t=5\.000 s "
+                                           r"\(jobs placed: \[0\]\)"):
+        simulate(jobs, cluster, table, _Stay())
+
+
 def test_live_costs_carry_the_measured_fork_start() -> None:
     rows = json.loads((REPO / "bench" / "results" / "move_cost.json").read_text())
     shared = {r["rank"]: r["fork_start_s"] for r in rows

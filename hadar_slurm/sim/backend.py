@@ -101,6 +101,13 @@ from hadar_slurm.rates.colocated import ColocatedTable
 from hadar_slurm.rates.table import ThroughputTable
 
 EPS_STEPS = 1e-6
+#: Seconds of a start or move below which it counts as over: the clock's rounding (``now +
+#: t - now`` differs from ``t`` in the last bits), which left a forked job's own run owing
+#: 1e-11 s, re-placed at the same instant for ever.
+EPS_S = 1e-6
+#: Epochs in a row at one instant after which the simulator stops with an error (a bug: the
+#: clock would never move again) rather than loop for ever.
+STALL_EPOCHS = 1000
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,7 @@ class SimulatedCluster:
         self._round_start = 0.0
         self._admitted = 0  # jobs[:admitted] have been admitted
         self._idle_epochs = 0
+        self._stalled = 0  # epochs in a row whose next one came at the same instant
         #: Jobs started by the last apply (placed, forked, moved): their seconds without
         #: progress at the start of the round (a first start's cost, or a move's); and jobs
         #: kept on their GPUs whose start or move the last round was too short to pay for
@@ -423,6 +431,19 @@ class SimulatedCluster:
                 self.fork_start_s + shift + cycle * self.fork_interval_s, 0.0)
 
     def next_epoch_start(self, now: float, round_s: float) -> float | None:
+        nxt = self._next_epoch_start(now, round_s)
+        if nxt is not None and nxt <= now + EPS_S:
+            self._stalled += 1
+            if self._stalled >= STALL_EPOCHS:
+                stuck = sorted(self.current.by_job())
+                raise RuntimeError(
+                    f"the simulator stalled: {STALL_EPOCHS} epochs in a row at t={now:.3f} s "
+                    f"(jobs placed: {stuck[:10]}); a bug in the simulator or the policy")
+        else:
+            self._stalled = 0
+        return nxt
+
+    def _next_epoch_start(self, now: float, round_s: float) -> float | None:
         ttf = [self._time_to_finish(j, copies)
                for j, copies in self.current.by_job_copies().items()]
         ends = [t for t in ttf if t > 0]  # 0: the job makes no progress where it is
@@ -532,7 +553,7 @@ class SimulatedCluster:
         span = now - self._round_start
         running = set(self.current.job.tolist())
         self._owed = {j: cost - max(span, 0.0) for j, cost in self._moved.items()
-                      if j in running and cost > max(span, 0.0)}
+                      if j in running and cost > max(span, 0.0) + EPS_S}
         if span <= 0 or len(self.current) == 0:
             return
         busy = np.zeros(len(self.gpu_types))
@@ -560,7 +581,7 @@ class SimulatedCluster:
                 st.remaining[i] = 0.0
                 if job_id in self._final:
                     # its own run ends once its start is over (an epoch may come sooner)
-                    if full_delay <= span:
+                    if full_delay <= span + EPS_S:
                         st.finish[i] = self._round_start + delay
                         self._final.discard(job_id)
                 elif self.final_run and len(copies) > 1:
