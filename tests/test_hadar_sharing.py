@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -358,3 +359,38 @@ def test_a_pair_must_end_by_the_target_the_job_left_alone_after_included() -> No
     assert pairs == () and not guests.any()
     _p, pairs, guests, _d = pack_waiting(snap, placed, order, window=750.0)
     assert pairs == ((0, 1),) and guests.tolist() == [False, True]
+
+
+def test_simulate_cli_takes_share(tmp_path: Path) -> None:
+    """``hadar-slurm simulate --share`` turns sharing on for hadar and hadare, as the sidecar's
+    ``[scheduler] share``: the run is the library's with ``share=True`` (the same costs),
+    jobs share GPUs and the output says how many; without it nobody shares."""
+    from hadar_slurm.costs import LiveCosts
+    from hadar_slurm.sim.cluster import load_cluster
+    from tests.helpers import run_cli
+
+    rows: dict[bool, dict[str, dict[str, object]]] = {}
+    for share in (False, True):
+        out = tmp_path / f"r{int(share)}.json"
+        proc = run_cli("simulate", "--trace", "static_32_seed0", "--cluster", "4:4:4",
+                       "--policy", "hadar,hadare", *(["--share"] if share else []),
+                       "--json", str(out))
+        assert proc.returncode == 0, proc.stderr
+        rows[share] = {str(r["policy"]): r for r in json.loads(out.read_text())}
+        if share:
+            for name in ("hadar", "hadare"):
+                n = rows[share][name]["shared_jobs"]
+                assert f"{name}: {n} job(s) shared GPUs, in " in proc.stdout, proc.stdout
+        else:
+            assert "shared GPUs" not in proc.stdout
+    assert all(r["shared_jobs"] == 0 for r in rows[False].values())
+    table = default_table()
+    live = LiveCosts()
+    res = simulate(load_trace("static_32_seed0", table), load_cluster("4:4:4"), table,
+                   make_policy("hadar", share=True), migration_cost_s=live.move_s,
+                   start_cost_s=live.start_s)
+    got = rows[True]["hadar"]
+    assert got["shared_jobs"] == res.packed_jobs > 0
+    assert got["makespan_s"] == round(res.makespan_s, 3)
+    assert got["avg_jct_s"] == round(res.avg_jct_s, 3)
+    assert int(str(rows[True]["hadare"]["shared_jobs"])) > 0

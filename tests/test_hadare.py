@@ -423,6 +423,33 @@ def test_simulate_cli_takes_pin_binding(tmp_path: Path) -> None:
     assert rows[()]["makespan_s"] != rows[("--pin-binding",)]["makespan_s"]
 
 
+def test_simulate_cli_takes_final_run(tmp_path: Path) -> None:
+    # --final-run: a forked job's own run after its copies is placed by the policy, as the
+    # sidecar runs it; the run is the library's with final_run=True, the same costs.
+    from hadar_slurm.costs import LiveCosts
+
+    rows = {}
+    for flags in ((), ("--final-run",)):
+        out = tmp_path / f"r{len(flags)}.json"
+        proc = run_cli("simulate", "--trace", str(BENCH_TRACES / "long_tail_seed0.trace"),
+                       "--cluster", "4:4:4", "--policy", "hadare", *flags, "--json", str(out))
+        assert proc.returncode == 0, proc.stderr
+        rows[flags] = json.loads(out.read_text())[0]
+    assert all(r["num_completed"] == r["num_jobs"] == 31 for r in rows.values())
+    table = default_table()
+    live = LiveCosts()
+    res = simulate(load_trace(str(BENCH_TRACES / "long_tail_seed0.trace"), table),
+                   load_cluster("4:4:4"), table, make_policy("hadare"),
+                   migration_cost_s=live.move_s, start_cost_s=live.start_s,
+                   fork_start_s=live.fork_start_s, fork_interval_s=live.fork_interval_s,
+                   final_run=True)
+    got = rows[("--final-run",)]
+    assert got["forked_jobs"] == res.forked_jobs > 0
+    assert (got["makespan_s"], got["avg_jct_s"]) == (round(res.makespan_s, 3),
+                                                     round(res.avg_jct_s, 3))
+    assert got["avg_jct_s"] != rows[()]["avg_jct_s"]
+
+
 @pytest.mark.parametrize("flag,value", [
     ("--max-copies", "0"), ("--max-copies", "x"), ("--consolidation-base-s", "-1"),
     ("--consolidation-s-per-gb", "nan"),

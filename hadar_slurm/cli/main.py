@@ -235,10 +235,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     consolidation = ConsolidationCost(
         base_s=parse_seconds(args.consolidation_base_s, "consolidation-base-s"),
         s_per_gb=parse_seconds(args.consolidation_s_per_gb, "consolidation-s-per-gb"))
-    # Each policy's own settings from the command line (only hadare has any given here).
+    # Each policy's own settings from the command line (hadar's and hadare's).
+    share: dict[str, object] = {"share": True} if args.share else {}
     settings: dict[str, dict[str, object]] = {
+        "hadar": dict(share),
         "hadare": {"max_copies": parse_copies(args.max_copies), "consolidation": consolidation,
-                   "pin_binding": bool(args.pin_binding)},
+                   "pin_binding": bool(args.pin_binding), **share},
     }
     policies = parse_policies(args.policy, settings)
     table = load_throughputs(args.throughputs)
@@ -271,10 +273,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                     reschedule_on_finish=args.reschedule_on_finish,
                                     migration_cost_s=move_s, start_cost_s=start_s,
                                     fork_start_s=fork_start_s,
-                                    fork_interval_s=fork_interval_s))
+                                    fork_interval_s=fork_interval_s,
+                                    final_run=args.final_run))
         finally:
             progress.close()
     print(result_table(results))
+    for r in results:
+        if r.packed:
+            print(f"{r.policy}: {r.packed_jobs} job(s) shared GPUs, in "
+                  f"{len(r.packed)} of {r.epochs} rounds")
     for r in results:
         if r.num_completed < r.num_jobs:
             print(f"note: {r.policy} left {r.num_jobs - r.num_completed} job(s) unfinished")
@@ -401,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="hadare: run the jobs that bind the fork makespan on their fastest "
                      "copies (a shorter makespan for a longer average JCT; "
                      "docs/algorithm.md)")
+    sim.add_argument("--share", action="store_true",
+                     help="hadar, hadare: let two jobs of the same scale factor share GPUs "
+                     "where the table's co-located rates say the pair gains (the sidecar's "
+                     "[scheduler] share; docs/sharing.md). gavel-las-packed always shares")
+    sim.add_argument("--final-run", action="store_true",
+                     help="hadare: a forked job, once its copies are done, runs once more on "
+                     "its own, placed by the policy and holding its GPUs for a start, as the "
+                     "sidecar runs it (by default that run costs a start and holds no GPU)")
     sim.add_argument("--consolidation-base-s", default="2", metavar="S",
                      help="hadare: seconds each consolidation of a forked job's copies takes, "
                      "plus the model-size term below (default: %(default)s)")

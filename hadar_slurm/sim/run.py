@@ -81,6 +81,7 @@ class SimResult:
             "num_completed": self.num_completed,
             "forked_jobs": self.forked_jobs,
             "max_copies": self.max_copies,
+            "shared_jobs": self.packed_jobs,
         }
 
 
@@ -158,7 +159,7 @@ def simulate(
     hold as many GPUs on each, as one Slurm job does; other placements are not run (see
     :class:`~hadar_slurm.sim.backend.SimulatedCluster`).  ``gpu_sharing``: whether the
     simulator offers GPU sharing to the policy (pairs of jobs on the same GPUs at the table's
-    co-located rates, with fixed rounds only; see
+    co-located rates; see
     :class:`~hadar_slurm.sim.backend.SimulatedCluster`); no policy but a packing one uses it.
     ``fork_start_s``, ``fork_interval_s``: how much longer than a plain start a forked one
     (a heterogeneous job) takes, the first of a round and each further one (Slurm's backfill
