@@ -341,3 +341,36 @@ def test_even_gangs_runs_no_job_over_nodes_with_unequal_gpu_counts(
                    round_s=360.0, even_gangs=True)
     assert [float(f) for f in res.finish] == [500.0, 500.0 + 640.0]
     assert [r.preemptions for r in res.records[:2]] == [0, 1]
+
+
+@pytest.mark.parametrize("policy,settings", [
+    ("hadar", {"share": True}), ("hadare", {"share": True}), ("hadare", {"pin_binding": True}),
+    ("gavel-las-packed", {}), ("fifo-perf", {}),
+])
+def test_every_option_combination_completes_every_job(policy: str,
+                                                      settings: dict[str, object]) -> None:
+    """The simulator's options together (rounds that end on a finish with late wakes, a
+    forked job's own run, even gangs, copies over several nodes), with what starts, moves and
+    forks cost live: every job completes and the clock never stops (a forked job's own run
+    once stalled it, see tests/test_costs.py).  A trace of 14 jobs, 40% of them gangs, on 1-
+    and 4-GPU nodes of three types."""
+    import itertools
+
+    from hadar_slurm.costs import LiveCosts
+    from hadar_slurm.rates.table import default_table
+    from hadar_slurm.sim.cluster import load_cluster
+    from hadar_slurm.sim.generate import WorkloadSpec, generate
+
+    table = default_table()
+    cluster = load_cluster("v100=1x4:p100=1x4:k80=2x2")
+    jobs = generate(WorkloadSpec(seed=7, jobs=14, arrivals="bursty", load=1.0, multi_gpu=0.4,
+                                 scales=(2, 4)), cluster, table)
+    live = LiveCosts()
+    for resched, final, even, multi in itertools.product((False, True), repeat=4):
+        res = simulate(jobs, cluster, table, make_policy(policy, **settings),
+                       migration_cost_s=live.move_s, start_cost_s=live.start_s,
+                       fork_start_s=live.fork_start_s, fork_interval_s=live.fork_interval_s,
+                       reschedule_on_finish=resched, wake_delay_s=15.0 if resched else 0.0,
+                       final_run=final, even_gangs=even, multi_node_copies=multi, seed=3)
+        assert res.num_completed == res.num_jobs == 14, (resched, final, even, multi)
+        assert np.isfinite(res.makespan_s) and res.makespan_s > 0
