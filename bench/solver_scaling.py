@@ -2,7 +2,8 @@
 
     python -m bench.solver_scaling [--sizes 32 128 512 2048] [--large 10000]
                                    [--policies hadar,gavel-las,gavel-makespan] [--repeats 7]
-                                   [--steady] [--json bench/results/solver_scaling.json]
+                                   [--steady] [--pin-binding]
+                                   [--json bench/results/solver_scaling.json]
 
 Instances (:mod:`bench.instances`): ``n`` jobs of Gavel's job mix with random progress, on a
 cluster of ``n/4`` GPUs per type (V100, P100, K80; 4 GPUs a node), and ``--large`` jobs on
@@ -15,7 +16,9 @@ memory so far (ru_maxrss, an upper bound that includes everything loaded).
 ``--steady`` adds, per size and policy, the epoch after that one (``state`` ``steady``;
 :func:`bench.instances.steady`): the jobs the policy placed have run a round and hold their
 GPUs, and a move costs what it costs live, so that the policy weighs moving running jobs (Hadar
-plans the epoch twice where its plan moves any, step 9 "moves must pay").  ``moved``: running
+plans the epoch twice where its plan moves any, step 9 "moves must pay").  ``--pin-binding``
+runs ``hadare`` with that setting (step 0, the jobs that bind the fork makespan; rows carry
+``settings``).  ``moved``: running
 jobs the decision gives other GPUs, ``kept``: jobs Hadar kept on their GPUs because the moving
 plan did not pay (their ``explain`` detail).  Goals for
 ``hadar`` (issue #2): <= 10 ms at 2,048 jobs, <= 1 s at 10,000 jobs, peak memory < 1 GB.
@@ -40,14 +43,16 @@ from hadar_slurm.policy.hadar import KEPT_DETAIL
 
 
 def measure(policy_name: str, num_jobs: int, cluster: ClusterSpec, repeats: int,
-            max_seconds: float, steady_state: bool = False) -> dict[str, object]:
+            max_seconds: float, steady_state: bool = False,
+            settings: dict[str, object] | None = None) -> dict[str, object]:
+    given = settings or {}
     snap = snapshot(num_jobs, cluster, seed=num_jobs)
     if steady_state:
         snap = steady(snap, policy_name, seed=num_jobs)
     times: list[float] = []
     spent = 0.0
     for _ in range(repeats):
-        policy = make_policy(policy_name)
+        policy = make_policy(policy_name, **given)
         t0 = time.perf_counter()
         policy.allocate(snap)
         dt = time.perf_counter() - t0
@@ -56,12 +61,13 @@ def measure(policy_name: str, num_jobs: int, cluster: ClusterSpec, repeats: int,
         if spent > max_seconds:
             break
     tracemalloc.start()
-    decision = make_policy(policy_name).allocate(snap)
+    decision = make_policy(policy_name, **given).allocate(snap)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     moved, kept = moves(snap, decision.placement, decision.detail)
     return {
-        "policy": policy_name, "state": "steady" if steady_state else "fresh",
+        "policy": policy_name, "settings": dict(given),
+        "state": "steady" if steady_state else "fresh",
         "moved": moved, "kept": kept,
         "jobs": num_jobs, "gpus": cluster.total_gpus,
         "nodes": len(cluster.nodes), "gpu_types": len(cluster.gpu_types),
@@ -95,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop repeating a case after this much time (at least one run)")
     ap.add_argument("--steady", action="store_true",
                     help="also the epoch after, with the placed jobs running and moves charged")
+    ap.add_argument("--pin-binding", action="store_true",
+                    help="hadare with pin_binding (step 0: the jobs that bind the makespan)")
     ap.add_argument("--json", default="bench/results/solver_scaling.json")
     args = ap.parse_args(argv)
     cases: list[tuple[int, ClusterSpec]] = [(n, gavel_cluster(max(n // 4, 1))) for n in args.sizes]
@@ -108,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     for n, cluster in cases:
         for policy in [p for p in args.policies.split(",") if p]:
             for state in states:
-                row = measure(policy, n, cluster, args.repeats, args.max_seconds, state)
+                settings: dict[str, object] = (
+                    {"pin_binding": True} if args.pin_binding and policy == "hadare" else {})
+                row = measure(policy, n, cluster, args.repeats, args.max_seconds, state,
+                              settings)
                 rows.append(row)
                 print(f"{policy:15s} {row['state']:6s} {n:6d} {cluster.total_gpus:6d} "
                       f"{row['median_ms']:10.2f} {row['min_ms']:9.2f} {row['runs']:4d} "

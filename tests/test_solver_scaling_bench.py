@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from bench.instances import gavel_cluster, snapshot, steady
 from bench.solver_scaling import measure, moves
 from hadar_slurm.costs import DEFAULT
 from hadar_slurm.policy import make_policy
-from hadar_slurm.policy.base import Placement
+from hadar_slurm.policy.base import Placement, Policy
+from hadar_slurm.policy.hadare import HadarEPolicy
 
 
 def test_steady_is_the_epoch_after_with_the_placed_jobs_running() -> None:
@@ -62,3 +64,26 @@ def test_measure_reports_the_state_and_what_moved() -> None:
     fresh = measure("hadar", 32, gavel_cluster(8), repeats=1, max_seconds=1.0)
     # From a fresh state no job runs, so none can move or be kept.
     assert fresh["state"] == "fresh" and fresh["moved"] == 0 and fresh["kept"] == 0
+
+
+def test_measure_passes_the_settings_to_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --pin-binding: hadare's decision with step 0 on is what is timed, and the row says so.
+    import bench.solver_scaling as bench
+
+    built: list[object] = []
+
+    def spy(name: str, **settings: object) -> Policy:
+        policy = make_policy(name, **settings)
+        built.append(policy)
+        return policy
+
+    monkeypatch.setattr(bench, "make_policy", spy)
+    cluster = gavel_cluster(4)
+    plain = measure("hadare", 16, cluster, repeats=1, max_seconds=5.0)
+    assert plain["settings"] == {}
+    assert [p.pin_binding for p in built if isinstance(p, HadarEPolicy)] == [False, False]
+    built.clear()
+    pinned = measure("hadare", 16, cluster, repeats=1, max_seconds=5.0,
+                     settings={"pin_binding": True})
+    assert pinned["settings"] == {"pin_binding": True} and pinned["runs"] == 1
+    assert [p.pin_binding for p in built if isinstance(p, HadarEPolicy)] == [True, True]
