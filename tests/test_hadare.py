@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -410,15 +411,23 @@ def test_simulate_cli_runs_hadare_and_plots_copies(tmp_path: Path) -> None:
     assert rows["hadare"]["forked_jobs"] >= 3
 
 
-def test_simulate_cli_takes_pin_binding(tmp_path: Path) -> None:
-    # The setting reaches the policy: the same trace ends otherwise, every job completed.
-    rows = {}
-    for flags in ((), ("--pin-binding",)):
+def long_tail_hadare_rows(tmp_path: Path, flag: str) -> dict[tuple[str, ...], dict[str, Any]]:
+    """``hadar-slurm simulate`` of hadare on the long-tail trace (4:4:4), without ``flag``
+    and with it: the JSON row of each, keyed by the flags given (``()``, ``(flag,)``)."""
+    rows: dict[tuple[str, ...], dict[str, Any]] = {}
+    flag_sets: tuple[tuple[str, ...], ...] = ((), (flag,))
+    for flags in flag_sets:
         out = tmp_path / f"r{len(flags)}.json"
         proc = run_cli("simulate", "--trace", str(BENCH_TRACES / "long_tail_seed0.trace"),
                        "--cluster", "4:4:4", "--policy", "hadare", *flags, "--json", str(out))
         assert proc.returncode == 0, proc.stderr
         rows[flags] = json.loads(out.read_text())[0]
+    return rows
+
+
+def test_simulate_cli_takes_pin_binding(tmp_path: Path) -> None:
+    # The setting reaches the policy: the same trace ends otherwise, every job completed.
+    rows = long_tail_hadare_rows(tmp_path, "--pin-binding")
     assert all(r["num_completed"] == r["num_jobs"] == 31 for r in rows.values())
     assert rows[()]["makespan_s"] != rows[("--pin-binding",)]["makespan_s"]
 
@@ -428,13 +437,7 @@ def test_simulate_cli_takes_final_run(tmp_path: Path) -> None:
     # sidecar runs it; the run is the library's with final_run=True, the same costs.
     from hadar_slurm.costs import LiveCosts
 
-    rows = {}
-    for flags in ((), ("--final-run",)):
-        out = tmp_path / f"r{len(flags)}.json"
-        proc = run_cli("simulate", "--trace", str(BENCH_TRACES / "long_tail_seed0.trace"),
-                       "--cluster", "4:4:4", "--policy", "hadare", *flags, "--json", str(out))
-        assert proc.returncode == 0, proc.stderr
-        rows[flags] = json.loads(out.read_text())[0]
+    rows = long_tail_hadare_rows(tmp_path, "--final-run")
     assert all(r["num_completed"] == r["num_jobs"] == 31 for r in rows.values())
     table = default_table()
     live = LiveCosts()

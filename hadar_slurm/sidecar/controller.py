@@ -516,13 +516,9 @@ def pin_setting(config: SidecarConfig) -> dict[str, object]:
     policy does not fork), ``{}`` when it is off."""
     if not config.pin_binding:
         return {}
-    if "pin_binding" not in policy_settings(config.policy):
-        forking = sorted(n for n in REGISTRY if "pin_binding" in policy_settings(n))
-        raise InputError(f"policy {config.policy!r} does not fork jobs, so none binds the "
-                         "makespan as a forked job", source=config.source,
-                         field="[hadare] pin_binding",
-                         fix=f"set pin_binding = false, or use a policy that forks: "
-                             f"{', '.join(forking)}")
+    _require_setting(config, "pin_binding", "[hadare] pin_binding",
+                     "does not fork jobs, so none binds the makespan as a forked job",
+                     "set pin_binding = false, or use a policy that forks")
     return {"pin_binding": True, "pin_tolerance": config.pin_tolerance}
 
 
@@ -531,13 +527,20 @@ def share_setting(config: SidecarConfig) -> dict[str, object]:
     on (an :class:`InputError` when the policy cannot share), ``{}`` when it is off."""
     if not config.share:
         return {}
-    if "share" not in policy_settings(config.policy):
-        sharing = sorted(n for n in REGISTRY if "share" in policy_settings(n))
-        raise InputError(f"policy {config.policy!r} does not share GPUs", source=config.source,
-                         field="[scheduler] share",
-                         fix=f"set share = false, or use a policy that shares: "
-                             f"{', '.join(sharing)}")
+    _require_setting(config, "share", "[scheduler] share", "does not share GPUs",
+                     "set share = false, or use a policy that shares")
     return {"share": True}
+
+
+def _require_setting(config: SidecarConfig, setting: str, field: str, problem: str,
+                     fix: str) -> None:
+    """An :class:`InputError` naming ``field`` unless the configured policy takes ``setting``:
+    "policy 'P' ``problem``", with ``fix`` and the policies that take it."""
+    if setting in policy_settings(config.policy):
+        return
+    takers = sorted(n for n in REGISTRY if setting in policy_settings(n))
+    raise InputError(f"policy {config.policy!r} {problem}", source=config.source, field=field,
+                     fix=f"{fix}: {', '.join(takers)}")
 
 
 def _no_wait(seconds: float) -> None:
