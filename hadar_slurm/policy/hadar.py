@@ -20,7 +20,8 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    between types from one epoch to the next.  In the dual pass a job may use only the main
    types of its split, and the types it holds GPUs of (staying is then a choice the prices
    weigh against the move, not one the split takes away); idle GPUs are back-filled on any
-   type.
+   type.  A study's trial (``Snapshot.spread``) may also use the types at least as fast for
+   it as its main ones where the split puts other jobs' work (:func:`trial_types`).
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
    :class:`HadarState`, pushed back only when the remaining work cannot make it).
 4. **Jobs about to end, then critical jobs** (longest first).  Where the world gives a job's
@@ -227,6 +228,28 @@ def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray) -
     rate = np.where(away, rem[:, None] / np.maximum(alone + float(snapshot.migration_s), 1e-300),
                     rate)
     return float(drain_estimate(rem, snapshot.scale, rate, capacity)[0])
+
+
+def trial_types(main: BoolArray, worker_rate: FloatArray, spread: BoolArray) -> BoolArray:
+    """The GPU types a study's trial may use in the dual pass beyond its split's main ones
+    (issue #17): those at least as fast for it as its fastest main type, where a job that is
+    not a trial (``spread`` False) has a main share of its work.
+
+    The split puts each job's work where it is cheapest for the drain of all work, so amid
+    other jobs a study's trials went to the type where the others are relatively slowest
+    (recsys-48's on the k80s, 1.5 times as fast for it as a v100, while the p100s, 2.3 times
+    as fast, went to jobs that run 3 to 6 times slower on a k80), and its last rungs waited
+    there an hour behind jobs of many hours.  A trial's report gates its whole cohort, and the
+    study is judged by its end; so a trial is not kept off a faster type for the drain of the
+    other jobs, and competes there on the dual pass's prices in shortest-remaining-time order.
+    Among trials the split stands: with no other job on a type (a study alone) it levels the
+    cohort's trials over the types, which is what ends a rung soonest.  ``main``, the split's
+    main types (and the held ones), per job and type; returns the added types."""
+    fastest = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
+    others: BoolArray = np.asarray((main & ~spread[:, None]).any(axis=0), dtype=np.bool_)
+    out: BoolArray = (spread[:, None] & others[None, :] & (worker_rate > 0)
+                      & (worker_rate >= fastest) & ~main)
+    return out
 
 
 def ideal_seconds(snapshot: Snapshot, alloc: IntArray) -> float:
@@ -462,6 +485,8 @@ class HadarPolicy:
         # between two types every epoch or two).
         main = (phi > 0.0) & (phi >= self.split_share * phi.max(axis=1, keepdims=True))
         main |= (current > 0) & (worker_rate > 0)
+        if snapshot.spread is not None:
+            main |= trial_types(main, worker_rate, snapshot.spread)
         alloc, payoff, status, planned, packed = self._dispatch(
             snapshot, main, current, worker_rate, ukey, age, order, capacity, floor, lo, hi)
         # 9: moves must pay.  Planning anew with every running job kept to the types it holds
@@ -719,4 +744,4 @@ class HadarPolicy:
 
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "carried_window",
            "drain_estimate", "job_speed", "pooled_time", "repack_gangs", "restarted",
-           "round_progress", "upgrade_idle", "utility_bounds"]
+           "round_progress", "trial_types", "upgrade_idle", "utility_bounds"]

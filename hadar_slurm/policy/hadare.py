@@ -459,7 +459,7 @@ class HadarEPolicy:
             colocated=None, packed=(), may_share=None, cpus=None,
             # (the loop keeps a fixed job where it runs, on the real jobs' decision)
             fixed=None,
-            pool=owner, spread=None,
+            pool=owner, spread=None if snapshot.spread is None else snapshot.spread[owner],
         )
         return virt, owner, copy_no
 
