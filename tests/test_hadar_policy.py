@@ -55,10 +55,13 @@ def first_snapshot(jobs: list[Job], cluster: ClusterSpec, table: ThroughputTable
     return SimulatedCluster(jobs, cluster, table).snapshot(0, 0.0, 360.0, None)
 
 
-def first_placement_types(jobs: list[Job], cluster: ClusterSpec,
-                          table: ThroughputTable) -> dict[int, str]:
-    """Hadar's first epoch on a fresh cluster: the GPU type each placed job got."""
+def first_placement_types(jobs: list[Job], cluster: ClusterSpec, table: ThroughputTable,
+                          spread: list[bool] | None = None) -> dict[int, str]:
+    """Hadar's first epoch on a fresh cluster: the GPU type each placed job got (``spread``:
+    which jobs are a study's trials, ``Snapshot.spread``)."""
     snap = first_snapshot(jobs, cluster, table)
+    if spread is not None:
+        snap = dataclasses.replace(snap, spread=np.array(spread))
     decision = HadarPolicy().allocate(snap)
     return {int(j): snap.gpu_types[snap.node_type[n]]
             for j, n in zip(decision.placement.job, decision.placement.node, strict=True)}
@@ -511,14 +514,8 @@ def test_a_trial_is_not_kept_off_a_faster_type_for_other_jobs() -> None:
     # other jobs' time, which bench/studies.py weighs: docs/studies.md.)
     cluster = parse_counts("a=2:b=2")
     jobs = [job(0, "fair", 1800), job(1, "fair", 3600), job(2, "fair", 3600), job(3, "fair", 1800)]
-    snap = first_snapshot(jobs, cluster, TWO_TYPES)
-
-    def placed(spread: list[bool] | None) -> dict[int, str]:
-        s = snap if spread is None else dataclasses.replace(snap, spread=np.array(spread))
-        d = HadarPolicy().allocate(s)
-        return {int(j): s.gpu_types[s.node_type[n]]
-                for j, n in zip(d.placement.job, d.placement.node, strict=True)}
-
-    assert placed(None) == {0: "b", 1: "a", 2: "a", 3: "b"}
-    assert placed([False, False, False, True]) == {0: "b", 1: "a", 2: "b", 3: "a"}
-    assert placed([True] * 4) == placed(None)
+    as_split = first_placement_types(jobs, cluster, TWO_TYPES)
+    assert as_split == {0: "b", 1: "a", 2: "a", 3: "b"}
+    assert first_placement_types(jobs, cluster, TWO_TYPES, [False, False, False, True]) == {
+        0: "b", 1: "a", 2: "b", 3: "a"}
+    assert first_placement_types(jobs, cluster, TWO_TYPES, [True] * 4) == as_split
