@@ -191,6 +191,28 @@ def test_a_fill_spreads_a_running_trial_only(toy_table: ThroughputTable) -> None
     assert policy.fill_running(waits, fill2) is fill2  # (job 6 fits in a free GPU)
 
 
+@pytest.mark.parametrize("left, copies", [(100.0, 4), (50.0, 1), (3600.0, 4)])
+def test_a_fill_forks_a_running_trial_only_where_it_ends_sooner(
+        toy_table: ThroughputTable, left: float, copies: int) -> None:
+    # The case above with `left` steps to go (1 step/s): a copy restarts the job (36 s) and
+    # each round of a forked job pays a consolidation (3.6 s).  100 steps: one copy more ends
+    # it at 36 + 3.6 + 50 = 89.6 s against 100 s, then the restart is paid and each further
+    # copy gains (3.6 + 100/3 < 3.6 + 100/2, ...): 4 copies.  50 steps: 36 + 3.6 + 25 = 64.6 s
+    # against 50 s, so it stays as it is (the round's test, 90% of 360 s left, would fork it;
+    # a trial near its rung's end was forked anew at each of the fill epochs its cohort's
+    # reports brought forward, seconds apart, and restarted each time).  A job running past
+    # the round is left to the round's test: 4 copies.
+    sim = SimulatedCluster([make_job(5, left, 0)], parse_counts("v100=4"), toy_table)
+    one = np.zeros(1, dtype=I64)
+    snap = replace(sim.snapshot(0, 0.0, 360.0, None),
+                   current=Placement(np.array([5]), one, np.ones(1, dtype=I64)),
+                   max_copies=np.array([4], dtype=I64), spread=np.array([True]),
+                   migration_s=36.0)
+    fill = Decision(0, snap.current, np.zeros(1, dtype=np.int8))
+    policy = HadarEPolicy(consolidation=ConsolidationCost(base_s=3.6, s_per_gb=0.0))
+    assert policy.fill_running(snap, fill).placement.num_copies() == {5: copies}
+
+
 def test_snapshot_max_copies_of_one_means_hadar(toy_table: ThroughputTable) -> None:
     sim = SimulatedCluster([make_job(1, 36000, 0), make_job(2, 100, 0)],
                            parse_counts("v100=2:k80=2"), toy_table)

@@ -228,6 +228,24 @@ def test_asha_promotion_in_place_costs_no_restart() -> None:
     assert [len(r) for r in res.studies[0].reports] == [1, 1, 1]
 
 
+def test_a_job_kept_on_its_gpus_pays_its_start_once() -> None:
+    # A 1-GPU job of 10,000 steps at 10 steps/s beside a one-trial study, on two fast GPUs,
+    # 360-s rounds, a start costing 30 s: the job starts at 0 and runs through the epochs at
+    # 360, 720 and 1,080 s on the same GPU, so it ends at 30 + 1,000 s.  The study simulator
+    # advanced the schedule twice per epoch (before its halving, then in the base snapshot),
+    # and the second advance took the round's start as still owed: the job paid 30 s more at
+    # each later epoch (70 s, the trial's end, then 360, 720, 1,080: 1,150 s).  The trial (400
+    # steps, 40 s) ends at 30 + 40 s.
+    cl = ClusterSpec.uniform([("fast", 2)])
+    run = StudyRun(spec(Rule.NONE, trials=1, max_steps=400.0, rungs=1), LearningCurves(1),
+                   first_job_id=50)
+    other = Job(1, MODEL, 1, 10_000.0, 0.0)
+    res = simulate_studies([other], [run], cl, table(), make_policy("hadar"),
+                           start_cost_s=30.0, migration_cost_s=40.0)
+    assert res.others_avg_jct_s == pytest.approx(1030.0)
+    assert res.studies[0].time_to_best_s == pytest.approx(70.0)
+
+
 def test_a_stopped_trial_frees_its_gpu_for_the_next() -> None:
     # ASHA, eta 2, 3 trials on one GPU: one or two of the three go on (the best of the first
     # two reports, and the third if it is the best of all three); each rung-0 run takes 20 s

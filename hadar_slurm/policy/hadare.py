@@ -596,6 +596,9 @@ class HadarEPolicy:
                 kept = kept_after_restart if i in restart else 1.0
                 if (rate + add) * (1.0 - overhead[i]) * kept <= rate * eff_now:
                     continue
+                if not self._copy_repays(snapshot, i, rate, add, overhead[i], k,
+                                         i in restart):
+                    continue
                 best = (finish, i, gangs, add)
             if best is None:
                 break
@@ -608,6 +611,25 @@ class HadarEPolicy:
             next_key[i] += 1
             state[i] = (k + 1, rate + add, nodes | {nd for nd, _ in gangs})
         return self._placement(snapshot, rows)
+
+    @staticmethod
+    def _copy_repays(snapshot: Snapshot, i: int, rate: float, add: float, overhead: float,
+                     copies: int, restarts: bool) -> bool:
+        """Whether one more copy (``add`` steps/s beside ``rate``) ends job ``i`` sooner,
+        where it would end within the round as it runs: the copy costs the whole job a
+        consolidation each round and, if it runs now (``restarts``), a restart
+        (``migration_s``) before any copy trains again.  A job that runs past the round is left
+        to the round's test (the caller's).  A trial near its rung's end, whose fill epochs
+        come seconds apart as its cohort reports, got a copy at each one and restarted each
+        time, making no progress."""
+        round_s = max(float(snapshot.round_s), 1e-9)
+        consolidate = overhead * round_s
+        now = (consolidate if copies > 1 else 0.0) + float(snapshot.remaining[i]) / rate
+        if now >= round_s:
+            return True
+        then = ((float(snapshot.migration_s) if restarts else 0.0) + consolidate
+                + float(snapshot.remaining[i]) / (rate + add))
+        return then < now
 
     def _spot(self, snapshot: Snapshot, i: int, free: IntArray, avoid: set[int],
               prefer: set[int]) -> tuple[list[tuple[int, int]], float] | None:

@@ -256,6 +256,7 @@ class SimulatedCluster:
         #: (``_owed``): they pay the rest first.
         self._moved: dict[int, float] = {}
         self._owed: dict[int, float] = {}
+        self._advanced_to: float | None = None  # (when _advance last ran, since apply)
 
     # -- ClusterBackend -------------------------------------------------------------------
 
@@ -388,6 +389,7 @@ class SimulatedCluster:
             for c in changes if c.kind in started}
         self._stagger_forks(changes)
         self.current = placement_of(changes)
+        self._advanced_to = None
         # A job that keeps its GPUs while its start or move is not over yet (an epoch came
         # sooner: a job ended or arrived) still has the rest of it to go, as live: the epoch
         # does not restart it, and it does not run until its restart is done.
@@ -549,7 +551,14 @@ class SimulatedCluster:
                 + float(self.state.remaining[self.index_of[job_id]]) / r)
 
     def _advance(self, now: float) -> None:
-        """Run the current placement from the round's start to ``now``."""
+        """Run the current placement from the round's start to ``now``.  Once per instant: a
+        second call at the same ``now`` before the next :meth:`apply` (a subclass that
+        advances before its own snapshot work, :class:`~hadar_slurm.studies.sim.StudyCluster`)
+        changes nothing; it used to take the whole round's start and move costs as still owed,
+        charging every job kept on its GPUs its restart again at each epoch."""
+        if self._advanced_to == now:
+            return
+        self._advanced_to = now
         span = now - self._round_start
         running = set(self.current.job.tolist())
         self._owed = {j: cost - max(span, 0.0) for j, cost in self._moved.items()
