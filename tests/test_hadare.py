@@ -213,6 +213,27 @@ def test_a_fill_forks_a_running_trial_only_where_it_ends_sooner(
     assert policy.fill_running(snap, fill).placement.num_copies() == {5: copies}
 
 
+def test_trials_that_start_anew_share_their_copies_speed(toy_table: ThroughputTable) -> None:
+    # Two trials of 3,600 steps, two copies each, on two v100 nodes (1 step/s) and two k80
+    # nodes (0.5): trial 1 on both v100s and trial 2 on both k80s end at 1,800 and 3,600 s;
+    # dealt again (fastest node first, to the trial with the most time left), each has a v100
+    # and a k80 and both end at 2,400 s.  A trial that keeps its GPUs as they run now, or jobs
+    # not asked to spread, are left as planned.
+    sim = SimulatedCluster([make_job(1, 3600, 0), make_job(2, 3600, 0)],
+                           parse_counts("v100=2:k80=2"), toy_table)
+    snap = replace(sim.snapshot(0, 0.0, 360.0, None), spread=np.array([True, True]))
+    assert [snap.gpu_types[h] for h in snap.node_type.tolist()] == ["v100"] * 2 + ["k80"] * 2
+    planned = Placement(np.array([1, 1, 2, 2]), np.array([0, 1, 2, 3]), np.ones(4, dtype=I64),
+                        np.array([0, 1, 0, 1]))
+    dealt = HadarEPolicy.balance_spread(snap, planned)
+    assert {j: sorted(nd for rs in cps.values() for nd, _ in rs)
+            for j, cps in dealt.by_job_copies().items()} == {1: [0, 2], 2: [1, 3]}
+    assert HadarEPolicy.balance_spread(replace(snap, spread=np.array([True, False])),
+                                       planned) is planned
+    running = replace(snap, current=planned.select(planned.job == 1))
+    assert HadarEPolicy.balance_spread(running, planned) is planned
+
+
 def test_snapshot_max_copies_of_one_means_hadar(toy_table: ThroughputTable) -> None:
     sim = SimulatedCluster([make_job(1, 36000, 0), make_job(2, 100, 0)],
                            parse_counts("v100=2:k80=2"), toy_table)

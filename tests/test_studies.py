@@ -290,20 +290,22 @@ def test_the_static_pool_is_the_studys_only_while_it_lives() -> None:
 
 
 def test_a_trial_left_alone_spreads_over_the_gpus_its_study_freed_at_once() -> None:
-    # Two trials of one rung (4,000 steps) on 2 fast (10 steps/s) and 2 slow (2) GPUs: each
-    # may run as 2 copies (4 GPUs over 2 live trials) and HadarE gives trial 1 the fast pair,
-    # trial 2 the slow one.  A round of a forked job pays one consolidation, c = 2 s + 100 MB at
-    # 10 s/GB.  Trial 1 ends at 4000 / 20 + c; the epoch its end brings forward is a fill, and
-    # there trial 2, alone now (4 copies allowed), takes the fast pair too
-    # (HadarEPolicy.fill_running): its 3,200 steps left at 24 steps/s, one more consolidation.
-    # Waiting for the next full epoch (360 s) it would run at 4 steps/s until then.
+    # Two trials of one rung (4,000 steps) on 3 fast (10 steps/s) GPUs and a slow one (2):
+    # each may run as 2 copies (4 GPUs over 2 live trials); dealt fastest first to the trial
+    # with the most time left (HadarEPolicy.balance_spread), trial 1 has two fast GPUs (20
+    # steps/s), trial 2 a fast and the slow one (12).  A round of a forked job pays one
+    # consolidation, c = 2 s + 100 MB at 10 s/GB.  Trial 1 ends at 4000 / 20 + c, trial 2 has
+    # then 1,600 steps left; the epoch trial 1's end brings forward is a fill, and there trial
+    # 2, alone now (4 copies allowed), takes the two fast GPUs too (HadarEPolicy.fill_running):
+    # its 1,600 steps at 32 steps/s after one more consolidation.  Waiting for the next full
+    # epoch (360 s) it would run at 12 steps/s until then.
     c = 2.0 + 100.0 / 1024.0 * 10.0
-    cl = ClusterSpec.uniform([("fast", 2), ("slow", 2)])
+    cl = ClusterSpec.uniform([("fast", 3), ("slow", 1)])
     run = StudyRun(spec(Rule.NONE, trials=2, max_steps=4000.0, rungs=1), LearningCurves(2),
                    first_job_id=1)
     res = simulate_studies([], [run], cl, table(), make_policy("hadare"))
     first = 4000.0 / 20.0 + c
-    assert res.result.finish.tolist() == pytest.approx([first, first + 3200.0 / 24.0 + c])
+    assert res.result.finish.tolist() == pytest.approx([first, first + c + 1600.0 / 32.0])
     assert res.result.copies == [(0.0, {1: 2, 2: 2}), (pytest.approx(first), {2: 4})]
     fill = res.result.records[1]
     assert fill.start == pytest.approx(first) and (fill.full, fill.moves) == (False, 1)

@@ -49,7 +49,11 @@ compete for GPUs like any job.  One epoch:
    8-GPU gang beside 7 idle GPUs does not), go to more copies of the placed jobs,
    longest expected finish first, each on the fastest type with room, on nodes the job's other
    copies do not use, preferring nodes where the job ran a copy last epoch; a copy is only added
-   when it speeds the job up net of the consolidation it adds.
+   when it speeds the job up net of the consolidation it adds (and, where the job would end
+   within the round, only when it ends the job sooner, its restart counted).  The copies of
+   the jobs the world asks to spread that start anew (a study's trials) are then dealt out
+   again so that the slowest of them ends as soon as it can (:meth:`HadarEPolicy.
+   balance_spread`).
 4. **GPU sharing** (``share``, off by default as Hadar's; only where the snapshot offers
    it): a job still waiting joins
    an unforked placed job on its GPUs by Hadar's rule
@@ -321,9 +325,11 @@ class HadarEPolicy:
                 break
             want = fewer
 
-        # 3: idle GPUs to more copies, once no waiting job could use them.
+        # 3: idle GPUs to more copies, once no waiting job could use them; a study's trials
+        # that start anew share their copies' GPUs so that none ends long after the others.
         if unused:
             placement = self.fill(snapshot, placement, cap, overhead)
+        placement = self.balance_spread(snapshot, placement)
         # 4: GPU sharing, where the world offers it: a waiting job joins an unforked placed
         # job (Hadar's rule), each host still ending by the fork target.
         pairs: tuple[tuple[int, int], ...] = ()
@@ -611,6 +617,75 @@ class HadarEPolicy:
             next_key[i] += 1
             state[i] = (k + 1, rate + add, nodes | {nd for nd, _ in gangs})
         return self._placement(snapshot, rows)
+
+    @staticmethod
+    def balance_spread(snapshot: Snapshot, placement: Placement) -> Placement:
+        """The copies of the jobs the world asks to spread (``Snapshot.spread``: a study's
+        trials) that start anew this epoch, dealt out again among them so that the last of
+        them ends as soon as it can.  Hadar plans each copy as a job of its own, so two equal
+        trials could get copies of unequal speed (traced: recsys-48 alone, the last rung's three
+        trials on 67, 102 and 88 steps/s; a rung ends with its last trial).  Per job type and
+        scale factor, the copies' nodes (one node each) are handed out fastest first, each to
+        the job with the most time left on what it has so far (each job keeping its number of
+        copies, never two copies of one job on a node), and the result is kept if its slowest
+        job ends sooner.  A job that keeps its GPUs as they are, or whose copies span nodes,
+        is left alone: only jobs that restart anyway are dealt."""
+        if snapshot.spread is None or not snapshot.spread.any() or len(placement) == 0:
+            return placement
+        index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
+        copies = placement.by_job_copies()
+        now_runs = snapshot.current.by_job_copies()
+        fixed = snapshot.fixed
+        groups: dict[tuple[str, int], list[int]] = {}
+        for j, cps in copies.items():
+            i = index_of[j]
+            if (not snapshot.spread[i] or (fixed is not None and fixed[i])
+                    or _copy_sets(now_runs.get(j, {})) == _copy_sets(cps)
+                    or any(len({nd for nd, _ in rs}) != 1 for rs in cps.values())):
+                continue
+            groups.setdefault((snapshot.job_types[i], int(snapshot.scale[i])), []).append(i)
+        rows = [(index_of[j], k, nd, c) for j, cps in copies.items() for k, rs in cps.items()
+                for nd, c in rs]
+        changed = False
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            worker = snapshot.rate[members[0]] / snapshot.scale[members[0]]
+            slots: list[tuple[int, int]] = []  # (node, GPUs) of each copy
+            count: dict[int, int] = {}
+            before: dict[int, float] = {}
+            for i in members:
+                cps = copies[int(snapshot.job_ids[i])]
+                count[i] = len(cps)
+                before[i] = 0.0
+                for rs in cps.values():
+                    nd, c = rs[0]
+                    slots.append((nd, c))
+                    before[i] += c * float(worker[snapshot.node_type[nd]])
+            left = {i: float(snapshot.remaining[i]) for i in members}
+            slots.sort(key=lambda s: (-s[1] * float(worker[snapshot.node_type[s[0]]]), s[0]))
+            got: dict[int, list[tuple[int, int]]] = {i: [] for i in members}
+            speed = dict.fromkeys(members, 0.0)
+            for nd, c in slots:
+                open_ = [i for i in members
+                         if len(got[i]) < count[i] and all(nd != x for x, _ in got[i])]
+                if not open_:
+                    break
+                i = max(open_, key=lambda m: (left[m] / speed[m] if speed[m] > 0 else np.inf,
+                                              left[m], -m))
+                got[i].append((nd, c))
+                speed[i] += c * float(worker[snapshot.node_type[nd]])
+            if any(len(got[i]) != count[i] for i in members):
+                continue
+            slowest_before = max(left[i] / before[i] for i in members)
+            slowest_after = max(left[i] / speed[i] for i in members)
+            if slowest_after >= slowest_before * (1.0 - 1e-9):
+                continue
+            dealt = set(members)
+            rows = [r for r in rows if r[0] not in dealt]
+            rows += [(i, k, nd, c) for i in members for k, (nd, c) in enumerate(got[i])]
+            changed = True
+        return HadarEPolicy._placement(snapshot, rows) if changed else placement
 
     @staticmethod
     def _copy_repays(snapshot: Snapshot, i: int, rate: float, add: float, overhead: float,
