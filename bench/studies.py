@@ -15,6 +15,11 @@ and scheduled:
   (:class:`~hadar_slurm.studies.static.StaticTrialsPolicy`);
 * ``static-asha`` / ``static-sh``: the same static allocation, with asynchronous / synchronous
   successive halving;
+* ``static-asha/k80``, ``static-asha/p100``: static ASHA again on the same cluster with its
+  nodes listed in another order (K80s first, P100s first: :data:`OTHER_ORDERS`), so that first
+  fit hands the trials other GPUs.  ASHA's promotions follow the order of the reports, so its
+  best configuration can change with the node order alone; the checks say how often
+  (``asha_static_bests``) and whether ours found one of those (``same_best_asha_any_order``);
 * ``ours-asha`` / ``ours-sh``: the same rules, trials scheduled with the other jobs by HadarE
   with GPU sharing (``make_policy("hadare", share=True)``): the trials get the GPU types where
   they run fastest, idle GPUs as forked copies once few trials remain, and shared GPUs where the
@@ -94,8 +99,15 @@ RUNS = (("array", Rule.NONE, "static"), ("static-asha", Rule.ASHA, "static"),
         ("ours-hb", Rule.HYPERBAND, "ours"))
 
 
-def cluster() -> ClusterSpec:
-    return ClusterSpec.uniform([("v100", 4), ("p100", 4), ("k80", 4)])
+#: The cluster's GPU types in the order its nodes are listed (first fit takes them so).
+TYPE_ORDER = ("v100", "p100", "k80")
+#: The same cluster listed in other orders: static ASHA is run on them too, to show how much
+#: its best configuration owes to which node Slurm happens to list first.
+OTHER_ORDERS = (("k80", "p100", "v100"), ("p100", "k80", "v100"))
+
+
+def cluster(order: tuple[str, ...] = TYPE_ORDER) -> ClusterSpec:
+    return ClusterSpec.uniform([(t, 4) for t in order])
 
 
 def others(cl: ClusterSpec, table: ThroughputTable, seed: int) -> list[Job]:
@@ -161,6 +173,20 @@ def _run_case(case: Case, scenario: str) -> list[dict[str, Any]]:
                                           else None),
                      "others_completed": res.others_completed if background else None,
                      "wall_s": round(time.perf_counter() - t0, 2)})
+    for order in OTHER_ORDERS:  # static ASHA with the nodes listed in another order
+        cl_o = cluster(order)
+        bg_o = others(cl_o, table, case.seed) if background else []
+        run = StudyRun(case.spec(table, Rule.ASHA), LearningCurves(case.trials, seed=case.seed),
+                       first_job_id=FIRST_TRIAL_ID, arrival_s=arrival)
+        static = StaticTrialsPolicy(run.job_ids, pool=half_of_each_type(cl_o) if bg_o else None,
+                                    inner=ours() if bg_o else None)
+        t0 = time.perf_counter()
+        res = simulate_studies(bg_o, [run], cl_o, table, static, migration_cost_s=costs.move_s,
+                               start_cost_s=costs.start_s)
+        rows.append({"case": case.name, "scenario": scenario, "run": f"static-asha/{order[0]}",
+                     "model": case.job_type, "node_order": list(order),
+                     **res.studies[0].row(), "others_avg_jct_s": None,
+                     "others_completed": None, "wall_s": round(time.perf_counter() - t0, 2)})
     return rows
 
 
@@ -187,6 +213,16 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # where the best differs, how good each one found is)
             "asha_best_final": [by["ours-asha"]["best_final"], by["static-asha"]["best_final"]],
         }
+        # (static ASHA's own best with the nodes listed in other orders: ASHA's answer follows
+        # the order of the reports, which the node order alone changes)
+        orders = [by[k] for k in sorted(by) if k.startswith("static-asha/")]
+        if orders:
+            static = [by["static-asha"], *orders]
+            bests = {r["best_trial"] for r in static}
+            v["asha_static_bests"] = sorted(bests)
+            v["same_best_asha_any_order"] = by["ours-asha"]["best_trial"] in bests
+            v["asha_static_final_range"] = [min(r["best_final"] for r in static),
+                                            max(r["best_final"] for r in static)]
         if scenario == "mixed":
             for rule in ("asha", "sh", "hb"):
                 v[f"others_jct_ratio_{rule}"] = round(
@@ -209,16 +245,16 @@ def _label(row: dict[str, Any]) -> str:
 
 
 def table_text(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
-    lines = [f"{'case':16s} {'scenario':8s} {'run':12s} {'to best (h)':>11s} {'best':>5s} "
+    lines = [f"{'case':16s} {'scenario':8s} {'run':16s} {'to best (h)':>11s} {'best':>5s} "
              f"{'its final':>9s} {'oracle':>6s} {'others JCT (h)':>14s}  stopped per rung"]
     for r in rows:
         jct = r["others_avg_jct_s"]
         if r["run"] == "no study":
-            lines.append(f"{_label(r):16s} {r['scenario']:8s} {r['run']:12s} {'':11s} {'':5s} "
+            lines.append(f"{_label(r):16s} {r['scenario']:8s} {r['run']:16s} {'':11s} {'':5s} "
                          f"{'':9s} {'':6s} {jct / 3600:14.2f}")
             continue
         lines.append(
-            f"{_label(r):16s} {r['scenario']:8s} {r['run']:12s} "
+            f"{_label(r):16s} {r['scenario']:8s} {r['run']:16s} "
             f"{r['time_to_best_s'] / 3600:11.2f} {r['best_trial']!s:>5s} "
             f"{r['best_final']:9.4f} {r['oracle_trial']:6d} "
             f"{'' if jct is None else f'{jct / 3600:.2f}':>14s}  {r['stopped_at']}")
@@ -226,7 +262,7 @@ def table_text(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
     lines.append(f"{'case':16s} {'scenario':8s} {'asha x':>7s} {'sh x':>6s} {'array/ours':>10s} "
                  f"{'same best (asha, sh)':>21s} {'others JCT (asha, sh)':>22s}  goals met  "
                  f"{'hb x':>5s} {'same best':>9s} {'others JCT':>10s} {'sh goal':>7s}  "
-                 "best found (asha, sh, hb)")
+                 "best found (asha, sh, hb)  asha: static's bests by node order, ours among")
     for v in checks:
         jct = ("" if v["scenario"] != "mixed" else
                f"{v['others_jct_ratio_asha']:.3f}, {v['others_jct_ratio_sh']:.3f}")
@@ -237,7 +273,9 @@ def table_text(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
                      f"{(v['same_best_asha'], v['same_best_sh'])!s:>21s} {jct:>22s}  "
                      f"{'yes' if v['met'] else 'NO':>9s}  {v['hb_speedup']:5.2f} "
                      f"{v['same_best_hb']!s:>9s} {hb_jct:>10s} "
-                     f"{'yes' if v['hb_met'] else 'NO':>7s}  {found}")
+                     f"{'yes' if v['hb_met'] else 'NO':>7s}  {found}  "
+                     f"{v.get('asha_static_bests', '')!s} "
+                     f"{v.get('same_best_asha_any_order', '')!s}")
     return "\n".join(lines)
 
 
@@ -246,7 +284,8 @@ def spread_text(checks: list[dict[str, Any]]) -> str:
     goals were met and the same best found."""
     lines = [f"{'scenario':8s} {'runs':>4s} {'asha x (median, worst)':>23s} "
              f"{'sh x (median, worst)':>21s} {'same best asha':>14s} {'goals met':>9s} "
-             f"{'hb x (median, worst)':>21s} {'hb: sh goal':>11s}"]
+             f"{'hb x (median, worst)':>21s} {'hb: sh goal':>11s} "
+             f"{'static asha varies with node order':>34s} {'same best asha, any order':>25s}"]
     for scenario in sorted({v["scenario"] for v in checks}):
         vs = [v for v in checks if v["scenario"] == scenario]
         asha = sorted(v["asha_speedup"] for v in vs)
@@ -258,7 +297,9 @@ def spread_text(checks: list[dict[str, Any]]) -> str:
             f"{sum(v['same_best_asha'] for v in vs):10d}/{len(vs)} "
             f"{sum(v['met'] for v in vs):6d}/{len(vs)} "
             f"{hb[len(hb) // 2]:12.2f}, {hb[0]:6.2f} "
-            f"{sum(v['hb_met'] for v in vs):8d}/{len(vs)}")
+            f"{sum(v['hb_met'] for v in vs):8d}/{len(vs)} "
+            f"{sum(len(v.get('asha_static_bests', [])) > 1 for v in vs):31d}/{len(vs)} "
+            f"{sum(bool(v.get('same_best_asha_any_order')) for v in vs):22d}/{len(vs)}")
     return "\n".join(lines)
 
 

@@ -345,7 +345,7 @@ def test_bench_studies_writes_every_run_and_its_checks(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())
     runs = [r["run"] for r in rows if "run" in r]
     assert runs == ["array", "static-asha", "static-sh", "static-hb", "ours-asha", "ours-sh",
-                    "ours-hb"]
+                    "ours-hb", "static-asha/k80", "static-asha/p100"]
     check = next(r for r in rows if r.get("check"))
     assert check["same_best_sh"] is True  # synchronous halving decides on reports alone
     assert check["same_best_hb"] is True  # (so do Hyperband's brackets)
@@ -359,6 +359,11 @@ def test_bench_studies_writes_every_run_and_its_checks(tmp_path: Path) -> None:
     assert np.isclose(check["hb_speedup"],
                       by["static-hb"]["time_to_best_s"] / by["ours-hb"]["time_to_best_s"],
                       rtol=1e-2)
+    # static ASHA with the nodes listed K80s first and P100s first: the checks gather its bests
+    assert by["static-asha/k80"]["node_order"] == ["k80", "p100", "v100"]
+    bests = {by[k]["best_trial"] for k in ("static-asha", "static-asha/k80", "static-asha/p100")}
+    assert check["asha_static_bests"] == sorted(bests)
+    assert check["same_best_asha_any_order"] is (by["ours-asha"]["best_trial"] in bests)
     # Hyperband's last bracket (rung 2 of lm-32's 3) trains its trials to the end unstopped,
     # so it sends more trials to the last rung than sh, which halves all of them from rung 0
     assert sum(by["ours-hb"]["stopped_at"]) < sum(by["ours-sh"]["stopped_at"])
