@@ -56,7 +56,7 @@ from hadar_slurm.policy.base import Policy
 from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.sim.generate import WorkloadSpec, generate
 from hadar_slurm.studies.curves import LearningCurves
-from hadar_slurm.studies.sim import StudyRun, simulate_studies
+from hadar_slurm.studies.sim import StudyRun, StudySimResult, simulate_studies
 from hadar_slurm.studies.spec import Rule, StudySpec
 from hadar_slurm.studies.static import StaticTrialsPolicy
 
@@ -154,40 +154,42 @@ def _run_case(case: Case, scenario: str) -> list[dict[str, Any]]:
                      "others_avg_jct_s": round(res.others_avg_jct_s, 1),
                      "others_completed": res.others_completed})
     for label, rule, allocation in RUNS:
-        run = StudyRun(case.spec(table, rule), LearningCurves(case.trials, seed=case.seed),
-                       first_job_id=FIRST_TRIAL_ID, arrival_s=arrival)
-        policy: Policy
-        if allocation == "static":
-            policy = StaticTrialsPolicy(
-                run.job_ids, pool=half_of_each_type(cl) if background else None,
-                inner=ours() if background else None)
-        else:
-            policy = ours()
-        t0 = time.perf_counter()
-        res = simulate_studies(background, [run], cl, table, policy,
-                               migration_cost_s=costs.move_s, start_cost_s=costs.start_s)
-        out = res.studies[0]
+        res, wall = _simulate(case, rule, allocation, cl, table, costs, background, arrival)
         rows.append({"case": case.name, "scenario": scenario, "run": label,
-                     "model": case.job_type, **out.row(),
+                     "model": case.job_type, **res.studies[0].row(),
                      "others_avg_jct_s": (round(res.others_avg_jct_s, 1) if background
                                           else None),
                      "others_completed": res.others_completed if background else None,
-                     "wall_s": round(time.perf_counter() - t0, 2)})
+                     "wall_s": wall})
     for order in OTHER_ORDERS:  # static ASHA with the nodes listed in another order
         cl_o = cluster(order)
         bg_o = others(cl_o, table, case.seed) if background else []
-        run = StudyRun(case.spec(table, Rule.ASHA), LearningCurves(case.trials, seed=case.seed),
-                       first_job_id=FIRST_TRIAL_ID, arrival_s=arrival)
-        static = StaticTrialsPolicy(run.job_ids, pool=half_of_each_type(cl_o) if bg_o else None,
-                                    inner=ours() if bg_o else None)
-        t0 = time.perf_counter()
-        res = simulate_studies(bg_o, [run], cl_o, table, static, migration_cost_s=costs.move_s,
-                               start_cost_s=costs.start_s)
+        res, wall = _simulate(case, Rule.ASHA, "static", cl_o, table, costs, bg_o, arrival)
         rows.append({"case": case.name, "scenario": scenario, "run": f"static-asha/{order[0]}",
                      "model": case.job_type, "node_order": list(order),
                      **res.studies[0].row(), "others_avg_jct_s": None,
-                     "others_completed": None, "wall_s": round(time.perf_counter() - t0, 2)})
+                     "others_completed": None, "wall_s": wall})
     return rows
+
+
+def _simulate(case: Case, rule: Rule, allocation: str, cl: ClusterSpec, table: ThroughputTable,
+              costs: LiveCosts, background: list[Job], arrival: float,
+              ) -> tuple[StudySimResult, float]:
+    """One run of ``case``'s study under ``rule`` on ``cl`` beside ``background``: the static
+    allocation (``"static"``: half of each type's nodes while the study lives, where there are
+    other jobs) or ours; the result and its wall time (s)."""
+    run = StudyRun(case.spec(table, rule), LearningCurves(case.trials, seed=case.seed),
+                   first_job_id=FIRST_TRIAL_ID, arrival_s=arrival)
+    policy: Policy
+    if allocation == "static":
+        policy = StaticTrialsPolicy(run.job_ids, pool=half_of_each_type(cl) if background else None,
+                                    inner=ours() if background else None)
+    else:
+        policy = ours()
+    t0 = time.perf_counter()
+    res = simulate_studies(background, [run], cl, table, policy, migration_cost_s=costs.move_s,
+                           start_cost_s=costs.start_s)
+    return res, round(time.perf_counter() - t0, 2)
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -644,6 +644,8 @@ class HadarEPolicy:
                     or any(len({nd for nd, _ in rs}) != 1 for rs in cps.values())):
                 continue
             groups.setdefault((snapshot.job_types[i], int(snapshot.scale[i])), []).append(i)
+        if all(len(members) < 2 for members in groups.values()):
+            return placement
         rows = [(index_of[j], k, nd, c) for j, cps in copies.items() for k, rs in cps.items()
                 for nd, c in rs]
         changed = False
@@ -659,7 +661,7 @@ class HadarEPolicy:
                 count[i] = len(cps)
                 before[i] = 0.0
                 for rs in cps.values():
-                    nd, c = rs[0]
+                    nd, c = rs[0][0], sum(g for _nd, g in rs)  # (one node per copy)
                     slots.append((nd, c))
                     before[i] += c * float(worker[snapshot.node_type[nd]])
             left = {i: float(snapshot.remaining[i]) for i in members}
