@@ -361,6 +361,29 @@ def test_a_pair_must_end_by_the_target_the_job_left_alone_after_included() -> No
     assert pairs == ((0, 1),) and guests.tolist() == [False, True]
 
 
+def test_no_pair_forms_on_a_type_a_waiting_gang_ahead_of_the_guest_can_use() -> None:
+    """One node of two v100s at t = 0: x (1 GPU, placed), g (2 GPUs, waiting: one GPU is
+    free) and y (1 GPU, waiting).  y joining x would pay (the pair test above), but where g is
+    ahead of y in the queue order the pair would keep x on its GPU longer while g waits for
+    both GPUs whole: no pair.  With y ahead of g, y joins x; and a pair that ran in the last
+    epoch may always form again."""
+    table = parse_gavel_json(json.dumps({"v100": {
+        "('x', 1)": {"null": 1.0, "('y', 1)": [0.8, 0.8]},
+        "('y', 1)": {"null": 1.0, "('x', 1)": [0.8, 0.8]},
+        "('g', 2)": {"null": 2.0}}}), "gang.json")
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "g", scale=2),
+            make_job(2, 720, 0, "y")]
+    snap = SimulatedCluster(jobs, parse_counts("v100=1x2"), table).snapshot(0, 0.0, 360.0, None)
+    placed = Placement(np.array([0]), np.array([0]), np.array([1]))
+    _p, pairs, guests, _d = pack_waiting(snap, placed, np.array([0, 1, 2], dtype=np.int64))
+    assert pairs == () and not guests.any()
+    _p, pairs, guests, _d = pack_waiting(snap, placed, np.array([0, 2, 1], dtype=np.int64))
+    assert pairs == ((0, 2),) and guests.tolist() == [False, False, True]
+    again = dataclasses.replace(snap, packed=((0, 2),))
+    _p, pairs, _g, _d = pack_waiting(again, placed, np.array([0, 1, 2], dtype=np.int64))
+    assert pairs == ((0, 2),)
+
+
 def test_simulate_cli_takes_share(tmp_path: Path) -> None:
     """``hadar-slurm simulate --share`` turns sharing on for hadar and hadare, as the sidecar's
     ``[scheduler] share``: the run is the library's with ``share=True`` (the same costs),
