@@ -21,6 +21,7 @@ from hadar_slurm.policy.hadar import (
     drain_estimate,
     ends_this_round,
     ideal_seconds,
+    job_paths,
     restarted,
     round_progress,
     trial_types,
@@ -519,3 +520,30 @@ def test_a_trial_is_not_kept_off_a_faster_type_for_other_jobs() -> None:
     assert first_placement_types(jobs, cluster, TWO_TYPES, [False, False, False, True]) == {
         0: "b", 1: "a", 2: "b", 3: "a"}
     assert first_placement_types(jobs, cluster, TWO_TYPES, [True] * 4) == as_split
+
+
+def test_a_trial_with_long_rungs_ahead_cannot_wait_behind_shorter_jobs() -> None:
+    # Two a-GPUs; jobs 0, 1 and 2 of 1,000 steps, job 3 of 1,100 (1 step/s): the work drains
+    # in 2,050 s, and job 3 can wait a round (1,100 s < 2,050 s less 1.5 rounds).  Shortest
+    # first: jobs 0 and 1 run.  Made a study's trial with 10,900 steps of rungs after the one
+    # it trains toward (``Snapshot.after``), job 3's path to its study's end is 12,000 s: the
+    # workload cannot drain before it (the target is 12,000 s away) and the trial cannot wait
+    # a round: it runs, beside job 0.
+    jobs = [job(0, "fair", 1000), job(1, "fair", 1000), job(2, "fair", 1000),
+            job(3, "fair", 1100)]
+    snap = first_snapshot(jobs, parse_counts("a=2"), TWO_TYPES)
+    plain = HadarPolicy().allocate(snap)
+    assert sorted(plain.placement.by_job_sorted()) == [0, 1]
+    assert isinstance(plain.policy_state, HadarState)
+    assert plain.policy_state.target == pytest.approx(2050.0)
+    with_path = dataclasses.replace(snap, spread=np.array([False, False, False, True]),
+                                    after=np.array([0.0, 0.0, 0.0, 10900.0]))
+    d = HadarPolicy().allocate(with_path)
+    assert sorted(d.placement.by_job_sorted()) == [0, 3]
+    assert isinstance(d.policy_state, HadarState)
+    assert d.policy_state.target == pytest.approx(12000.0)
+    # (the path is the job's time on its split, stretched by the work after it; the longest
+    # on the jobs' fastest types bounds the drain)
+    path, longest = job_paths(np.array([1000.0, 1200.0]), np.array([1000.0, 1200.0]),
+                              np.array([0.0, 10800.0]), np.array([1000.0, 600.0]))
+    assert path.tolist() == pytest.approx([1000.0, 12000.0]) and longest == pytest.approx(6000.0)

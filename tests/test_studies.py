@@ -319,6 +319,12 @@ def test_few_live_trials_may_fork_over_the_cluster() -> None:
     assert snap.max_copies is not None and snap.max_copies.tolist() == [2, 2, 2, 2]
     # and HadarE offers them that cap whatever their length (the other jobs: when long)
     assert snap.spread is not None and snap.spread.tolist() == [True, True, True, True]
+    # each trial's path to its study's end: the rungs after the one it trains toward (rung 0,
+    # 200 of 800 steps); without a halving rule every trial goes on through them
+    assert snap.after is not None and snap.after.tolist() == [600.0] * 4
+    one = StudyCluster([], [StudyRun(spec(Rule.SH, trials=2, rungs=1), LearningCurves(2),
+                                     first_job_id=1)], cl, table()).snapshot(0, 0.0, 360.0, None)
+    assert one.after is not None and one.after.tolist() == [0.0, 0.0]
     res = simulate_studies([], [StudyRun(spec(Rule.NONE, trials=1), LearningCurves(1),
                                          first_job_id=1)], cl, table(), make_policy("hadare"))
     assert res.result.max_copies > 1  # one trial, six GPUs: HadarE forks it

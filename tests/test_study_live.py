@@ -202,14 +202,17 @@ def test_asha_verdicts_follow_the_order_the_reports_were_read(tmp_path: Path) ->
     st = book.observe(jobs, hints_of(jobs), 2000.0, 0)  # type: ignore[arg-type]
     assert {j: s.state for j, s in st.items()} == {j.job_id: "train" for j in jobs}
     assert {s.target for s in st.values()} == {25}
+    # (the rungs after the one each trains toward, 25 of 100 steps: the policy's
+    # ``Snapshot.after``, the trial's path to its study's end)
+    assert {s.after for s in st.values()} == {75}
     # epoch 1 reads trials 0 and 1 (1 first by its report time); epoch 2 reads 2, 3, 4
     report(tmp_path, 10, 0, 0.50, 1100.0)
     report(tmp_path, 11, 0, 0.40, 1090.0)
     st = book.observe(jobs, hints_of(jobs), 2001.0, 1)  # type: ignore[arg-type]
     # 2 reports, floor(2/2) = 1 goes on: trial 0 (0.50); trial 1 (0.40) could still be among
     # the best floor(6/2) = 3 once the 4 others report: it waits
-    assert (st[10].state, st[10].rung, st[10].target) == ("train", 1, 50)
-    assert (st[11].state, st[11].rung) == ("wait", 0)
+    assert (st[10].state, st[10].rung, st[10].target, st[10].after) == ("train", 1, 50, 50)
+    assert (st[11].state, st[11].rung, st[11].after) == ("wait", 0, 0)
     report(tmp_path, 12, 0, 0.45, 1200.0)
     report(tmp_path, 13, 0, 0.60, 1201.0)
     report(tmp_path, 14, 0, 0.30, 1202.0)

@@ -312,6 +312,13 @@ class Snapshot:
     #: (``max_copies``), so once few trials remain their copies are offered to Hadar, on the
     #: same prices as every other job, not only when a trial is longer than the fork window.
     spread: BoolArray | None = None
+    #: Per job, the work (the job's own steps, at its pace) that must follow its end before
+    #: what it is part of is done (None: none).  Set by the world for a study's trials (issue
+    #: #17): a trial's work ends at its next rung, and the rungs after it (to the full budget)
+    #: follow one after another, so its path to the study's end is its remaining work and
+    #: this.  Hadar weighs a job's path, not its remaining work alone, where it asks which jobs
+    #: cannot wait for the drain target.
+    after: FloatArray | None = None
 
     @property
     def num_jobs(self) -> int:
@@ -368,7 +375,7 @@ class Snapshot:
             max_copies=opt(self.max_copies), may_share=opt(self.may_share),
             may_host=opt(self.may_host), may_join=opt(self.may_join), fixed=opt(self.fixed),
             cpus=opt(self.cpus),
-            pool=opt(self.pool), spread=opt(self.spread))
+            pool=opt(self.pool), spread=opt(self.spread), after=opt(self.after))
 
     def current_index(self) -> IntArray:
         """For each row of ``current``, the index of its job in ``job_ids`` (-1: gone)."""

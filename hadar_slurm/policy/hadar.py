@@ -23,7 +23,10 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    type.  A study's trial (``Snapshot.spread``) may also use the types at least as fast for
    it as its main ones where the split puts other jobs' work (:func:`trial_types`).
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
-   :class:`HadarState`, pushed back only when the remaining work cannot make it).
+   :class:`HadarState`, pushed back only when the remaining work cannot make it).  Where work
+   follows a job's end (``Snapshot.after``: a study's trial, whose later rungs follow the one
+   it trains toward), ``T_drain`` is at least the longest such path on the jobs' fastest
+   types (:func:`job_paths`).
 4. **Jobs about to end, then critical jobs** (longest first).  Where the world gives a job's
    GPUs out as soon as it ends (``Snapshot.refill_on_finish``: the sidecar's
    ``reschedule_on_finish``), a running job that ends on the GPUs it holds within the round
@@ -36,7 +39,9 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    half the type, which can never overlap) leaves them; and that chain must fit too.  Jobs that
    cannot wait are critical (a job's length there is its time on its split; copies of one job,
    HadarE's ``Snapshot.pool``, pool their progress and each has the job's time,
-   :func:`pooled_time`).  Where the chain is what makes jobs critical, it must run in the
+   :func:`pooled_time`; a study's trial has its path, its time and the rungs after it at the
+   same pace: a study's last rungs are as long as a long job, not as short as one rung).
+   Where the chain is what makes jobs critical, it must run in the
    window too, and its shortest gang goes first now (right after the jobs that are critical
    without it) if its GPU-seconds are fewer than the time it would otherwise wait: the same
    makespan, a shorter average JCT (Smith's rule), and no gang left waiting to the end behind
@@ -126,6 +131,19 @@ def pooled_time(own: FloatArray, remaining: FloatArray, pool: IntArray | None) -
     job = np.divide(work, speed, out=np.zeros_like(work), where=speed > 0)
     out: FloatArray = np.where((own > 0) & np.isfinite(own), job[pool], own)
     return out
+
+
+def job_paths(rem_own: FloatArray, remaining: FloatArray, after: FloatArray,
+              rem_best: FloatArray) -> tuple[FloatArray, float]:
+    """Per job, its time to the end of what it is part of (``Snapshot.after``: the work that
+    must follow it, a study's later rungs), at the pace of its time on its split
+    (``rem_own``); and the longest such path on the jobs' fastest types (``rem_best``), a
+    bound on the drain."""
+    stretch = 1.0 + np.divide(after, remaining, out=np.zeros_like(after), where=remaining > 0)
+    path: FloatArray = rem_own * stretch
+    best = rem_best * stretch
+    ok = np.isfinite(best)
+    return path, float(best[ok].max()) if ok.any() else 0.0
 
 
 def ends_this_round(remaining: FloatArray, held: IntArray, worker_rate: FloatArray,
@@ -451,6 +469,12 @@ class HadarPolicy:
         own = np.argmax(phi, axis=1)
         rem_own = pooled_time((phi * need0).sum(axis=1) / scale, snapshot.remaining,
                               snapshot.pool)
+        path = rem_own
+        if snapshot.after is not None:
+            # (a study's trial: the rungs after its own follow it, so its path to the study's
+            # end is longer than its work, and the workload cannot drain before the longest)
+            path, longest = job_paths(rem_own, snapshot.remaining, snapshot.after, rem_best)
+            drain = max(drain, longest)
         prev = snapshot.policy_state
         window, target = carried_window(
             drain, prev.target if isinstance(prev, HadarState) else None, snapshot.now)
@@ -458,7 +482,7 @@ class HadarPolicy:
         # 4-5: queue order.
         prev_chain = prev.chain if isinstance(prev, HadarState) else ()
         critical, chain_now, chain_ids = self.critical_jobs(
-            snapshot, rem_own, own, window, capacity, current, prev_chain)
+            snapshot, path, own, window, capacity, current, prev_chain)
         # A job that holds no GPUs must start before it progresses: its remaining time counts
         # the start (``migration_s``), so a new job displaces a running one only if it ends
         # sooner, its start included.
@@ -466,7 +490,7 @@ class HadarPolicy:
                 ) / snapshot.weight
         # Critical jobs levelled to the window have equal ``rem_own`` but for rounding: they
         # tie (``coarse``), and the later keys order them as in any other time unit.
-        key_crit = np.where(critical, -coarse(rem_own), np.inf)
+        key_crit = np.where(critical, -coarse(path), np.inf)
         ending = ends_this_round(snapshot.remaining, current, worker_rate,
                                  snapshot.sync.astype(np.bool_),
                                  float(snapshot.round_s) + float(snapshot.migration_s))

@@ -466,6 +466,7 @@ class HadarEPolicy:
             # (the loop keeps a fixed job where it runs, on the real jobs' decision)
             fixed=None,
             pool=owner, spread=None if snapshot.spread is None else snapshot.spread[owner],
+            after=None if snapshot.after is None else snapshot.after[owner] / share,
         )
         return virt, owner, copy_no
 

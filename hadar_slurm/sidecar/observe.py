@@ -592,6 +592,10 @@ class SlurmObserver:
             fixed=np.array([v.job_id in self.pinned for v in ordered], dtype=np.bool_),
             # a study's trials: their water-filling cap is offered (:meth:`_cap_trial_copies`)
             spread=np.array([v.study is not None for v in ordered], dtype=np.bool_),
+            # and the rungs after the one each trains toward (its path to the study's end)
+            after=(np.array([0.0 if v.study is None else float(v.study.after) for v in ordered],
+                            dtype=np.float64)
+                   if any(v.study is not None for v in ordered) else None),
             **sharing,  # type: ignore[arg-type]
         )
 

@@ -205,6 +205,14 @@ class TrialStatus:
     target: int  # the steps of the rung it trains toward (train, done) or reached
     detail: str  # for explain
     cancel: bool = False  # stopped: cancel its job this epoch
+    full: int = 0  # the steps of the study's last rung (its full budget); 0: not told
+
+    @property
+    def after(self) -> int:
+        """The steps of the rungs after the one it trains toward, to the full budget: the work
+        that follows it on its path to the study's end, were it promoted each time
+        (``Snapshot.after``)."""
+        return max(0, self.full - self.target) if self.state == "train" else 0
 
     @property
     def offered(self) -> bool:
@@ -537,7 +545,7 @@ class StudyBook:
             detail = (f"{head}: trains to rung {rung} ({targets[rung]} steps)"
                       + (f"; {trial.why}" if trial.why else ""))
         return TrialStatus(study.array, trial.task, study.name, "train", rung, targets[rung],
-                           detail)
+                           detail, full=targets[last])
 
     def reported_since(self, live: Iterable[int]) -> list[int]:
         """Jobs (of ``live``) whose trial has written the report of the rung it trains toward

@@ -17,7 +17,10 @@ will play live:
 * the study ends when each trial has stopped or reached the last rung; its best configuration
   is known then (:class:`StudyOutcome`).
 
-The policy sees trials as jobs like any other: with ``reschedule_on_finish`` (the sidecar's
+The policy sees trials as jobs like any other, but for two marks in its snapshot: ``spread``
+(HadarE offers a trial its water-filling cap of copies) and ``after`` (the steps of the rungs
+after the one a trial trains toward: its path to the study's end, which Hadar weighs where it
+asks which jobs cannot wait).  With ``reschedule_on_finish`` (the sidecar's
 default, used here) a trial that reports brings the next epoch forward, so promotions and the
 GPUs that stopped trials free are acted on within the wake delay.
 """
@@ -141,7 +144,8 @@ class StudyCluster(SimulatedCluster):
             self._halve(study, now, rows)
         snap = super().snapshot(epoch, now, round_s, policy_state)
         trials = np.isin(snap.job_ids, np.fromiter(self.trial_ids, dtype=np.int64))
-        return replace(snap, max_copies=self._copies_cap(snap), spread=trials)
+        return replace(snap, max_copies=self._copies_cap(snap), spread=trials,
+                       after=self._after(snap))
 
     def _copies_cap(self, snap: Snapshot) -> np.ndarray:
         """How many copies each job may run as (HadarE): a trial, the cluster's GPUs over its
@@ -156,6 +160,18 @@ class StudyCluster(SimulatedCluster):
             if live:
                 cap[live] = copies_cap(gpus, len(live))
         return cap
+
+    def _after(self, snap: Snapshot) -> np.ndarray:
+        """Per job, the steps that follow its end (``Snapshot.after``): a trial's rungs after
+        the one it trains toward, to the full budget; 0 for the other jobs."""
+        after = np.zeros(snap.num_jobs, dtype=np.float64)
+        pos = {int(j): k for k, j in enumerate(snap.job_ids.tolist())}
+        for study in self.studies:
+            for t, j in enumerate(study.ids):
+                k = pos.get(j)
+                if k is not None:
+                    after[k] = study.spec.max_steps - study.spec.rung_steps[study.rung[t]]
+        return after
 
     def apply(self, changes: list[Change], now: float) -> ApplyReport:
         report = super().apply(changes, now)
