@@ -373,3 +373,25 @@ def test_bench_studies_writes_every_run_and_its_checks(tmp_path: Path) -> None:
     # Hyperband's last bracket (rung 2 of lm-32's 3) trains its trials to the end unstopped,
     # so it sends more trials to the last rung than sh, which halves all of them from rung 0
     assert sum(by["ours-hb"]["stopped_at"]) < sum(by["ours-sh"]["stopped_at"])
+
+
+def test_bench_studies_weighs_the_other_jobs_against_their_run_without_the_study() -> None:
+    from bench import studies
+
+    def row(run: str, jct: float, to_best: float = 3600.0) -> dict[str, object]:
+        return {"case": "c", "scenario": "mixed", "draw": 0, "run": run,
+                "time_to_best_s": to_best, "best_trial": 1, "best_final": 0.9,
+                "oracle_trial": 1, "stopped_at": [0], "others_avg_jct_s": jct}
+
+    rows = [{"case": "c", "scenario": "mixed", "draw": 0, "run": "no study",
+             "others_avg_jct_s": 1000.0}]
+    rows += [row(r, 1000.0, 7200.0) for r in ("array", "static-asha", "static-sh")]
+    rows += [row("static-hb", 900.0, 7200.0), row("ours-asha", 1020.0), row("ours-sh", 990.0),
+             row("ours-hb", 990.0)]
+    (v,) = studies.verdicts(rows)
+    # ours over static (the goal) and each over the run without the study: under hyperband
+    # ours is 10% above the static run's, but 1% below the other jobs' run without the study
+    assert v["others_jct_ratio_hb"] == 1.1
+    assert v["others_vs_no_study_hb"] == [0.99, 0.9]
+    assert v["others_vs_no_study_asha"] == [1.02, 1.0]
+    assert "hb 0.990, 0.900" in studies.table_text(rows, [v])
