@@ -568,6 +568,7 @@ class SlurmObserver:
                 cur_count.append(c)
                 cur_copy.append(v.row_copy[r] if v.row_copy else 0)
         ids = np.array([v.job_id for v in ordered], dtype=np.int64)
+        trial = np.array([v.study is not None for v in ordered], dtype=np.bool_)
         return Snapshot(
             epoch=epoch, now=now, round_s=round_s, gpu_types=self.gpu_types,
             node_names=self.node_names, node_type=node_type, node_gpus=gpus,
@@ -591,11 +592,10 @@ class SlurmObserver:
             even_gangs=True,
             fixed=np.array([v.job_id in self.pinned for v in ordered], dtype=np.bool_),
             # a study's trials: their water-filling cap is offered (:meth:`_cap_trial_copies`)
-            spread=np.array([v.study is not None for v in ordered], dtype=np.bool_),
+            spread=trial,
             # and the rungs after the one each trains toward (its path to the study's end)
             after=(np.array([0.0 if v.study is None else float(v.study.after) for v in ordered],
-                            dtype=np.float64)
-                   if any(v.study is not None for v in ordered) else None),
+                            dtype=np.float64) if trial.any() else None),
             **sharing,  # type: ignore[arg-type]
         )
 

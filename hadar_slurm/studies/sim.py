@@ -144,33 +144,34 @@ class StudyCluster(SimulatedCluster):
             self._halve(study, now, rows)
         snap = super().snapshot(epoch, now, round_s, policy_state)
         trials = np.isin(snap.job_ids, np.fromiter(self.trial_ids, dtype=np.int64))
-        return replace(snap, max_copies=self._copies_cap(snap), spread=trials,
-                       after=self._after(snap))
+        pos = {int(j): k for k, j in enumerate(snap.job_ids.tolist())}
+        return replace(snap, max_copies=self._copies_cap(snap, pos), spread=trials,
+                       after=self._after(snap, pos))
 
-    def _copies_cap(self, snap: Snapshot) -> np.ndarray:
+    def _copies_cap(self, snap: Snapshot, pos: dict[int, int]) -> np.ndarray:
         """How many copies each job may run as (HadarE): a trial, the cluster's GPUs over its
         study's live trials (water-filling: few trials left may spread over the cluster; the
         snapshot's ``spread`` asks HadarE to offer a trial that cap whatever its length);
-        another job, :data:`OTHER_COPIES`."""
+        another job, :data:`OTHER_COPIES`.  ``pos``: each job id's index in ``snap``."""
         cap = np.full(snap.num_jobs, OTHER_COPIES, dtype=np.int64)
         gpus = int(self.node_gpus.sum())
-        pos = {int(j): k for k, j in enumerate(snap.job_ids.tolist())}
         for study in self.studies:
             live = [pos[j] for j in study.ids if j in pos]
             if live:
                 cap[live] = copies_cap(gpus, len(live))
         return cap
 
-    def _after(self, snap: Snapshot) -> np.ndarray:
+    def _after(self, snap: Snapshot, pos: dict[int, int]) -> np.ndarray:
         """Per job, the steps that follow its end (``Snapshot.after``): a trial's rungs after
-        the one it trains toward, to the full budget; 0 for the other jobs."""
+        the one it trains toward, to the full budget; 0 for the other jobs.  ``pos``: each job
+        id's index in ``snap``."""
         after = np.zeros(snap.num_jobs, dtype=np.float64)
-        pos = {int(j): k for k, j in enumerate(snap.job_ids.tolist())}
         for study in self.studies:
+            steps = study.spec.rung_steps  # (a property: built once per study, not per trial)
             for t, j in enumerate(study.ids):
                 k = pos.get(j)
                 if k is not None:
-                    after[k] = study.spec.max_steps - study.spec.rung_steps[study.rung[t]]
+                    after[k] = study.spec.max_steps - steps[study.rung[t]]
         return after
 
     def apply(self, changes: list[Change], now: float) -> ApplyReport:
