@@ -22,6 +22,7 @@ from hadar_slurm.policy.hadar import (
     ends_this_round,
     ideal_seconds,
     job_paths,
+    near_tie_held,
     restarted,
     round_progress,
     trial_types,
@@ -224,6 +225,53 @@ def test_equal_jobs_are_not_swapped_between_types() -> None:
     assert split(60.0) == types(60.0) == {0: "a", 1: "b"}
     assert split(0.0) == {0: "b", 1: "a"}
     assert types(0.0) == {0: "a", 1: "b"}
+
+
+def test_a_job_does_not_hold_a_type_far_slower_for_it_against_the_job_the_split_put_there(
+) -> None:
+    # One GPU of each type, no move costs.  Job 2 (picky, 1,800 steps) runs on a; job 0
+    # (picky, 3,600 steps: 1.0 step/s on a, 0.1 on b) holds b, where it was back-filled while
+    # a was busy; job 1 (fair, 3,600 steps: 0.9 step/s on b) waits.  The split puts both picky
+    # jobs on a and fair on b.  In the queue (shortest first) job 2 takes a, and job 0 comes
+    # before fair, whose start counts in its remaining time.
+    # - Job 0 keeping b (it ran there, a type it holds): it does 180 steps by 1,800 s, when
+    #   job 2 ends; then job 0 on a ends at 1,800 + 3,420 = 5,220 s and fair on b at 1,800 +
+    #   4,000 = 5,800 s.  Average JCT (1,800 + 5,220 + 5,800) / 3 = 4,273 s.
+    # - Job 0 waiting for a (b runs it at 0.1 of its pace on a, below ``held_speed``), fair on
+    #   b now: fair ends at 4,000 s, job 0 on a from 1,800 s ends at 5,400 s.  Average JCT
+    #   (1,800 + 4,000 + 5,400) / 3 = 3,733 s, and the makespan 5,400 s instead of 5,800 s.
+    cluster = parse_counts("a=1:b=1")
+    snap = first_snapshot([job(0, "picky", 3600), job(1, "fair", 3600), job(2, "picky", 1800)],
+                          cluster, TWO_TYPES)
+    assert [snap.gpu_types[t] for t in snap.node_type] == ["a", "b"]
+    held = Placement(np.array([0, 2]), np.array([1, 0]), np.array([1, 1]))  # 0 on b, 2 on a
+    s = dataclasses.replace(snap, current=held)
+
+    def types(policy: HadarPolicy) -> dict[int, str]:
+        d = policy.allocate(s)
+        return {int(j): s.gpu_types[s.node_type[n]]
+                for j, n in zip(d.placement.job, d.placement.node, strict=True)}
+
+    assert types(HadarPolicy()) == {2: "a", 1: "b"}
+    # Any held type counted as a near-tie, job 0 keeps b and fair waits.
+    assert types(HadarPolicy(held_speed=0.0)) == {2: "a", 0: "b"}
+
+
+def test_a_held_type_is_a_near_tie_net_of_the_two_moves_leaving_it_takes() -> None:
+    # One job holding a GPU of type b (0.1 step/s per GPU), its main type a (1.0), held_speed
+    # 0.3.  Moves free: the bar is 0.3 * 1.0 = 0.3 > 0.1, b is dropped.  A move half a
+    # round: leaving b costs the job's restart and the start of the job that takes b, so the
+    # bar is 0.3 * (1 - 0.5) ** 2 * 1.0 = 0.075 < 0.1, b stays.  A type it holds where it
+    # makes no progress never stays; one it does not hold is not added.
+    current = np.array([[0, 1], [0, 0]], dtype=np.int64)
+    rate = np.array([[1.0, 0.1], [1.0, 0.1]])
+    main = np.array([[True, False], [True, False]])
+    assert near_tie_held(current, rate, main, 0.3, 0.0, 360.0).tolist() == [
+        [False, False], [False, False]]
+    assert near_tie_held(current, rate, main, 0.3, 180.0, 360.0).tolist() == [
+        [False, True], [False, False]]
+    assert near_tie_held(current, np.array([[1.0, 0.0], [1.0, 0.1]]), main, 0.0, 0.0,
+                         360.0).tolist() == [[False, False], [False, False]]
 
 
 def test_a_new_job_displaces_a_running_one_only_if_it_ends_sooner_start_included() -> None:

@@ -18,10 +18,13 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    that no type is overloaded).  A running job's work on a type where it holds no GPU also
    costs the move (:meth:`HadarPolicy.split_need`), so that near-ties do not swap jobs
    between types from one epoch to the next.  In the dual pass a job may use only the main
-   types of its split, and the types it holds GPUs of (staying is then a choice the prices
-   weigh against the move, not one the split takes away); idle GPUs are back-filled on any
-   type.  A study's trial (``Snapshot.spread``) may also use the types at least as fast for
-   it as its main ones where the split puts other jobs' work (:func:`trial_types`).
+   types of its split, and the types it holds GPUs of where it runs at least ``held_speed``
+   (0.3) of its pace on its main types, net of the two moves leaving them takes
+   (:func:`near_tie_held`; staying is then a choice the prices weigh against the move, not
+   one the split takes away; a type far slower is no near-tie, and the job would hold it
+   against the jobs the split put there); idle GPUs are back-filled on any type.  A study's
+   trial (``Snapshot.spread``) may also use the types at least as fast for it as its main
+   ones where the split puts other jobs' work (:func:`trial_types`).
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
    :class:`HadarState`, pushed back only when the remaining work cannot make it).  Where work
    follows a job's end (``Snapshot.after``: a study's trial, whose later rungs follow the one
@@ -117,6 +120,20 @@ def job_speed(gpus: IntArray, worker_rate: FloatArray, sync: BoolArray) -> Float
     slow = np.where(gpus > 0, worker_rate, np.inf).min(axis=1)
     out: FloatArray = np.where(sync, gpus.sum(axis=1) * np.where(np.isfinite(slow), slow, 0.0),
                                (gpus * worker_rate).sum(axis=1))
+    return out
+
+
+def near_tie_held(current: IntArray, worker_rate: FloatArray, main: BoolArray,
+                  held_speed: float, migration_s: float, round_s: float) -> BoolArray:
+    """The types each job holds GPUs of that stay among its types in the dual pass: where it
+    runs at least ``held_speed`` of its pace on its ``main`` types, that pace counted net of
+    the two moves that leaving the held GPUs takes (the job's own restart, and the start of
+    the job that takes them): ``rate >= held_speed * (1 - migration_s / round_s) ** 2 *
+    main pace``.  Where moves cost little the bar is about ``held_speed``; where a move is
+    most of a round, staying on GPUs far slower still beats two starts."""
+    top = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
+    net = max(0.0, 1.0 - migration_s / max(round_s, 1e-9)) ** 2
+    out: BoolArray = (current > 0) & (worker_rate > 0) & (worker_rate >= held_speed * net * top)
     return out
 
 
@@ -419,6 +436,9 @@ class HadarPolicy:
     ``margin_rounds``: rounds of safety when testing whether a job can still wait.
     ``split_share``: a type is one of a job's main types when the job's split puts at least
     this share of the largest one there.
+    ``held_speed``: a type a job holds GPUs of stays among its types in the dual pass only
+    where it runs the job at least this share of its pace on its main types, net of the
+    moves' costs (:func:`near_tie_held`; step 2 of the module docstring; 0: every held type).
     ``chain_factor``: how early jobs wider than half a type start their chain (1.0: as late as
     possible; lower starts them earlier, trading JCT for makespan on gang-heavy workloads).
     ``share``: pair a waiting job with a placed one on the same GPUs where that pays (step 11
@@ -437,6 +457,7 @@ class HadarPolicy:
     chain_factor: float = 0.95
     min_floor: float = 0.05
     split_share: float = 0.5
+    held_speed: float = 0.3
     max_moves: int = 20000
     share: bool = False
     move_margin: float = 0.25
@@ -507,8 +528,14 @@ class HadarPolicy:
         # epoch), rather than the split's turn forcing it off (the split is one of many
         # near-equal levellings, which turns with the GPUs jobs hold: jobs went back and forth
         # between two types every epoch or two).
+        # A held type stays only where it is a near-tie (``held_speed``, step 2).  Far slower
+        # (a job back-filled onto GPUs that idled, 30 times slower there than on its main
+        # type) it would hold them, early in the queue, against the jobs the split put there,
+        # which then took its faster GPUs (docs/algorithm.md, "A held type must be a
+        # near-tie").
         main = (phi > 0.0) & (phi >= self.split_share * phi.max(axis=1, keepdims=True))
-        main |= (current > 0) & (worker_rate > 0)
+        main |= near_tie_held(current, worker_rate, main, self.held_speed,
+                              float(snapshot.migration_s), float(snapshot.round_s))
         if snapshot.spread is not None:
             main |= trial_types(main, worker_rate, snapshot.spread)
         alloc, payoff, status, planned, packed = self._dispatch(
