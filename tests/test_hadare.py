@@ -20,7 +20,7 @@ from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
 from hadar_slurm.policy.hadar import HadarState, pooled_time
-from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState, fork_drain
+from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState, fork_drain, longest_path
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.bounds import copy_room, fluid_makespan_bound, fork_makespan_bound
@@ -743,6 +743,47 @@ def test_the_job_that_binds_the_fork_makespan_runs_on_its_fastest_copies() -> No
     assert d.policy_state.hadar.target >= 18000.0
     assert d.policy_state.deadlines == ((1, 18000.0),)
     assert not v100 & {nd for j in (2, 3, 4, 5) for nd, _ in d.placement.rows_of(j)}
+
+
+def test_only_a_job_as_wide_as_every_other_and_no_trial_may_bind() -> None:
+    # Three jobs with work left: 1-GPU jobs 1 and 2, and a 2-GPU job 3.  A 1-GPU job's copy
+    # could take half a 2-GPU node that job 3 needs whole: only job 3 may be pinned.  Once job
+    # 3 is done, or if it can run nowhere, the 1-GPU jobs may; a study's trial never may.
+    snap = binding_snapshot([(2, 4000, "fastv"), (3, 100, "toy2")], "v100=2:k80=4")
+    rate = np.ones((3, snap.rate.shape[1]))
+    s = replace(snap, scale=np.array([1, 1, 2], dtype=I64), rate=rate)
+    assert HadarEPolicy.may_bind(s).tolist() == [False, False, True]
+    assert HadarEPolicy.may_bind(replace(s, remaining=np.array([1.0, 1.0, 0.0]))).tolist() == [
+        True, True, True]
+    rate[2] = 0.0
+    assert HadarEPolicy.may_bind(s).tolist() == [True, True, True]
+    assert HadarEPolicy.may_bind(replace(s, spread=np.array([True, False, False]))).tolist() == [
+        False, True, True]
+
+
+def test_no_job_binds_while_a_trials_path_to_its_studys_end_is_longer() -> None:
+    # The snapshot of the test above, where job 1 (18,000 s at the soonest on both v100s)
+    # binds.  Job 2 (4,000 steps, 2,000 s on both v100s) is now a study's trial with 396,000
+    # steps of later rungs after its own: its path to the study's end is 2,000 * (1 + 396,000
+    # / 4,000) = 200,000 s, so the workload cannot end before it and job 1's 18,000 s binds
+    # nothing.  Step 0 pins nothing: the decision is the one without it.
+    snap = binding_snapshot([(j, 4000, "fastv") for j in (2, 3, 4, 5)], "v100=2:k80=4")
+    after = np.array([0.0, 396000.0, 0.0, 0.0, 0.0])
+    trial = replace(snap, after=after, spread=np.array([False, True, False, False, False]))
+    pol = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION)
+    soonest = pol.own_fork_time(trial, np.full(5, 2, dtype=I64), np.zeros(5))
+    assert longest_path(soonest, trial) == pytest.approx(200000.0)
+    assert longest_path(soonest, snap) == 0.0
+    plain = pol.allocate(trial)
+    pinned = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True,
+                          pin_tolerance=0.0).allocate(trial)
+    assert pinned.placement.rows_of(1) == plain.placement.rows_of(1)
+    assert isinstance(pinned.policy_state, HadarEState)
+    assert not pinned.policy_state.deadlines
+    # Without the trial's later rungs job 1 binds and runs on both v100s (the test above).
+    d = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True,
+                     pin_tolerance=0.0).allocate(replace(trial, after=np.zeros(5)))
+    assert set(d.placement.rows_of(1)) == {(0, 1), (1, 1)}
 
 
 def test_a_type_the_binding_job_takes_whole_is_not_planned_for_the_others() -> None:

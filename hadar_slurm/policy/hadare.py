@@ -9,14 +9,17 @@ compete for GPUs like any job.  One epoch:
    for makespan, docs/algorithm.md, "Jobs that bind the fork makespan").  A job whose own
    fork-limited time, its remaining work over the summed rates of its ``cap`` fastest
    node-disjoint copies net of consolidation (:meth:`HadarEPolicy.own_fork_time`), is past the
-   fork window below cannot end by it however the others run: the makespan is its own.  When
-   it first binds it gets a deadline, its soonest end plus ``pin_tolerance`` of its time
-   (carried in ``HadarEState.deadlines``); from the round its deadline is within
-   ``margin_rounds`` rounds of its soonest end, it runs on exactly those fastest copies
-   (:meth:`HadarEPolicy.pin`), as the fork LP runs it.  Hadar's type split would put its
-   copies on the types that are cheapest for the cluster's drain instead, and the job would
-   end later than the fork bound.  The other jobs are planned below on the GPUs left, with
-   Hadar's target no sooner than the binding jobs' deadline.
+   fork window below (at least the longest path of a study's trial to its study's end,
+   :func:`longest_path`) cannot end by it however the others run: the makespan is its own.
+   Only a job at least as wide as every job with work left, and no study's trial, may bind
+   (:meth:`HadarEPolicy.may_bind`): a narrower one's copies would take part of nodes a wider
+   job needs whole.  When it first binds it gets a deadline, its soonest end plus
+   ``pin_tolerance`` of its time (carried in ``HadarEState.deadlines``); from the round its
+   deadline is within ``margin_rounds`` rounds of its soonest end, it runs on exactly those
+   fastest copies (:meth:`HadarEPolicy.pin`), as the fork LP runs it.  Hadar's type split
+   would put its copies on the types that are cheapest for the cluster's drain instead, and
+   the job would end later than the fork bound.  The other jobs are planned below on the
+   GPUs left, with Hadar's target no sooner than the binding jobs' deadline.
 1. **Which jobs are long.**  A lower bound on the time to drain all remaining work when jobs
    may be forked (:func:`fork_drain`, the Lagrangian dual of the fork LP with Hadar's type
    prices) sets a *window*, kept across epochs as an absolute target that only moves later.  A
@@ -106,6 +109,19 @@ def fork_drain(remaining: FloatArray, scale: IntArray, rate: FloatArray,
     return float((remaining[ok] * cost.min(axis=1)).sum())
 
 
+def longest_path(soonest: FloatArray, snapshot: Snapshot) -> float:
+    """The longest of the trials' paths to their study's end: a trial's soonest end on its
+    fastest copies (``soonest``) stretched by the work after its rung (``Snapshot.after``)
+    at the same pace; 0 where the snapshot has none."""
+    if snapshot.after is None:
+        return 0.0
+    rem = snapshot.remaining
+    ok = np.isfinite(soonest) & (rem > 0) & (snapshot.after > 0)
+    if not ok.any():
+        return 0.0
+    return float((soonest[ok] * (1.0 + snapshot.after[ok] / rem[ok])).max())
+
+
 @dataclass(frozen=True)
 class HadarEState:
     """Carried from epoch to epoch: Hadar's own state, the fork drain target, and the copies
@@ -167,8 +183,14 @@ class HadarEPolicy:
             prev.target if isinstance(prev, HadarEState) else None, snapshot.now)
         fixed = (np.asarray(snapshot.fixed, dtype=np.bool_) if snapshot.fixed is not None
                  else np.zeros(snapshot.num_jobs, dtype=np.bool_))
-        own = np.where(fixed | (cap < 2), np.inf, self.own_fork_time(snapshot, cap, overhead))
-        binds = np.isfinite(own) & (own >= window)
+        soonest = self.own_fork_time(snapshot, cap, overhead)
+        # A study's trials end with their study: the window is at least the longest trial's
+        # path to it (the rungs after its own at the same pace, ``Snapshot.after``), as
+        # Hadar's drain is.  Without it a long job among the others bound, and kept its
+        # fastest nodes, while a study that had just arrived waited.
+        window = max(window, longest_path(soonest, snapshot))
+        own = np.where(fixed | (cap < 2), np.inf, soonest)
+        binds = np.isfinite(own) & (own >= window) & self.may_bind(snapshot)
         if not binds.any():
             return None, ()
         # A binding job's deadline, set when it first binds: its soonest end, plus
@@ -223,6 +245,20 @@ class HadarEPolicy:
                 f"every GPU of its types is held by the jobs that bind the makespan ({names})")
         return replace(rest, placement=joined(pinned, rest.placement), reason=reason,
                        detail=detail), deadlines
+
+    @staticmethod
+    def may_bind(snapshot: Snapshot) -> BoolArray:
+        """Per job, whether step 0 may pin it: not a study's trial (the study water-fills
+        its trials' copies, ``Snapshot.spread``), and at least as wide as every job with work
+        left that can run, so that its copies, one node each, never take part of a node that
+        a wider job needs whole (a pinned 4-GPU job held half of the only h100 and a100 nodes
+        for tens of thousands of seconds while 8-GPU jobs waited)."""
+        alive = (snapshot.remaining > 0) & (snapshot.rate.max(axis=1) > 0)
+        widest = int(snapshot.scale[alive].max()) if alive.any() else 0
+        out: BoolArray = snapshot.scale >= widest
+        if snapshot.spread is not None:
+            out &= ~np.asarray(snapshot.spread, dtype=np.bool_)
+        return out
 
     def own_fork_time(self, snapshot: Snapshot, cap: IntArray,
                       overhead: FloatArray) -> FloatArray:
