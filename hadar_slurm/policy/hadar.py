@@ -123,6 +123,12 @@ def job_speed(gpus: IntArray, worker_rate: FloatArray, sync: BoolArray) -> Float
     return out
 
 
+def after_restart(migration_s: float, round_s: float) -> float:
+    """The share of a round a job that starts (or restarts) in it still works: ``1 -
+    migration_s / round_s``, at least 0."""
+    return max(0.0, 1.0 - migration_s / max(round_s, 1e-9))
+
+
 def near_tie_held(current: IntArray, worker_rate: FloatArray, main: BoolArray,
                   held_speed: float, migration_s: float, round_s: float) -> BoolArray:
     """The types each job holds GPUs of that stay among its types in the dual pass: where it
@@ -132,7 +138,7 @@ def near_tie_held(current: IntArray, worker_rate: FloatArray, main: BoolArray,
     main pace``.  Where moves cost little the bar is about ``held_speed``; where a move is
     most of a round, staying on GPUs far slower still beats two starts."""
     top = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
-    net = max(0.0, 1.0 - migration_s / max(round_s, 1e-9)) ** 2
+    net = after_restart(migration_s, round_s) ** 2
     out: BoolArray = (current > 0) & (worker_rate > 0) & (worker_rate >= held_speed * net * top)
     return out
 

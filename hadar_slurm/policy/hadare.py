@@ -85,7 +85,14 @@ from hadar_slurm.policy.base import (
     gpus_in_use,
     joined,
 )
-from hadar_slurm.policy.hadar import HadarPolicy, HadarState, carried_window, drain_estimate
+from hadar_slurm.policy.hadar import (
+    HadarPolicy,
+    HadarState,
+    after_restart,
+    carried_window,
+    drain_estimate,
+    job_paths,
+)
 from hadar_slurm.policy.sharing import pack_waiting
 
 
@@ -115,11 +122,9 @@ def longest_path(soonest: FloatArray, snapshot: Snapshot) -> float:
     at the same pace; 0 where the snapshot has none."""
     if snapshot.after is None:
         return 0.0
-    rem = snapshot.remaining
-    ok = np.isfinite(soonest) & (rem > 0) & (snapshot.after > 0)
-    if not ok.any():
-        return 0.0
-    return float((soonest[ok] * (1.0 + snapshot.after[ok] / rem[ok])).max())
+    trial = snapshot.after > 0  # (a job done has no finite soonest end: job_paths skips it)
+    return job_paths(soonest[trial], snapshot.remaining[trial], snapshot.after[trial],
+                     soonest[trial])[1]
 
 
 @dataclass(frozen=True)
@@ -621,8 +626,7 @@ class HadarEPolicy:
         now_runs = snapshot.current.by_job_copies()
         restart = {index_of[j] for j, cps in copies.items()
                    if _copy_sets(now_runs.get(j, {})) == _copy_sets(cps)}
-        kept_after_restart = max(
-            0.0, 1.0 - float(snapshot.migration_s) / max(float(snapshot.round_s), 1e-9))
+        kept_after_restart = after_restart(float(snapshot.migration_s), float(snapshot.round_s))
         while True:
             best: tuple[float, int, list[tuple[int, int]], float] | None = None
             for i, (k, rate, nodes) in state.items():
