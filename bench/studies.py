@@ -1,6 +1,6 @@
 """Tuning studies (issue #17): water-filled trials against a static allocation.
 
-    python -m bench.studies [--json OUT] [--only NAME ...]
+    python -m bench.studies [--json OUT] [--only NAME ...] [--draws N [--first-draw K]]
 
 Each case is one study (its spec and the seed of its trials' learning curves,
 :mod:`hadar_slurm.studies.curves`) on Gavel's 4 V100 : 4 P100 : 4 K80 cluster, run:
@@ -330,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=1, metavar="N",
                     help="run each case with N draws of trials (and other jobs): 1 (default) is "
                          "the cases as listed; more shows how much the figures vary")
+    ap.add_argument("--first-draw", type=int, default=0, metavar="K",
+                    help="start the draws at K (0, the cases as listed, by default): draws "
+                         "no one tuned on, e.g. --first-draw 3 --draws 3")
     args = ap.parse_args(argv)
     cases = [c for c in CASES if not args.only or c.name in args.only]
     if not cases:
@@ -339,11 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for case in cases:
         for scenario in scenarios:
-            for draw in range(max(1, args.draws)):
+            for draw in range(args.first_draw, args.first_draw + max(1, args.draws)):
                 rows += run_case(case, scenario, draw)
     checks = verdicts(rows)
     print(table_text(rows, checks))
-    if args.draws > 1:
+    if args.draws > 1 or args.first_draw:
         print()
         print(spread_text(checks))
     if args.json:

@@ -213,25 +213,77 @@ def test_a_fill_forks_a_running_trial_only_where_it_ends_sooner(
     assert policy.fill_running(snap, fill).placement.num_copies() == {5: copies}
 
 
-def test_trials_that_start_anew_share_their_copies_speed(toy_table: ThroughputTable) -> None:
+def test_trials_share_their_copies_speed(toy_table: ThroughputTable) -> None:
     # Two trials of 3,600 steps, two copies each, on two v100 nodes (1 step/s) and two k80
     # nodes (0.5): trial 1 on both v100s and trial 2 on both k80s end at 1,800 and 3,600 s;
-    # dealt again (fastest node first, to the trial with the most time left), each has a v100
-    # and a k80 and both end at 2,400 s.  A trial that keeps its GPUs as they run now, or jobs
-    # not asked to spread, are left as planned.
+    # dealt again (fastest node first, to the trial that ends last on what it has so far),
+    # each has a v100 and a k80 and both end at 2,400 s.  Jobs not asked to spread are left
+    # as planned.
     sim = SimulatedCluster([make_job(1, 3600, 0), make_job(2, 3600, 0)],
                            parse_counts("v100=2:k80=2"), toy_table)
-    snap = replace(sim.snapshot(0, 0.0, 360.0, None), spread=np.array([True, True]))
+    snap = replace(sim.snapshot(0, 0.0, 360.0, None), spread=np.array([True, True]),
+                   migration_s=36.0)
     assert [snap.gpu_types[h] for h in snap.node_type.tolist()] == ["v100"] * 2 + ["k80"] * 2
     planned = Placement(np.array([1, 1, 2, 2]), np.array([0, 1, 2, 3]), np.ones(4, dtype=I64),
                         np.array([0, 1, 0, 1]))
-    dealt = HadarEPolicy.balance_spread(snap, planned)
-    assert {j: sorted(nd for rs in cps.values() for nd, _ in rs)
-            for j, cps in dealt.by_job_copies().items()} == {1: [0, 2], 2: [1, 3]}
-    assert HadarEPolicy.balance_spread(replace(snap, spread=np.array([True, False])),
-                                       planned) is planned
+    policy = HadarEPolicy()
+    cap = np.array([4, 4], dtype=I64)
+    free = np.zeros(2)  # (no consolidation: the speeds are the GPUs' sums)
+
+    def nodes(p: Placement) -> dict[int, list[int]]:
+        return {j: sorted(nd for rs in cps.values() for nd, _ in rs)
+                for j, cps in p.by_job_copies().items()}
+
+    assert nodes(policy.balance_spread(snap, planned, cap, free)) == {1: [0, 2], 2: [1, 3]}
+    assert policy.balance_spread(replace(snap, spread=np.array([True, False])),
+                                 planned, cap, free) is planned
+    # Trials of two rungs (their paths to the study's end differ) are left in Hadar's order.
+    assert policy.balance_spread(replace(snap, after=np.array([0.0, 3600.0])),
+                                 planned, cap, free) is planned
+    # A trial that runs on its GPUs as planned is left alone: it would restart.
     running = replace(snap, current=planned.select(planned.job == 1))
-    assert HadarEPolicy.balance_spread(running, planned) is planned
+    assert policy.balance_spread(running, planned, cap, free) is planned
+    # Trial 2 left waiting while trial 1 (3,600 steps) starts on all four GPUs (3 steps/s,
+    # ends at 36 + 1,200 s), trial 2 then starting on them.  With 360 steps for trial 2 it
+    # ends at 1,236 + 36 + 120 = 1,392 s; dealt from scratch, trial 2 gets a v100 and trial 1
+    # the rest (2 steps/s: 1,836 s): as planned.  With 3,600 steps and a consolidation of a
+    # tenth of each round (four copies: 2.7 steps/s), trial 1 ends at 1,369 s and trial 2 at
+    # 2,738 s; dealt, a v100 and a k80 each (1.35 steps/s), both at 2,703 s: dealt.
+    alone = Placement(np.array([1, 1, 1, 1]), np.arange(4, dtype=I64), np.ones(4, dtype=I64),
+                      np.arange(4, dtype=I64))
+    little = replace(snap, remaining=np.array([3600.0, 360.0]))
+    assert policy.balance_spread(little, alone, cap, free) is alone
+    tenth = np.full(2, 0.1)
+    assert nodes(policy.balance_spread(snap, alone, cap, tenth)) == {1: [0, 2], 2: [1, 3]}
+
+
+def test_trials_dealt_again_may_change_how_many_copies_each_runs(
+        toy_table: ThroughputTable) -> None:
+    # The last rung of a study amid other jobs (traced: recsys-48, draw 1): step 3 gave four
+    # idle k80s (0.5 step/s each) to the trial that then ended last, so trial 3 runs on four
+    # k80s (2 steps/s) and trials 1 and 2 on a v100 each (1 step/s), 3,600 steps each: the
+    # rung ends at 3,600 s.  Dealt again with at most 4 copies each, fastest first to the
+    # trial that ends last: trials 1 and 2 a v100 and a k80 each (1.5 steps/s, the k80s that
+    # come after trial 3's two in node order), trial 3 two k80s (1), all three restarting
+    # (36 s): the rung ends at 3,636 s, no sooner, so it is kept.  With 2,400 steps left for
+    # trial 3 the deal ends all three at 2,436 s against 3,636 s as planned: dealt again.
+    sim = SimulatedCluster([make_job(1, 3600, 0), make_job(2, 3600, 0), make_job(3, 2400, 0)],
+                           parse_counts("v100=2:k80=4"), toy_table)
+    planned = Placement(np.array([1, 2, 3, 3, 3, 3]), np.arange(6, dtype=I64),
+                        np.ones(6, dtype=I64), np.array([0, 0, 0, 1, 2, 3]))
+    snap = replace(sim.snapshot(0, 0.0, 360.0, None), spread=np.array([True] * 3),
+                   migration_s=36.0)
+    policy = HadarEPolicy()
+    cap = np.array([4, 4, 4], dtype=I64)
+    free = np.zeros(3)
+    dealt = policy.balance_spread(snap, planned, cap, free)
+    assert {j: sorted(nd for rs in cps.values() for nd, _ in rs)
+            for j, cps in dealt.by_job_copies().items()} == {1: [0, 4], 2: [1, 5], 3: [2, 3]}
+    equal = replace(snap, remaining=np.array([3600.0, 3600.0, 3600.0]))
+    assert policy.balance_spread(equal, planned, cap, free) is planned
+    # (a cap of one copy each leaves nothing to deal but the nodes themselves)
+    assert policy.balance_spread(snap, planned, np.array([1, 1, 4], dtype=I64),
+                                 free) is planned
 
 
 def test_snapshot_max_copies_of_one_means_hadar(toy_table: ThroughputTable) -> None:

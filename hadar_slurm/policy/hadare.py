@@ -370,7 +370,7 @@ class HadarEPolicy:
         # that start anew share their copies' GPUs so that none ends long after the others.
         if unused:
             placement = self.fill(snapshot, placement, cap, overhead)
-        placement = self.balance_spread(snapshot, placement)
+        placement = self.balance_spread(snapshot, placement, cap, overhead)
         # 4: GPU sharing, where the world offers it: a waiting job joins an unforked placed
         # job (Hadar's rule), each host still ending by the fork target.
         pairs: tuple[tuple[int, int], ...] = ()
@@ -659,76 +659,127 @@ class HadarEPolicy:
             state[i] = (k + 1, rate + add, nodes | {nd for nd, _ in gangs})
         return self._placement(snapshot, rows)
 
-    @staticmethod
-    def balance_spread(snapshot: Snapshot, placement: Placement) -> Placement:
+    def balance_spread(self, snapshot: Snapshot, placement: Placement, cap: IntArray,
+                       overhead: FloatArray) -> Placement:
         """The copies of the jobs the world asks to spread (``Snapshot.spread``: a study's
-        trials) that start anew this epoch, dealt out again among them so that the last of
-        them ends as soon as it can.  Hadar plans each copy as a job of its own, so two equal
-        trials could get copies of unequal speed (traced: recsys-48 alone, the last rung's three
-        trials on 67, 102 and 88 steps/s; a rung ends with its last trial).  Per job type and
-        scale factor, the copies' nodes (one node each) are handed out fastest first, each to
-        the job with the most time left on what it has so far (each job keeping its number of
-        copies, never two copies of one job on a node), and the result is kept if its slowest
-        job ends sooner.  A job that keeps its GPUs as they are, or whose copies span nodes,
-        is left alone: only jobs that restart anyway are dealt."""
+        trials) that start anew this epoch, dealt out again among them and the trials of
+        their kind left waiting, so that the last of them ends as soon as it can.  Hadar plans
+        each copy as a job of its own, so two equal trials could get copies of unequal speed
+        (traced: recsys-48 alone, the last rung's three trials on 67, 102 and 88 steps/s; a
+        rung ends with its last trial), and it ranks the copies of equal trials one trial
+        after the other, so one trial could run as several copies while its equals waited or
+        ran on one (recsys-48 draw 1 amid other jobs, docs/algorithm.md).  Per job type,
+        scale factor and path (``Snapshot.after``: a study's trials of one rung; across rungs
+        Hadar's order stands), the copies' nodes (one node each) are handed out fastest
+        first, each to the job that ends last on what it has so far (at most its cap of
+        copies, ``cap``, never two copies of one job on a node), and the result is kept if
+        its last job ends sooner, counting consolidation (``overhead``, once a job has two
+        copies) and restarts (``migration_s``); a job left waiting starts on the GPUs of the
+        planned job that ends first.  A job that keeps its GPUs as they run now (it would
+        restart), that may not be stopped (``fixed``), or whose copies span nodes is left
+        alone."""
         if snapshot.spread is None or not snapshot.spread.any() or len(placement) == 0:
             return placement
         index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
         copies = placement.by_job_copies()
         now_runs = snapshot.current.by_job_copies()
         fixed = snapshot.fixed
-        groups: dict[tuple[str, int], list[int]] = {}
+        after = (snapshot.after if snapshot.after is not None
+                 else np.zeros(snapshot.num_jobs, dtype=np.float64))
+        groups: dict[tuple[str, int, float], list[int]] = {}
         for j, cps in copies.items():
             i = index_of[j]
             if (not snapshot.spread[i] or (fixed is not None and fixed[i])
+                    or snapshot.remaining[i] <= 0
                     or _copy_sets(now_runs.get(j, {})) == _copy_sets(cps)
                     or any(len({nd for nd, _ in rs}) != 1 for rs in cps.values())):
                 continue
-            groups.setdefault((snapshot.job_types[i], int(snapshot.scale[i])), []).append(i)
+            groups.setdefault((snapshot.job_types[i], int(snapshot.scale[i]), float(after[i])),
+                              []).append(i)
+        # A trial left waiting beside one of its kind may take some of its GPUs, where that
+        # ends the last of them sooner than its waiting for them (Hadar ranks the copies of
+        # equal trials one trial after the other, so one ran as two copies while the other
+        # waited).
+        waiting = (snapshot.spread & (snapshot.remaining > 0) & (snapshot.rate.max(axis=1) > 0)
+                   & ~np.isin(snapshot.job_ids, placement.job))
+        if fixed is not None:
+            waiting &= ~np.asarray(fixed, dtype=np.bool_)
+        for i in np.nonzero(waiting)[0].tolist():
+            key = (snapshot.job_types[i], int(snapshot.scale[i]), float(after[i]))
+            if key in groups:
+                groups[key].append(i)
         if all(len(members) < 2 for members in groups.values()):
             return placement
         rows = [(index_of[j], k, nd, c) for j, cps in copies.items() for k, rs in cps.items()
                 for nd, c in rs]
+        restart_s = float(snapshot.migration_s)
+
+        def ends(members: list[int], got: dict[int, list[tuple[int, int]]],
+                 worker: FloatArray) -> float:
+            """When the last of ``members`` ends on ``got``, restarts counted; a job with no
+            GPUs in ``got`` starts on those of the job that ends first (longest first)."""
+            free: list[list[float]] = []  # [when its GPUs come free, their speed] per job
+            for i in members:
+                if not got[i]:
+                    continue
+                speed = sum(c * float(worker[snapshot.node_type[nd]]) for nd, c in got[i])
+                if len(got[i]) > 1:
+                    speed *= 1.0 - float(overhead[i])
+                now = _copy_sets(now_runs.get(int(snapshot.job_ids[i]), {}))
+                moved = now != frozenset(frozenset([slot]) for slot in got[i])
+                free.append([float(snapshot.remaining[i]) / speed
+                             + (restart_s if moved else 0.0), speed])
+            if not free:
+                return float("inf")
+            last = max(t for t, _ in free)
+            for i in sorted((i for i in members if not got[i]),
+                            key=lambda m: (-float(snapshot.remaining[m]), m)):
+                slot = min(free)
+                slot[0] += restart_s + float(snapshot.remaining[i]) / slot[1]
+                last = max(last, slot[0])
+            return last
+
         changed = False
         for members in groups.values():
             if len(members) < 2:
                 continue
             worker = snapshot.rate[members[0]] / snapshot.scale[members[0]]
-            slots: list[tuple[int, int]] = []  # (node, GPUs) of each copy
-            count: dict[int, int] = {}
-            before: dict[int, float] = {}
+            planned: dict[int, list[tuple[int, int]]] = {}
             for i in members:
-                cps = copies[int(snapshot.job_ids[i])]
-                count[i] = len(cps)
-                before[i] = 0.0
-                for rs in cps.values():
-                    nd, c = rs[0][0], sum(g for _nd, g in rs)  # (one node per copy)
-                    slots.append((nd, c))
-                    before[i] += c * float(worker[snapshot.node_type[nd]])
-            left = {i: float(snapshot.remaining[i]) for i in members}
-            slots.sort(key=lambda s: (-s[1] * float(worker[snapshot.node_type[s[0]]]), s[0]))
-            got: dict[int, list[tuple[int, int]]] = {i: [] for i in members}
-            speed = dict.fromkeys(members, 0.0)
-            for nd, c in slots:
-                open_ = [i for i in members
-                         if len(got[i]) < count[i] and all(nd != x for x, _ in got[i])]
-                if not open_:
-                    break
-                i = max(open_, key=lambda m: (left[m] / speed[m] if speed[m] > 0 else np.inf,
-                                              left[m], -m))
-                got[i].append((nd, c))
-                speed[i] += c * float(worker[snapshot.node_type[nd]])
-            if any(len(got[i]) != count[i] for i in members):
-                continue
-            slowest_before = max(left[i] / before[i] for i in members)
-            slowest_after = max(left[i] / speed[i] for i in members)
-            if slowest_after >= slowest_before * (1.0 - 1e-9):
+                planned[i] = [(rs[0][0], sum(g for _nd, g in rs))  # (one node per copy)
+                              for rs in copies.get(int(snapshot.job_ids[i]), {}).values()]
+            slots = sorted((s for i in members for s in planned[i]),
+                           key=lambda s: (-s[1] * float(worker[snapshot.node_type[s[0]]]), s[0]))
+            got = self._deal(snapshot, members, slots, cap, worker)
+            if got is None:
+                continue  # (fewer nodes than jobs: who runs is Hadar's order)
+            if ends(members, got, worker) >= ends(members, planned, worker) * (1.0 - 1e-9):
                 continue
             dealt = set(members)
             rows = [r for r in rows if r[0] not in dealt]
             rows += [(i, k, nd, c) for i in members for k, (nd, c) in enumerate(got[i])]
             changed = True
         return HadarEPolicy._placement(snapshot, rows) if changed else placement
+
+    @staticmethod
+    def _deal(snapshot: Snapshot, members: list[int], slots: list[tuple[int, int]],
+              cap: IntArray, worker: FloatArray) -> dict[int, list[tuple[int, int]]] | None:
+        """``slots`` (node, GPUs), fastest first, each to the job of ``members`` that ends
+        last on what it has so far (at most ``cap`` copies, one per node); None where a job
+        is left with none."""
+        got: dict[int, list[tuple[int, int]]] = {i: [] for i in members}
+        left = {i: float(snapshot.remaining[i]) for i in members}
+        speed = dict.fromkeys(members, 0.0)
+        for nd, c in slots:
+            open_ = [i for i in members
+                     if len(got[i]) < max(int(cap[i]), 1) and all(nd != x for x, _ in got[i])]
+            if not open_:
+                break
+            i = max(open_, key=lambda m: (left[m] / speed[m] if speed[m] > 0 else np.inf,
+                                          left[m], -m))
+            got[i].append((nd, c))
+            speed[i] += c * float(worker[snapshot.node_type[nd]])
+        return None if any(not got[i] for i in members) else got
 
     @staticmethod
     def _copy_repays(snapshot: Snapshot, i: int, rate: float, add: float, overhead: float,
