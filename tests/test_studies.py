@@ -375,6 +375,19 @@ def test_bench_studies_writes_every_run_and_its_checks(tmp_path: Path) -> None:
     assert sum(by["ours-hb"]["stopped_at"]) < sum(by["ours-sh"]["stopped_at"])
 
 
+def test_bench_studies_runs_draws_from_the_first_one_asked(tmp_path: Path) -> None:
+    # --first-draw K starts the draws at K (other trials' curves, seeds case.seed + 1000 K):
+    # draws no one tuned on, without running the ones before them
+    from bench import studies
+
+    out = tmp_path / "later.json"
+    assert studies.main(["--only", "recsys-48", "--scenario", "alone", "--first-draw", "5",
+                         "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {r["draw"] for r in rows} == {5}
+    assert [r["case"] for r in rows if r.get("check")] == ["recsys-48"]
+
+
 def test_bench_studies_weighs_the_other_jobs_against_their_run_without_the_study() -> None:
     from bench import studies
 
