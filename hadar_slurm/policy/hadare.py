@@ -659,7 +659,8 @@ class HadarEPolicy:
             state[i] = (k + 1, rate + add, nodes | {nd for nd, _ in gangs})
         return self._placement(snapshot, rows)
 
-    def balance_spread(self, snapshot: Snapshot, placement: Placement, cap: IntArray,
+    @staticmethod
+    def balance_spread(snapshot: Snapshot, placement: Placement, cap: IntArray,
                        overhead: FloatArray) -> Placement:
         """The copies of the jobs the world asks to spread (``Snapshot.spread``: a study's
         trials) that start anew this epoch, dealt out again among them and the trials of
@@ -750,7 +751,7 @@ class HadarEPolicy:
                               for rs in copies.get(int(snapshot.job_ids[i]), {}).values()]
             slots = sorted((s for i in members for s in planned[i]),
                            key=lambda s: (-s[1] * float(worker[snapshot.node_type[s[0]]]), s[0]))
-            got = self._deal(snapshot, members, slots, cap, worker)
+            got = HadarEPolicy._deal(snapshot, members, slots, cap, worker)
             if got is None:
                 continue  # (fewer nodes than jobs: who runs is Hadar's order)
             if ends(members, got, worker) >= ends(members, planned, worker) * (1.0 - 1e-9):
