@@ -2,7 +2,7 @@
 
     python -m bench.robustness [--seed-base 0] [--only NAME ...] [--policies P,P]
                                [--jobs-scale 1.0] [--workers 2] [--free-moves]
-                               [--reschedule-on-finish] [--pin-binding]
+                               [--reschedule-on-finish] [--no-pin-binding]
                                [--json bench/results/robustness.json]
                                [--plot bench/results/robustness.png]
 
@@ -156,15 +156,15 @@ def instance(case: Case) -> Instance:
 
 
 def run_one(case: Case, policy: str, free_moves: bool,
-            reschedule_on_finish: bool = False, pin_binding: bool = False) -> dict[str, Any]:
+            reschedule_on_finish: bool = False, pin_binding: bool = True) -> dict[str, Any]:
     inst = instance(case)
     jobs, cluster, table = inst.jobs, inst.cluster, inst.table
     bound, fork, fork_any, load = inst.bound, inst.fork, inst.fork_any, inst.load
     live = LiveCosts()
     move_s, start_s = (0.0, 0.0) if free_moves else (live.move_s, live.start_s)
     t0 = time.perf_counter()
-    settings: dict[str, object] = {"pin_binding": True} if pin_binding and policy == "hadare" \
-        else {}
+    settings: dict[str, object] = {"pin_binding": False} if not pin_binding \
+        and policy == "hadare" else {}
     res = simulate(jobs, cluster, table, make_policy(policy, **settings), migration_cost_s=move_s,
                    start_cost_s=start_s, reschedule_on_finish=reschedule_on_finish)
     return {
@@ -308,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="charge nothing for starts and moves, as Gavel's simulator")
     ap.add_argument("--reschedule-on-finish", action="store_true",
                     help="a round also ends when a job ends (the sidecar's default)")
-    ap.add_argument("--pin-binding", action="store_true",
-                    help="hadare with the jobs that bind the fork makespan on their fastest "
-                    "copies (its setting pin_binding; docs/algorithm.md)")
+    ap.add_argument("--no-pin-binding", dest="pin_binding", action="store_false",
+                    help="hadare without its step 0, the jobs that bind the fork makespan on "
+                    "their fastest copies (its setting pin_binding, on by default; "
+                    "docs/algorithm.md)")
     ap.add_argument("--workers", type=int, default=2, help="processes (default: 2)")
     ap.add_argument("--json", default="bench/results/robustness.json")
     ap.add_argument("--plot", default="bench/results/robustness.png")

@@ -2,7 +2,7 @@
 
     python -m bench.solver_scaling [--sizes 32 128 512 2048] [--large 10000]
                                    [--policies hadar,gavel-las,gavel-makespan] [--repeats 7]
-                                   [--steady] [--pin-binding]
+                                   [--steady] [--no-pin-binding]
                                    [--json bench/results/solver_scaling.json]
 
 Instances (:mod:`bench.instances`): ``n`` jobs of Gavel's job mix with random progress, on a
@@ -16,9 +16,9 @@ memory so far (ru_maxrss, an upper bound that includes everything loaded).
 ``--steady`` adds, per size and policy, the epoch after that one (``state`` ``steady``;
 :func:`bench.instances.steady`): the jobs the policy placed have run a round and hold their
 GPUs, and a move costs what it costs live, so that the policy weighs moving running jobs (Hadar
-plans the epoch twice where its plan moves any, step 9 "moves must pay").  ``--pin-binding``
-runs ``hadare`` with that setting (step 0, the jobs that bind the fork makespan; rows carry
-``settings``).  ``moved``: running
+plans the epoch twice where its plan moves any, step 9 "moves must pay").  ``--no-pin-binding``
+runs ``hadare`` without its step 0 (the jobs that bind the fork makespan, on by default; rows
+carry ``settings``).  ``moved``: running
 jobs the decision gives other GPUs, ``kept``: jobs Hadar kept on their GPUs because the moving
 plan did not pay (their ``explain`` detail).  Goals for
 ``hadar`` (issue #2): <= 10 ms at 2,048 jobs, <= 1 s at 10,000 jobs, peak memory < 1 GB.
@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop repeating a case after this much time (at least one run)")
     ap.add_argument("--steady", action="store_true",
                     help="also the epoch after, with the placed jobs running and moves charged")
-    ap.add_argument("--pin-binding", action="store_true",
-                    help="hadare with pin_binding (step 0: the jobs that bind the makespan)")
+    ap.add_argument("--no-pin-binding", dest="pin_binding", action="store_false",
+                    help="hadare without pin_binding (step 0: the jobs that bind the makespan; "
+                    "on by default)")
     ap.add_argument("--json", default="bench/results/solver_scaling.json")
     args = ap.parse_args(argv)
     cases: list[tuple[int, ClusterSpec]] = [(n, gavel_cluster(max(n // 4, 1))) for n in args.sizes]
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         for policy in [p for p in args.policies.split(",") if p]:
             for state in states:
                 settings: dict[str, object] = (
-                    {"pin_binding": True} if args.pin_binding and policy == "hadare" else {})
+                    {"pin_binding": False} if not args.pin_binding and policy == "hadare"
+                    else {})
                 row = measure(policy, n, cluster, args.repeats, args.max_seconds, state,
                               settings)
                 rows.append(row)

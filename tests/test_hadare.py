@@ -20,7 +20,7 @@ from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Snapshot
 from hadar_slurm.policy.hadar import HadarState, pooled_time
-from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState, fork_drain, longest_path
+from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState, fork_drain
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_csv
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.bounds import copy_room, fluid_makespan_bound, fork_makespan_bound
@@ -521,10 +521,13 @@ def long_tail_hadare_rows(tmp_path: Path, flag: str) -> dict[tuple[str, ...], di
 
 
 def test_simulate_cli_takes_pin_binding(tmp_path: Path) -> None:
-    # The setting reaches the policy: the same trace ends otherwise, every job completed.
-    rows = long_tail_hadare_rows(tmp_path, "--pin-binding")
+    # On by default; --no-pin-binding reaches the policy: the same trace ends otherwise, every
+    # job completed, and --pin-binding is the default's run.
+    rows = long_tail_hadare_rows(tmp_path, "--no-pin-binding")
     assert all(r["num_completed"] == r["num_jobs"] == 31 for r in rows.values())
-    assert rows[()]["makespan_s"] != rows[("--pin-binding",)]["makespan_s"]
+    assert rows[()]["makespan_s"] != rows[("--no-pin-binding",)]["makespan_s"]
+    on = long_tail_hadare_rows(tmp_path, "--pin-binding")
+    assert on[("--pin-binding",)]["makespan_s"] == rows[()]["makespan_s"]
 
 
 def test_simulate_cli_takes_final_run(tmp_path: Path) -> None:
@@ -780,7 +783,8 @@ def test_the_job_that_binds_the_fork_makespan_runs_on_its_fastest_copies() -> No
     v100 = {0, 1}
     fork_w = fork_drain(snap.remaining, snap.scale.astype(I64), snap.rate, snap.capacity())
     assert fork_w == pytest.approx(12994.5, abs=1.0)
-    plain = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION).allocate(snap)
+    plain = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION,
+                         pin_binding=False).allocate(snap)
     assert set(plain.placement.rows_of(1)) == {(2, 1), (5, 1)}  # two k80 nodes
     pin = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True,
                        pin_tolerance=0.0)
@@ -797,10 +801,10 @@ def test_the_job_that_binds_the_fork_makespan_runs_on_its_fastest_copies() -> No
     assert not v100 & {nd for j in (2, 3, 4, 5) for nd, _ in d.placement.rows_of(j)}
 
 
-def test_only_a_job_as_wide_as_every_other_and_no_trial_may_bind() -> None:
+def test_only_a_job_as_wide_as_every_other_may_bind_and_none_while_a_trial_runs() -> None:
     # Three jobs with work left: 1-GPU jobs 1 and 2, and a 2-GPU job 3.  A 1-GPU job's copy
     # could take half a 2-GPU node that job 3 needs whole: only job 3 may be pinned.  Once job
-    # 3 is done, or if it can run nowhere, the 1-GPU jobs may; a study's trial never may.
+    # 3 is done, or if it can run nowhere, the 1-GPU jobs may.
     snap = binding_snapshot([(2, 4000, "fastv"), (3, 100, "toy2")], "v100=2:k80=4")
     rate = np.ones((3, snap.rate.shape[1]))
     s = replace(snap, scale=np.array([1, 1, 2], dtype=I64), rate=rate)
@@ -809,33 +813,37 @@ def test_only_a_job_as_wide_as_every_other_and_no_trial_may_bind() -> None:
         True, True, True]
     rate[2] = 0.0
     assert HadarEPolicy.may_bind(s).tolist() == [True, True, True]
+    # While a study has a trial with work left, no job may bind; once its trials are done,
+    # the others may again.
     assert HadarEPolicy.may_bind(replace(s, spread=np.array([True, False, False]))).tolist() == [
-        False, True, True]
+        False, False, False]
+    done = replace(s, spread=np.array([True, False, False]), remaining=np.array([0.0, 1.0, 1.0]))
+    assert HadarEPolicy.may_bind(done).tolist() == [True, True, True]
 
 
-def test_no_job_binds_while_a_trials_path_to_its_studys_end_is_longer() -> None:
+def test_no_job_binds_while_a_study_has_a_trial_with_work_left() -> None:
     # The snapshot of the test above, where job 1 (18,000 s at the soonest on both v100s)
-    # binds.  Job 2 (4,000 steps, 2,000 s on both v100s) is now a study's trial with 396,000
-    # steps of later rungs after its own: its path to the study's end is 2,000 * (1 + 396,000
-    # / 4,000) = 200,000 s, so the workload cannot end before it and job 1's 18,000 s binds
-    # nothing.  Step 0 pins nothing: the decision is the one without it.
+    # binds.  Job 2 (4,000 steps) is now a study's trial: what the study will still ask (its
+    # later rungs, its halving's promotions) is unknown, so which job binds is too, and step 0
+    # pins nothing (traced: two 1-GPU jobs among the others bound and held all four v100s
+    # while a study that arrived after them ran on p100s and k80s).  The decision is the one
+    # without step 0.  Once the trial is done, job 1 binds again and runs on both v100s.
     snap = binding_snapshot([(j, 4000, "fastv") for j in (2, 3, 4, 5)], "v100=2:k80=4")
-    after = np.array([0.0, 396000.0, 0.0, 0.0, 0.0])
-    trial = replace(snap, after=after, spread=np.array([False, True, False, False, False]))
-    pol = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION)
-    soonest = pol.own_fork_time(trial, np.full(5, 2, dtype=I64), np.zeros(5))
-    assert longest_path(soonest, trial) == pytest.approx(200000.0)
-    assert longest_path(soonest, snap) == 0.0
-    plain = pol.allocate(trial)
-    pinned = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True,
-                          pin_tolerance=0.0).allocate(trial)
-    assert pinned.placement.rows_of(1) == plain.placement.rows_of(1)
+    trial = replace(snap, after=np.array([0.0, 396000.0, 0.0, 0.0, 0.0]),
+                    spread=np.array([False, True, False, False, False]))
+    plain = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION,
+                         pin_binding=False).allocate(trial)
+    pin = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True,
+                       pin_tolerance=0.0)
+    assert pin.pin(trial) == (None, ())
+    pinned = pin.allocate(trial)
+    assert pinned.placement.same_as(plain.placement)
     assert isinstance(pinned.policy_state, HadarEState)
     assert not pinned.policy_state.deadlines
-    # Without the trial's later rungs job 1 binds and runs on both v100s (the test above).
-    d = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True,
-                     pin_tolerance=0.0).allocate(replace(trial, after=np.zeros(5)))
+    done = replace(trial, remaining=np.array([36000.0, 0.0, 4000, 4000, 4000]))
+    d = pin.allocate(done)
     assert set(d.placement.rows_of(1)) == {(0, 1), (1, 1)}
+    assert isinstance(d.policy_state, HadarEState) and d.policy_state.deadlines
 
 
 def test_a_type_the_binding_job_takes_whole_is_not_planned_for_the_others() -> None:
@@ -858,7 +866,7 @@ def test_no_job_binds_and_step_0_changes_nothing() -> None:
     # Job 1 with four copies (v100, v100, k80, k80: 36,000 / 3 = 12,000 s) ends before the
     # drain of all the work: no job binds, and the decision is plan()'s.
     snap = binding_snapshot([(j, 4000, "fastv") for j in (2, 3)], "v100=2:k80=2")
-    plain = HadarEPolicy(consolidation=NO_CONSOLIDATION)
+    plain = HadarEPolicy(consolidation=NO_CONSOLIDATION, pin_binding=False)
     pin = HadarEPolicy(consolidation=NO_CONSOLIDATION, pin_binding=True)
     cap = pin.copies_allowed(snap, pin.overhead(snap))
     assert pin.own_fork_time(snap, cap, pin.overhead(snap))[0] == 12000.0
@@ -875,7 +883,7 @@ def test_a_binding_job_runs_on_its_fastest_copies_once_its_deadline_is_near() ->
     # the deadline carried.  Given a deadline of 18,400 s (400 s to spare), it is pinned.
     snap = binding_snapshot([(j, 4000, "fastv") for j in (2, 3, 4, 5)], "v100=2:k80=4")
     pin = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=True)
-    plain = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION)
+    plain = HadarEPolicy(max_copies=2, consolidation=NO_CONSOLIDATION, pin_binding=False)
     d = pin.allocate(snap)
     assert d.placement.same_as(plain.allocate(snap).placement)
     assert isinstance(d.policy_state, HadarEState)

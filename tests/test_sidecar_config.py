@@ -657,31 +657,30 @@ def test_hadare_takes_its_consolidation_cost_from_the_config() -> None:
 
 def test_hadare_takes_pin_binding_from_the_config(tmp_path: Path, clean_logger: None) -> None:
     """``[hadare] pin_binding`` / ``pin_tolerance`` reach the policy that the sidecar builds;
-    off (the default) passes nothing, so the policy decides as before; on with a policy that
-    does not fork names the field and the policies that do; a tolerance out of [0, 1] names
-    its field."""
+    on by default, ``pin_binding = false`` turns it off; a policy that does not fork gets
+    neither (as it gets none of ``[hadare]``'s consolidation settings); a tolerance out of
+    [0, 1] names its field."""
     from hadar_slurm.policy.hadare import HadarEPolicy
     from hadar_slurm.sidecar.controller import Sidecar, pin_setting
     from tests.test_sidecar_backend import NODES, FakeSlurm
 
-    c = parse("[scheduler]\npolicy = \"hadare\"\n[hadare]\npin_binding = true\n"
+    c = parse("[scheduler]\npolicy = \"hadare\"\n[hadare]\npin_binding = false\n"
               "pin_tolerance = 0.1\n")
-    assert (c.pin_binding, c.pin_tolerance) == (True, 0.1)
-    assert pin_setting(c) == {"pin_binding": True, "pin_tolerance": 0.1}
+    assert (c.pin_binding, c.pin_tolerance) == (False, 0.1)
+    assert pin_setting(c) == {"pin_binding": False, "pin_tolerance": 0.1}
     sidecar = Sidecar(c.with_overrides(state_dir=str(tmp_path / "state"), dry_run=True),
                       api=FakeSlurm([], NODES))
     try:
         policy = sidecar.policy
         assert isinstance(policy, HadarEPolicy)
-        assert (policy.pin_binding, policy.pin_tolerance) == (True, 0.1)
+        assert (policy.pin_binding, policy.pin_tolerance) == (False, 0.1)
     finally:
         sidecar.close()
-    off = default_config().with_overrides(policy="hadare")
-    assert (off.pin_binding, off.pin_tolerance) == (False, 0.05)
-    assert pin_setting(off) == {}
-    with pytest.raises(InputError, match=r"\[hadare\] pin_binding.*use a policy that forks: "
-                                         r"hadare"):
-        pin_setting(c.with_overrides(policy="hadar"))
+    on = default_config().with_overrides(policy="hadare")
+    assert (on.pin_binding, on.pin_tolerance) == (True, 0.05)
+    assert pin_setting(on) == {"pin_binding": True, "pin_tolerance": 0.05}
+    assert pin_setting(on.with_overrides(policy="hadar")) == {}
+    assert pin_setting(c.with_overrides(policy="gavel-las")) == {}
     for bad in ("1.5", "-0.01", '"5%"', "true"):
         with pytest.raises(InputError, match=r"\[hadare\] pin_tolerance': must be a number "
                                              r"from 0 to 1"):

@@ -344,7 +344,7 @@ def test_even_gangs_runs_no_job_over_nodes_with_unequal_gpu_counts(
 
 
 @pytest.mark.parametrize("policy,settings", [
-    ("hadar", {"share": True}), ("hadare", {"share": True}), ("hadare", {"pin_binding": True}),
+    ("hadar", {"share": True}), ("hadare", {"share": True}), ("hadare", {"pin_binding": False}),
     ("gavel-las-packed", {}), ("fifo-perf", {}),
 ])
 def test_every_option_combination_completes_every_job(policy: str,

@@ -67,7 +67,7 @@ def test_measure_reports_the_state_and_what_moved() -> None:
 
 
 def test_measure_passes_the_settings_to_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    # --pin-binding: hadare's decision with step 0 on is what is timed, and the row says so.
+    # --no-pin-binding: hadare's decision with step 0 off is what is timed, and the row says so.
     import bench.solver_scaling as bench
 
     built: list[object] = []
@@ -81,9 +81,9 @@ def test_measure_passes_the_settings_to_the_policy(monkeypatch: pytest.MonkeyPat
     cluster = gavel_cluster(4)
     plain = measure("hadare", 16, cluster, repeats=1, max_seconds=5.0)
     assert plain["settings"] == {}
-    assert [p.pin_binding for p in built if isinstance(p, HadarEPolicy)] == [False, False]
-    built.clear()
-    pinned = measure("hadare", 16, cluster, repeats=1, max_seconds=5.0,
-                     settings={"pin_binding": True})
-    assert pinned["settings"] == {"pin_binding": True} and pinned["runs"] == 1
     assert [p.pin_binding for p in built if isinstance(p, HadarEPolicy)] == [True, True]
+    built.clear()
+    unpinned = measure("hadare", 16, cluster, repeats=1, max_seconds=5.0,
+                       settings={"pin_binding": False})
+    assert unpinned["settings"] == {"pin_binding": False} and unpinned["runs"] == 1
+    assert [p.pin_binding for p in built if isinstance(p, HadarEPolicy)] == [False, False]

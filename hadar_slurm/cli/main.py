@@ -404,10 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-copies", default="4", metavar="K",
                      help="hadare: the most copies a job may be forked into "
                      "(default: %(default)s)")
-    sim.add_argument("--pin-binding", action="store_true",
+    sim.add_argument("--pin-binding", action=argparse.BooleanOptionalAction, default=True,
                      help="hadare: run the jobs that bind the fork makespan on their fastest "
-                     "copies (a shorter makespan for a longer average JCT; "
-                     "docs/algorithm.md)")
+                     "copies, as the sidecar's [hadare] pin_binding (on by default; "
+                     "--no-pin-binding turns it off: docs/algorithm.md)")
     sim.add_argument("--share", action="store_true",
                      help="hadar, hadare: let two jobs of the same scale factor share GPUs "
                      "where the table's co-located rates say the pair gains (the sidecar's "

@@ -5,15 +5,15 @@ up the copies' iterations (the job is done when they reach its work) and consoli
 models at the end of every round, which costs time (:mod:`hadar_slurm.consolidation`).  Copies
 compete for GPUs like any job.  One epoch:
 
-0. **Jobs that bind the makespan** (``pin_binding``, off by default: it trades average JCT
-   for makespan, docs/algorithm.md, "Jobs that bind the fork makespan").  A job whose own
-   fork-limited time, its remaining work over the summed rates of its ``cap`` fastest
-   node-disjoint copies net of consolidation (:meth:`HadarEPolicy.own_fork_time`), is past the
-   fork window below (at least the longest path of a study's trial to its study's end,
-   :func:`longest_path`) cannot end by it however the others run: the makespan is its own.
-   Only a job at least as wide as every job with work left, and no study's trial, may bind
+0. **Jobs that bind the makespan** (``pin_binding``, on by default; docs/algorithm.md, "Jobs
+   that bind the fork makespan").  A job whose own fork-limited time, its remaining work over
+   the summed rates of its ``cap`` fastest node-disjoint copies net of consolidation
+   (:meth:`HadarEPolicy.own_fork_time`), is past the fork window below cannot end by it
+   however the others run: the makespan is its own.  Only a job at least as wide as every job
+   with work left may bind, and none while a study has a trial with work left
    (:meth:`HadarEPolicy.may_bind`): a narrower one's copies would take part of nodes a wider
-   job needs whole.  When it first binds it gets a deadline, its soonest end plus
+   job needs whole, and what a study will still ask is unknown until its halving decides.
+   When it first binds it gets a deadline, its soonest end plus
    ``pin_tolerance`` of its time (carried in ``HadarEState.deadlines``); from the round its
    deadline is within ``margin_rounds`` rounds of its soonest end, it runs on exactly those
    fastest copies (:meth:`HadarEPolicy.pin`), as the fork LP runs it.  Hadar's type split
@@ -91,7 +91,6 @@ from hadar_slurm.policy.hadar import (
     after_restart,
     carried_window,
     drain_estimate,
-    job_paths,
 )
 from hadar_slurm.policy.sharing import pack_waiting
 
@@ -114,17 +113,6 @@ def fork_drain(remaining: FloatArray, scale: IntArray, rate: FloatArray,
     cost = np.where(runs[ok], pi[None, :] * scale[ok, None] / np.where(runs[ok], rate[ok], 1.0),
                     np.inf)
     return float((remaining[ok] * cost.min(axis=1)).sum())
-
-
-def longest_path(soonest: FloatArray, snapshot: Snapshot) -> float:
-    """The longest of the trials' paths to their study's end: a trial's soonest end on its
-    fastest copies (``soonest``) stretched by the work after its rung (``Snapshot.after``)
-    at the same pace; 0 where the snapshot has none."""
-    if snapshot.after is None:
-        return 0.0
-    trial = snapshot.after > 0  # (a job done has no finite soonest end: job_paths skips it)
-    return job_paths(soonest[trial], snapshot.remaining[trial], snapshot.after[trial],
-                     soonest[trial])[1]
 
 
 @dataclass(frozen=True)
@@ -151,7 +139,7 @@ class HadarEPolicy:
     each copy is one component on one node, and in the simulator unless told otherwise).
     ``replans``: how many times at most Hadar plans the copies again without those the merge
     dropped (step 2).  ``pin_binding``: step 0, the jobs that bind the fork makespan on their
-    fastest copies (off by default), ``pin_tolerance`` of their soonest end after it at most."""
+    fastest copies (on by default), ``pin_tolerance`` of their soonest end after it at most."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
@@ -160,7 +148,7 @@ class HadarEPolicy:
     max_overhead: float = 0.5
     share: bool = False
     replans: int = 2
-    pin_binding: bool = False
+    pin_binding: bool = True
     pin_tolerance: float = 0.05
     name: str = "hadare"
 
@@ -179,6 +167,9 @@ class HadarEPolicy:
         """Step 0: the jobs that bind the fork makespan, once their deadline is near, on their
         fastest node-disjoint copies, the others planned (:meth:`plan`) on the GPUs left; the
         decision (None when no job is due) and the deadlines to carry."""
+        may = self.may_bind(snapshot)
+        if not may.any():
+            return None, ()
         overhead = self.overhead(snapshot)
         cap = self.copies_allowed(snapshot, overhead)
         prev = snapshot.policy_state
@@ -189,13 +180,8 @@ class HadarEPolicy:
         fixed = (np.asarray(snapshot.fixed, dtype=np.bool_) if snapshot.fixed is not None
                  else np.zeros(snapshot.num_jobs, dtype=np.bool_))
         soonest = self.own_fork_time(snapshot, cap, overhead)
-        # A study's trials end with their study: the window is at least the longest trial's
-        # path to it (the rungs after its own at the same pace, ``Snapshot.after``), as
-        # Hadar's drain is.  Without it a long job among the others bound, and kept its
-        # fastest nodes, while a study that had just arrived waited.
-        window = max(window, longest_path(soonest, snapshot))
         own = np.where(fixed | (cap < 2), np.inf, soonest)
-        binds = np.isfinite(own) & (own >= window) & self.may_bind(snapshot)
+        binds = np.isfinite(own) & (own >= window) & may
         if not binds.any():
             return None, ()
         # A binding job's deadline, set when it first binds: its soonest end, plus
@@ -253,16 +239,22 @@ class HadarEPolicy:
 
     @staticmethod
     def may_bind(snapshot: Snapshot) -> BoolArray:
-        """Per job, whether step 0 may pin it: not a study's trial (the study water-fills
-        its trials' copies, ``Snapshot.spread``), and at least as wide as every job with work
-        left that can run, so that its copies, one node each, never take part of a node that
-        a wider job needs whole (a pinned 4-GPU job held half of the only h100 and a100 nodes
-        for tens of thousands of seconds while 8-GPU jobs waited)."""
+        """Per job, whether step 0 may pin it: none while a study has a trial with work left
+        (the study water-fills its trials' copies, ``Snapshot.spread``, and what it will
+        still ask is unknown until its halving decides), and otherwise a job at least as
+        wide as every job with work left that can run, so that its copies, one node each,
+        never take part of a node that a wider job needs whole (a pinned 4-GPU job held half
+        of the only h100 and a100 nodes for tens of thousands of seconds while 8-GPU jobs
+        waited)."""
         alive = (snapshot.remaining > 0) & (snapshot.rate.max(axis=1) > 0)
         widest = int(snapshot.scale[alive].max()) if alive.any() else 0
         out: BoolArray = snapshot.scale >= widest
         if snapshot.spread is not None:
-            out &= ~np.asarray(snapshot.spread, dtype=np.bool_)
+            spread = np.asarray(snapshot.spread, dtype=np.bool_)
+            if (spread & (snapshot.remaining > 0)).any():
+                # While a study has a trial with work left, the work that follows it is
+                # unknown until its halving decides, so which job binds is unknown too.
+                return np.zeros(snapshot.num_jobs, dtype=np.bool_)
         return out
 
     def own_fork_time(self, snapshot: Snapshot, cap: IntArray,

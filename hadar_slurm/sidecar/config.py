@@ -509,17 +509,17 @@ CONFIG_SCHEMA: tuple[ConfigKey, ...] = (
         check=_seconds(allow_zero=True),
     ),
     ConfigKey(
-        "hadare", "pin_binding", "bool", "false",
+        "hadare", "pin_binding", "bool", "true",
         "Run the jobs that bind the makespan on their fastest copies: a forked job (hint "
         "fork=N) whose work, over its N fastest node-disjoint copies, takes longer than all "
         "the cluster's work spread over every GPU is what the last finish waits for, so once "
         "its deadline nears (its soonest end plus pin_tolerance) it runs on exactly those "
         "copies and the other jobs are planned on the GPUs left. Only a job at least as "
-        "wide as every other job with work left, and no study's trial, may bind, and none "
-        "does while a trial's path to its study's end is longer. Simulated on the regime "
-        "suite, hadare's makespan is 0.4 to 1.3% shorter in geometric mean and its average "
-        "JCT within 0.7% of what it is without it; off by default. See docs/algorithm.md, "
-        "\"Jobs that bind the fork makespan\".",
+        "wide as every other job with work left may bind, and none does while a study has a "
+        "trial with work left. Simulated on the regime suite, hadare's makespan is 0.4 to "
+        "1.3% shorter in geometric mean and its average JCT within 0.7% of what it is "
+        "without it. Set false to plan every job by Hadar's type split. Applies to policies "
+        "that fork (hadare). See docs/algorithm.md, \"Jobs that bind the fork makespan\".",
         check=_bool,
     ),
     ConfigKey(

@@ -512,14 +512,12 @@ def consolidation_setting(config: SidecarConfig) -> dict[str, object]:
 
 def pin_setting(config: SidecarConfig) -> dict[str, object]:
     """The policy's ``pin_binding`` and ``pin_tolerance`` settings from ``[hadare]
-    pin_binding`` and ``pin_tolerance``: both when it is on (an :class:`InputError` when the
-    policy does not fork), ``{}`` when it is off."""
-    if not config.pin_binding:
+    pin_binding`` and ``pin_tolerance``, for a policy that forks (``{}`` for one that does
+    not: no job of its binds the makespan as a forked job, as ``[hadare]``'s consolidation
+    settings do not apply to it)."""
+    if "pin_binding" not in policy_settings(config.policy):
         return {}
-    _require_setting(config, "pin_binding", "[hadare] pin_binding",
-                     "does not fork jobs, so none binds the makespan as a forked job",
-                     "set pin_binding = false, or use a policy that forks")
-    return {"pin_binding": True, "pin_tolerance": config.pin_tolerance}
+    return {"pin_binding": config.pin_binding, "pin_tolerance": config.pin_tolerance}
 
 
 def share_setting(config: SidecarConfig) -> dict[str, object]:
