@@ -246,15 +246,14 @@ class HadarEPolicy:
         never take part of a node that a wider job needs whole (a pinned 4-GPU job held half
         of the only h100 and a100 nodes for tens of thousands of seconds while 8-GPU jobs
         waited)."""
+        if snapshot.spread is not None and (
+                np.asarray(snapshot.spread, dtype=np.bool_) & (snapshot.remaining > 0)).any():
+            # While a study has a trial with work left, the work that follows it is unknown
+            # until its halving decides, so which job binds is unknown too.
+            return np.zeros(snapshot.num_jobs, dtype=np.bool_)
         alive = (snapshot.remaining > 0) & (snapshot.rate.max(axis=1) > 0)
         widest = int(snapshot.scale[alive].max()) if alive.any() else 0
         out: BoolArray = snapshot.scale >= widest
-        if snapshot.spread is not None:
-            spread = np.asarray(snapshot.spread, dtype=np.bool_)
-            if (spread & (snapshot.remaining > 0)).any():
-                # While a study has a trial with work left, the work that follows it is
-                # unknown until its halving decides, so which job binds is unknown too.
-                return np.zeros(snapshot.num_jobs, dtype=np.bool_)
         return out
 
     def own_fork_time(self, snapshot: Snapshot, cap: IntArray,
