@@ -315,6 +315,27 @@ def test_a_pair_is_not_placed_where_the_node_has_no_cpu_for_both() -> None:
     assert api.fields[2]["TresPerNode"] == "gres/shard:1" and ("release", 2) in api.log
 
 
+def test_a_job_placed_but_not_started_holds_its_cpus_for_the_policy_as_for_the_applier(
+        ) -> None:
+    # Job 1 was placed on node1 last epoch and released; Slurm has not started it, so the
+    # node's read does not count its CPU.  The policy keeps it there (a row of ``current``)
+    # and the applier counts its CPU if the pair places it again: the snapshot takes it off
+    # the free ones, so that the policy offers no pair the applier refuses for CPUs.
+    placed = job(1, reason="Priority", comment=RESNET18, admin=JobRecord(
+        epoch=0, state="placed", place=(("node1", 1),), gpus=1).encode())
+    for alloc, pair in ((3, False), (2, True)):
+        nodes = [dataclasses.replace(shard_node("node1", "v100", 1, (0,)), alloc_cpus=alloc)]
+        api = Recording([placed, pending(2, comment=RESNET18)], nodes)
+        b = sharing(api)
+        snap = b.snapshot(2, 2000.0, 360.0, None)
+        assert snap.node_free_cpus is not None
+        assert snap.node_free_cpus.tolist() == [4 - alloc - 1]
+        d = HadarPolicy(share=True).allocate(snap)
+        assert (d.packed == ((1, 2),)) is pair, (alloc, d.packed)
+        b.apply(b.reconcile(snap, d), 2000.0)
+        assert not any("free CPU" in why for why in b.report.detail.values()), b.report.detail
+
+
 def test_a_guest_joins_a_lone_shard_job_only_where_first_fit_sends_it_there() -> None:
     # job 1 runs alone on GPU 1's shards; GPU 0 is free: a shard job released now would get
     # GPU 0, not GPU 1, so job 2 waits.  With GPU 0 given whole to someone else, it joins.

@@ -682,9 +682,16 @@ class SlurmObserver:
                           and room.get((v.job.node_names[0], v.shard_gpu), 0) >= 1
                           for v in ordered], dtype=np.bool_)
         # (CPUs, as the applier counts them: a node whose read gives no CPU figures is not
-        # limited by them)
+        # limited by them.  A job placed in an earlier epoch that Slurm has not started holds
+        # no CPU in the read, yet the policy keeps it where it is (a row of ``current``, which
+        # it does not count again) and the applier counts it if it is placed again: its CPUs
+        # are taken off here, so that both count it once)
         free_cpus = np.array([np.iinfo(np.int32).max if n.free_cpus is None else n.free_cpus
                               for n in nodes], dtype=np.int64)
+        for v in ordered:
+            if not v.running:
+                for k in {k for k, _count in v.rows}:
+                    free_cpus[k] -= v.job.cpus_per_node or 1
         cpus = np.array([v.job.cpus_per_node or 1 for v in ordered], dtype=np.int64)
         return {"colocated": self.table.colocated, "packed": self.pairs,
                 "may_share": may_share, "may_host": may_share & (waits | alone),
