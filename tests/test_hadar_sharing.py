@@ -21,7 +21,7 @@ from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot, gpus_in_use
 from hadar_slurm.policy.hadar import HadarPolicy, HadarState
-from hadar_slurm.policy.sharing import pack_waiting, pair_gain, shared_finish
+from hadar_slurm.policy.sharing import pack_waiting, pair_gain, shared_finish, waiting_starts
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_gavel_json
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.cluster import parse_counts
@@ -64,6 +64,57 @@ def test_pair_gain_by_hand() -> None:
     assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, behind=1.0) == pytest.approx(900.0)
     # weights count: job 1 weighted 2 loses 2 x 180, job 2 gains 540
     assert pair_gain(720.0, 720.0, 0.8, 0.8, 2.0, 1.0) == pytest.approx(180.0)
+
+
+def test_pair_gain_counts_when_the_guest_would_start_apart() -> None:
+    # The pair of equal 720 s jobs above, but apart the second starts at 100 (GPUs another job
+    # frees), not at 720: it ends at 820 instead of 1440.  A - B = (720 - 900) + (820 - 900) =
+    # -260: the pair does not pay.  Starting at 720 (the host's end) is the default's 360.
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, wait=100.0) == pytest.approx(-260.0)
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, wait=720.0) == pytest.approx(360.0)
+    # A guest that would start only at 1080 apart (the round's end after the host's): it ends
+    # at 1800; A - B = (720 - 900) + (1800 - 900) = 720.  With jobs behind both (weight 1):
+    # they start at 1800 apart, at 900 together: 900 more, 1620.
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, wait=1080.0) == pytest.approx(720.0)
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, behind=1.0,
+                     wait=1080.0) == pytest.approx(1620.0)
+
+
+def test_waiting_starts_serves_the_jobs_ahead_first() -> None:
+    # Three v100s running jobs that end in 100, 300 and 720 s (1 step/s); jobs 3 and 4 wait.
+    # The first of them in the queue order gets the GPU freed at 100, the second the one
+    # freed at 300.
+    jobs = [make_job(0, 100, 0, "x"), make_job(1, 300, 0, "x"), make_job(2, 720, 0, "x"),
+            make_job(3, 720, 0, "y"), make_job(4, 720, 0, "y")]
+    snap = SimulatedCluster(jobs, parse_counts("v100=3"), table_with(0.8)).snapshot(
+        0, 0.0, 360.0, None)
+    placed = Placement(np.array([0, 1, 2]), np.array([0, 1, 2]), np.array([1, 1, 1]))
+    ran = np.array([True, True, True, False, False])
+    starts = waiting_starts(snap, placed, np.arange(5, dtype=np.int64), ran)
+    assert (starts(3, 0), starts(4, 0)) == (100.0, 300.0)
+    starts = waiting_starts(snap, placed, np.array([0, 1, 2, 4, 3], dtype=np.int64), ran)
+    assert (starts(3, 0), starts(4, 0)) == (300.0, 100.0)
+
+
+def test_a_guest_joins_the_host_whose_end_it_would_wait_for() -> None:
+    # Two v100s: x0 ends in 100 s, x1 in 720 s; y (720 s) waits.  Apart, y would start when
+    # x0 ends, at 100, and end at 820.  Joining x1 (0.8 each) ends both at 900: A - B =
+    # (720 - 900) + (820 - 900) = -260.  Joining x0 ends x0 at 125 and y at 745: (100 - 125)
+    # + (820 - 745) = 50.  y joins x0.  (Counted as one after the other on the host's GPUs,
+    # as before, y would have joined x1: 720 + 720 = 1440 apart, a gain of 360.)
+    jobs = [make_job(0, 100, 0, "x"), make_job(1, 720, 0, "x"), make_job(2, 720, 0, "y")]
+    snap = SimulatedCluster(jobs, parse_counts("v100=2"), table_with(0.8)).snapshot(
+        0, 0.0, 360.0, None)
+    placed = Placement(np.array([0, 1]), np.array([0, 1]), np.array([1, 1]))
+    _p, pairs, _g, _d = pack_waiting(snap, placed, np.array([0, 1, 2], dtype=np.int64))
+    assert pairs == ((0, 2),)
+    # With x0 gone (a 1-GPU cluster of x1 alone), y would wait for x1's end: it joins x1.
+    alone = SimulatedCluster(jobs[1:], parse_counts("v100=1"), table_with(0.8)).snapshot(
+        0, 0.0, 360.0, None)
+    _p, pairs, _g, _d = pack_waiting(alone, Placement(np.array([1]), np.array([0]),
+                                                      np.array([1])),
+                                     np.array([0, 1], dtype=np.int64))
+    assert pairs == ((1, 2),)
 
 
 # -- scenarios in the simulator ----------------------------------------------------------------
