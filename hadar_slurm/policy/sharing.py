@@ -126,14 +126,14 @@ def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
               behind: float = 0.0, wait: float | None = None) -> float:
     """How much sharing lowers weighted completion times, two jobs on one set of GPUs.
 
-    ``t1``/``t2``: the remaining times alone of the job first and the job second in the queue
-    order; ``s1``/``s2``: the share of its own speed each keeps while they share; ``w1``/``w2``
-    their weights; ``behind``: the weight of jobs that start on these GPUs only once both are
-    done; ``wait``: when the second would start if it did not share (at most ``t1``, the
-    default: when the first ends).  ``A``: apart, the first alone, the second from ``wait``
-    (ends ``t1`` and ``wait + t2``).  ``B``: together until one ends, the other alone after
-    (:func:`shared_finish`).  Returns ``A - B`` of the weighted completion times (> 0: the
-    pair pays)."""
+    ``t1``/``t2``: the remaining times alone of the job that holds the GPUs (the host) and of
+    the one that would join it; ``s1``/``s2``: the share of its own speed each keeps while they
+    share; ``w1``/``w2`` their weights; ``behind``: the weight of jobs that start on these GPUs
+    only once both are done; ``wait``: when the second would start if it did not share (by
+    default ``t1``, when the first ends: the two one after the other).  ``A``: apart, the
+    first alone, the second from ``wait`` (ends ``t1`` and ``wait + t2``).  ``B``: together
+    until one ends, the other alone after (:func:`shared_finish`).  Returns ``A - B`` of the
+    weighted completion times (> 0: the pair pays)."""
     b1, b2 = shared_finish(t1, t2, s1, s2)
     start = t1 if wait is None else max(wait, 0.0)
     return (w1 * (t1 - b1) + w2 * (start + t2 - b2)
