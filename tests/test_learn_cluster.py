@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hadar_slurm.rates.store import ThroughputStore
+from hadar_slurm.rates.store import LEARN_WINDOW, ThroughputStore
 from tests.slurm_cluster import submit
 from tests.test_sidecar_cluster import NODE_TYPE, Workdir, wait_all, work
 
@@ -119,7 +119,13 @@ def test_sidecar_learns_running_jobs_rate_and_uses_it(work: Workdir) -> None:
         rounds = {round(x["iters"][0] / x["seconds"][0], 4) for x in history[1:]}  # 1: warm-up
         mine = [float(str(e["observed"])) for e in learned if e["job"] == job_id]
         assert set(mine) <= rounds  # each observation is a round the runtime committed
-        observed[job_id] = statistics.median(mine)
+    # The store decides over its window, the key's last LEARN_WINDOW observations: two jobs of
+    # 20 rounds each overflow it, and the earliest rounds no longer vote.
+    window = learned[-LEARN_WINDOW:]
+    for job_id in job_ids:
+        mine = [float(str(e["observed"])) for e in window if e["job"] == job_id]
+        if mine:
+            observed[job_id] = statistics.median(mine)
     with ThroughputStore(db) as store:
         entry = store.get(JOB_TYPE, 1, GPU_TYPE)
     assert entry is not None and entry.source == "learned", entry
