@@ -205,10 +205,15 @@ def waiting_starts(snapshot: Snapshot, placement: Placement, order: IntArray,
     pos = np.empty(snapshot.num_jobs, dtype=np.int64)
     pos[in_order] = np.arange(in_order.shape[0])
 
+    seen: dict[tuple[int, int], float] = {}  # (a guest is weighed against many hosts of a type)
+
     def starts(x: int, h: int) -> float:
-        need = int(scale[x]) + int(ahead[pos[x], h])
-        k = int(np.searchsorted(freed[h], need, side="left"))
-        return float(times[h][k]) if k < times[h].shape[0] else np.inf
+        got = seen.get((x, h))
+        if got is None:
+            need = int(scale[x]) + int(ahead[pos[x], h])
+            k = int(np.searchsorted(freed[h], need, side="left"))
+            got = seen[(x, h)] = float(times[h][k]) if k < times[h].shape[0] else np.inf
+        return got
 
     return starts
 
