@@ -117,6 +117,48 @@ def test_a_guest_joins_the_host_whose_end_it_would_wait_for() -> None:
     assert pairs == ((1, 2),)
 
 
+def test_pair_gain_counts_a_guest_that_would_end_sooner_elsewhere() -> None:
+    # The equal 720 s pair, the guest starting apart at the host's end (A - B = 360), but on
+    # GPUs of another type it would end at 460 (from now) apart: A - B = (720 - 900) + (460 -
+    # 900) = -620.  Ending there only at 1500, after 1440 on the host's GPUs, changes nothing.
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, wait=720.0,
+                     elsewhere=460.0) == pytest.approx(-620.0)
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, wait=720.0,
+                     elsewhere=1500.0) == pytest.approx(360.0)
+    # Jobs behind (weight 1) get the host's GPUs at its end, 720, when the guest goes
+    # elsewhere, and at 900 when the two share: 180 more lost, -800.
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, behind=1.0, wait=720.0,
+                     elsewhere=460.0) == pytest.approx(-800.0)
+
+
+def two_types(y_p100: float) -> ThroughputTable:
+    """``x`` and ``y`` as in :func:`table_with` (0.8) on a v100; on a p100 ``x`` at 1 step/s,
+    ``y`` at ``y_p100``, and the two may not share there."""
+    pair = [0.8, 0.8]
+    return parse_gavel_json(json.dumps({
+        "v100": {"('x', 1)": {"null": 1.0, "('y', 1)": pair},
+                 "('y', 1)": {"null": 1.0, "('x', 1)": pair}},
+        "p100": {"('x', 1)": {"null": 1.0, "('y', 1)": [0, 0]},
+                 "('y', 1)": {"null": y_p100, "('x', 1)": [0, 0]}},
+    }), "pairs.json")
+
+
+def test_a_guest_that_would_end_sooner_on_other_gpus_does_not_join() -> None:
+    # A v100 and a p100: x0 (720 s) on the v100, x1 (100 s) on the p100; y (720 steps)
+    # waits.  Joining x0 gains 360 if y would otherwise wait for x0's end (above).  But y does
+    # 2 steps/s on the p100: apart it starts there when x1 ends, at 100, and ends at 460, so
+    # the pair loses 620 and y does not join.  At 0.5 step/s on the p100 it would end there
+    # at 1540, after 1440: y joins x0 as before.
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 100, 0, "x"), make_job(2, 720, 0, "y")]
+    placed = Placement(np.array([0, 1]), np.array([0, 1]), np.array([1, 1]))
+    order = np.array([0, 1, 2], dtype=np.int64)
+    for y_p100, want in ((2.0, ()), (0.5, ((0, 2),))):
+        snap = SimulatedCluster(jobs, parse_counts("v100=1:p100=1"),
+                                two_types(y_p100)).snapshot(0, 0.0, 360.0, None)
+        _p, pairs, _g, _d = pack_waiting(snap, placed, order)
+        assert pairs == want, y_p100
+
+
 # -- scenarios in the simulator ----------------------------------------------------------------
 
 

@@ -15,7 +15,8 @@ waiting jobs in queue order, each with the host where it pays most, a host takin
    moment it would start without sharing, the first moment GPUs of the host's type free up
    for it once the waiting jobs ahead of it in the queue order have been served
    (:func:`waiting_starts`: each placed job ends after its remaining work at its rates), the
-   host's own end at the latest; or together until one ends and the other alone after
+   host's own end at the latest, or on GPUs of another type where it would end sooner (it
+   starts there by the same rule); or together until one ends and the other alone after
    (``B``).  The pair is formed only where ``B`` lowers the weighted sum of their completion
    times, plus the weight of the waiting jobs behind the guest that these GPUs serve (their
    weight over the cluster's GPUs), each of which starts when both are done.  So a short job
@@ -28,7 +29,10 @@ waiting jobs in queue order, each with the host where it pays most, a host takin
    slowed for nothing, and with HadarE pinning the jobs that bind its fork makespan, more
    jobs waited beside GPUs about to free up.  On ``bench.sharing --draws 4`` the traces worse
    on the mean of five draws went from 10 to 7 for Hadar and for HadarE.  Counting also that
-   a GPU freed mid-round idles to the round's end in fixed rounds paired more: 10 and 9.)
+   a GPU freed mid-round idles to the round's end in fixed rounds paired more: 10 and 9.
+   Until the same day ``A`` kept the guest to the host's type: a job preempted from its fast
+   type for a round joined a host on a slow one for that round, two restarts for nothing
+   (dgx/bursty-1.5: Hadar's JCT 1.018 of the unshared in all five draws, now 1.000).)
 3. **The makespan.**  Both jobs must still end by the drain target (``window``: Hadar's
    ``target - now``, HadarE's fork target), the one that outlives the other alone on the
    host's GPUs after it (:func:`shared_finish`), so that no pair pushes the plan's makespan
@@ -123,7 +127,8 @@ def shared_finish(t1: float, t2: float, s1: float, s2: float) -> tuple[float, fl
 
 
 def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
-              behind: float = 0.0, wait: float | None = None) -> float:
+              behind: float = 0.0, wait: float | None = None,
+              elsewhere: float | None = None) -> float:
     """How much sharing lowers weighted completion times, two jobs on one set of GPUs.
 
     ``t1``/``t2``: the remaining times alone of the job that holds the GPUs (the host) and of
@@ -131,13 +136,17 @@ def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
     share; ``w1``/``w2`` their weights; ``behind``: the weight of jobs that start on these GPUs
     only once both are done; ``wait``: when the second would start if it did not share (by
     default ``t1``, when the first ends: the two one after the other).  ``A``: apart, the
-    first alone, the second from ``wait`` (ends ``t1`` and ``wait + t2``).  ``B``: together
-    until one ends, the other alone after (:func:`shared_finish`).  Returns ``A - B`` of the
-    weighted completion times (> 0: the pair pays)."""
+    first alone, the second from ``wait`` (ends ``t1`` and ``wait + t2``), or, where it ends
+    sooner on other GPUs (``elsewhere``: when it would end there, from now), there, the
+    first's GPUs then free at ``t1``.  ``B``: together until one ends, the other alone after
+    (:func:`shared_finish`).  Returns ``A - B`` of the weighted completion times (> 0: the
+    pair pays)."""
     b1, b2 = shared_finish(t1, t2, s1, s2)
     start = t1 if wait is None else max(wait, 0.0)
-    return (w1 * (t1 - b1) + w2 * (start + t2 - b2)
-            + behind * (max(t1, start + t2) - max(b1, b2)))
+    end2, free = start + t2, max(t1, start + t2)
+    if elsewhere is not None and elsewhere < end2:
+        end2, free = elsewhere, t1
+    return w1 * (t1 - b1) + w2 * (end2 - b2) + behind * (free - max(b1, b2))
 
 
 def job_cpus(snapshot: Snapshot) -> IntArray:
@@ -273,6 +282,13 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     cpus_left = cpus_after(snapshot, placement, cpus)
     starts = waiting_starts(snapshot, placement, order, placed)
 
+    def elsewhere(x: int, h: int) -> float:
+        """When waiting job ``x`` would end apart on a type other than ``h``, at the soonest
+        (``inf``: on none)."""
+        return min((starts(x, g) + float(remaining[x]) / float(rate[x, g])
+                    for g in range(rate.shape[1]) if g != h and rate[x, g] > 0),
+                   default=np.inf)
+
     def gain_with(x: int, p: int, h: int) -> float | None:
         """What waiting job ``x`` joining host ``p`` on type ``h`` gains (None: not allowed)."""
         if scale[p] != scale[x] or rate[x, h] <= 0:
@@ -293,7 +309,8 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
         # 2: the completion times, the waiting jobs behind the guest included (per GPU).
         behind = float(weight[waiting & (pos > pos[x])].sum()) * per_gpu * float(scale[x])
         wait = min(starts(x, h), tp)
-        gain = pair_gain(tp, tx, sp, sx, float(weight[p]), float(weight[x]), behind, wait)
+        gain = pair_gain(tp, tx, sp, sx, float(weight[p]), float(weight[x]), behind, wait,
+                         elsewhere(x, h))
         if not again:
             # A guest that starts on the host's GPUs pays a start it would not pay waiting
             # (``migration_s``, once now and at most once when the pair ends), and the host
