@@ -18,10 +18,12 @@ from hadar_slurm.policy.hadar import (
     HadarPolicy,
     HadarState,
     drain_after_round,
+    drain_at,
     drain_estimate,
     ends_this_round,
     ideal_seconds,
     job_paths,
+    moves_pay,
     near_tie_held,
     restarted,
     round_progress,
@@ -449,6 +451,10 @@ def test_drain_after_round_counts_a_moves_cost_now_and_later() -> None:
     moved[0, ib] = 1
     assert drain_after_round(snap, kept, cap) == pytest.approx(900.0)
     assert drain_after_round(snap, moved, cap) == pytest.approx(1010.0)
+    # The same at given prices (one job: the longest job's time bounds it either way).
+    pi = np.array([0.5, 0.5])
+    assert drain_after_round(snap, kept, cap, pi) == pytest.approx(900.0)
+    assert drain_after_round(snap, moved, cap, pi) == pytest.approx(1010.0)
     # Without a move's cost the job moved is only what the round lost: 950 s.
     free = dataclasses.replace(snap, migration_s=0.0)
     assert drain_after_round(free, moved, cap) == pytest.approx(950.0)
@@ -458,6 +464,32 @@ def test_drain_after_round_counts_a_moves_cost_now_and_later() -> None:
     assert ideal_seconds(snap, moved) == pytest.approx(30.0)
     nearly = dataclasses.replace(snap, remaining=np.array([20.0]))
     assert ideal_seconds(nearly, kept) == pytest.approx(20.0)
+
+
+def test_drain_at_fixed_prices_compares_two_rounds_by_their_priced_work() -> None:
+    # One GPU of type a and one of b; three 1-GPU jobs of 100 steps: x runs at 1 step/s on a
+    # and 0.5 on b, y and z at 1 on both.  The fluid drain: x on a (100 s), y and z levelled
+    # over both types, 150 s; at the prices (0.5, 0.5) the bound is 50 + 50 + 50 = 150 s,
+    # exact, and the fit finds it.  At (0.6, 0.4): x 60, y 40, z 40, 140 s, still a lower
+    # bound (the longest job alone is 100 s).
+    scale = np.array([1, 1, 1])
+    rate = np.array([[1.0, 0.5], [1.0, 1.0], [1.0, 1.0]])
+    cap = np.array([1, 1])
+    rem = np.array([100.0, 100.0, 100.0])
+    assert drain_at(rem, scale, rate, cap, np.array([0.5, 0.5])) == pytest.approx(150.0)
+    assert drain_estimate(rem, scale, rate, cap)[0] == pytest.approx(150.0, rel=1e-3)
+    assert drain_at(rem, scale, rate, cap, np.array([0.6, 0.4])) == pytest.approx(140.0)
+    # A round of 10 s: x on a and y on b leave 90, 90, 100 (140 s at (0.5, 0.5)); x on b
+    # and y on a leave 95, 90, 100 (142.5 s).  At one set of prices the two differ by their
+    # priced work, 2.5 s, whatever a new fit of each would find.
+    pi = np.array([0.5, 0.5])
+    assert drain_at(np.array([90.0, 90.0, 100.0]), scale, rate, cap, pi) == pytest.approx(140.0)
+    assert drain_at(np.array([95.0, 90.0, 100.0]), scale, rate, cap, pi) == pytest.approx(142.5)
+    # The longest job bounds it from below: one job of 1,000 steps alone.
+    assert drain_at(np.array([1000.0]), np.array([1]), np.array([[1.0, 0.5]]), cap,
+                    pi) == pytest.approx(1000.0)
+    # A job no type runs is left out; nothing left drains at once.
+    assert drain_at(np.array([5.0]), np.array([1]), np.array([[0.0, 0.0]]), cap, pi) == 0.0
 
 
 def test_the_copies_of_one_job_restart_together() -> None:
@@ -520,6 +552,23 @@ def test_moves_that_pay_are_made() -> None:
     strict = HadarPolicy(move_margin=50.0).allocate(snap)
     assert types_of(snap, strict.placement, 21) == types_of(snap, snap.current, 21)
     assert types_of(snap, strict.placement, 25) == types_of(snap, snap.current, 25)
+
+
+def test_a_moves_gain_is_one_sum_so_two_plans_do_not_win_in_turn() -> None:
+    # A plan that works 73 s more this round but drains 46 s later, against its reverse, 73 s
+    # less for 46 s sooner (a move 7.3 s, margin 1.8 s): either test alone takes both, so two
+    # plans can win in turn; as one sum only the first gains.
+    margin = 0.25 * 7.3
+    assert moves_pay(73.2, -45.7, margin)
+    assert not moves_pay(-73.2, 45.7, margin)
+    assert moves_pay(-18.3, 64.6, margin)
+    assert not moves_pay(18.3, -64.6, margin)
+    # The fidelity trace's epochs of the two tests above: 228 s less work for 393 s sooner
+    # pays (a move 439 s, margin 110 s); 598 s less work for nothing does not, nor 50 s and
+    # 50 s together.
+    assert moves_pay(-227.7, 392.7, 109.7)
+    assert not moves_pay(-597.9, 0.0, 109.7)
+    assert not moves_pay(50.0, 50.0, 109.7)
 
 
 def test_moves_are_not_weighed_where_they_cost_nothing() -> None:

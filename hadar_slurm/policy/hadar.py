@@ -64,10 +64,11 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    kept for may not be there yet).
 9. **Moves must pay** (``move_margin``), where a move costs something (``migration_s``): when
    steps 1-8 move running jobs to other GPUs, the epoch is planned again with every running
-   job kept to the types it holds (or stopped), and the moving plan is taken only if it drains
-   the workload sooner (:func:`drain_after_round`) or does more work this round
-   (:func:`ideal_seconds`), the moves' costs counted, by more than ``move_margin`` of a
-   move's cost.  The split's levelling and the drain prices turn on small
+   job kept to the types it holds (or stopped), and the moving plan is taken only if what it
+   gains, the work this round does more (:func:`ideal_seconds`) plus how much sooner the work
+   left drains (:func:`drain_after_round`, both plans at this epoch's drain prices,
+   :func:`drain_at`), the moves' costs counted, is more than ``move_margin`` of a move's cost
+   (:func:`moves_pay`).  The split's levelling and the drain prices turn on small
    changes in the estimated progress (a run-wide offset of up to half a second changed 9% of
    the decisions of ``bench/data/fidelity.tsv``'s runs, ``bench/stability.py``), and live
    two runs of one trace parted there, between moves that gained nearly nothing either way;
@@ -252,7 +253,27 @@ def round_progress(snapshot: Snapshot, alloc: IntArray) -> FloatArray:
     return out
 
 
-def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray) -> float:
+def drain_at(remaining: FloatArray, scale: IntArray, rate: FloatArray, capacity: IntArray,
+             pi: FloatArray) -> float:
+    """The drain bound of :func:`drain_estimate` at the given type prices ``pi`` (normalised,
+    ``sum pi * c = 1``) rather than at prices fitted anew: ``sum_i min_h pi_h * GPU-seconds of
+    job i on h``, and at least the longest job on its fastest type.  A lower bound at any
+    prices; at one set of prices it is linear in the work left, so two workloads compare by
+    their difference in priced work, not by two fits' errors."""
+    ok = (rate > 0) & (capacity > 0)[None, :]
+    rem = np.maximum(remaining, 0.0)[:, None]
+    alone = np.divide(rem, rate, out=np.full(rate.shape, np.inf), where=ok)
+    gpu_s = np.where(ok, alone, 0.0) * scale[:, None]
+    priced = np.where(ok, gpu_s * pi[None, :], np.inf).min(axis=1)
+    fastest = alone.min(axis=1)
+    some = np.isfinite(fastest)
+    if not some.any():
+        return 0.0
+    return max(float(priced[some].sum()), float(fastest[some].max()))
+
+
+def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray,
+                      pi: FloatArray | None = None) -> float:
     """The drain bound (:func:`drain_estimate`) of the work left after a round of ``alloc``
     (:func:`round_progress`), lower when ``alloc`` drains the workload sooner.
 
@@ -268,7 +289,21 @@ def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray) -
     away = (alloc.sum(axis=1) > 0)[:, None] & (alloc == 0) & runs & (rem[:, None] > 0)
     rate = np.where(away, rem[:, None] / np.maximum(alone + float(snapshot.migration_s), 1e-300),
                     rate)
+    if pi is not None:
+        return drain_at(rem, snapshot.scale, rate, capacity, pi)
     return float(drain_estimate(rem, snapshot.scale, rate, capacity)[0])
+
+
+def moves_pay(more: float, sooner: float, margin: float) -> bool:
+    """Whether a plan that moves running jobs is taken over the one that keeps them (step 9
+    of the module docstring): what it gains, the work this round does more
+    (:func:`ideal_seconds`) plus how much sooner the work left drains
+    (:func:`drain_after_round`, both plans at this epoch's prices), both in seconds, is more
+    than ``margin``.  One sum, not either test alone: with either, two plans won in turn,
+    each on its own test (the one that drains sooner, then the one that works more), and
+    jobs went back and forth between two types every few rounds, each move a restart
+    (docs/algorithm.md, "A move's gain is one sum")."""
+    return more + sooner > margin
 
 
 def trial_types(main: BoolArray, worker_rate: FloatArray, spread: BoolArray) -> BoolArray:
@@ -562,12 +597,13 @@ class HadarPolicy:
                 stay = self._dispatch(snapshot, keep, current, worker_rate, ukey, age, order,
                                       capacity, floor, lo, hi)
                 margin = self.move_margin * float(snapshot.migration_s)
-                # (more work this round is the cheaper test: the drain bounds, two Lagrangian
-                # fits, only where it does not decide)
+                # (the drain bounds at this epoch's prices, not fitted anew: two fits differed
+                # by thousands of seconds where one round could move the bound by at most its
+                # length, and the moves their noise let through went back and forth)
                 more = ideal_seconds(snapshot, alloc) - ideal_seconds(snapshot, stay[0])
-                if not (more > margin
-                        or drain_after_round(snapshot, stay[0], capacity)
-                        - drain_after_round(snapshot, alloc, capacity) > margin):
+                sooner = (drain_after_round(snapshot, stay[0], capacity, pi)
+                          - drain_after_round(snapshot, alloc, capacity, pi))
+                if not moves_pay(more, sooner, margin):
                     alloc, payoff, status, planned, packed = stay
                     main = keep
                     withheld = np.flatnonzero(moved & (alloc == current).all(axis=1)).tolist()
@@ -800,5 +836,5 @@ class HadarPolicy:
 
 
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "carried_window",
-           "drain_estimate", "job_speed", "pooled_time", "repack_gangs", "restarted",
+           "drain_at", "drain_estimate", "job_speed", "pooled_time", "repack_gangs", "restarted",
            "round_progress", "trial_types", "upgrade_idle", "utility_bounds"]
