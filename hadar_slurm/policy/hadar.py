@@ -836,5 +836,6 @@ class HadarPolicy:
 
 
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "carried_window",
-           "drain_at", "drain_estimate", "job_speed", "pooled_time", "repack_gangs", "restarted",
+           "drain_at", "drain_estimate", "job_speed", "moves_pay", "pooled_time", "repack_gangs",
+           "restarted",
            "round_progress", "trial_types", "upgrade_idle", "utility_bounds"]
