@@ -273,8 +273,9 @@ def drain_at(remaining: FloatArray, scale: IntArray, rate: FloatArray, capacity:
 
 
 def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray,
-                      pi: FloatArray | None = None) -> float:
-    """The drain bound (:func:`drain_estimate`) of the work left after a round of ``alloc``
+                      pi: FloatArray) -> float:
+    """The drain bound at the type prices ``pi`` (:func:`drain_at`; the caller's, so that
+    plans compare by their priced work) of the work left after a round of ``alloc``
     (:func:`round_progress`), lower when ``alloc`` drains the workload sooner.
 
     After the round, a job that holds GPUs in ``alloc`` pays a move's cost again to run on a
@@ -289,9 +290,7 @@ def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray,
     away = (alloc.sum(axis=1) > 0)[:, None] & (alloc == 0) & runs & (rem[:, None] > 0)
     rate = np.where(away, rem[:, None] / np.maximum(alone + float(snapshot.migration_s), 1e-300),
                     rate)
-    if pi is not None:
-        return drain_at(rem, snapshot.scale, rate, capacity, pi)
-    return float(drain_estimate(rem, snapshot.scale, rate, capacity)[0])
+    return drain_at(rem, snapshot.scale, rate, capacity, pi)
 
 
 def moves_pay(more: float, sooner: float, margin: float) -> bool:
@@ -837,5 +836,4 @@ class HadarPolicy:
 
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "carried_window",
            "drain_at", "drain_estimate", "job_speed", "moves_pay", "pooled_time", "repack_gangs",
-           "restarted",
-           "round_progress", "trial_types", "upgrade_idle", "utility_bounds"]
+           "restarted", "round_progress", "trial_types", "upgrade_idle", "utility_bounds"]
