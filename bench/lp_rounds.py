@@ -10,7 +10,8 @@ is in turning a plan into rounds.  This bench takes the most direct way to do th
 HiGHS), runs for the round the configuration the LP gives the most time (of those with time
 left, the one that keeps most of what runs where it is), back-fills GPUs it leaves idle with
 the longest jobs on their fastest free type, and charges the live world's start and move
-costs; a job's round ends its work where it ends.  Each job runs on GPUs of one type; with
+costs; a job's round ends its work where it ends.  Each job runs on GPUs of one type (that
+LP equals the one with mixed gangs on these traces, ``bench.exact_bound``); with
 ``--forks`` a job may also run as node-disjoint copies of its scale factor (one per node with
 the GPUs, at most HadarE's ``max_copies`` in all, consolidation not charged), and the LP is
 then the fork bound's.
@@ -31,12 +32,10 @@ the LP.  Minutes per trace (the LP is solved again every round).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
-import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +43,7 @@ import numpy.typing as npt
 import scipy.optimize as opt
 import scipy.sparse as sp
 
+from bench.exact_bound import quiet_stdout
 from bench.report import write_rows
 from bench.robustness import instance, run_one, suite
 from hadar_slurm.costs import LiveCosts
@@ -53,20 +53,6 @@ from hadar_slurm.sim.bounds import bound_inputs, copy_room
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 ROUND_S = 360.0
-
-
-@contextlib.contextmanager
-def quiet_stdout() -> Iterator[None]:
-    """HiGHS's MIP prints debugging lines straight to the process's stdout; drop them."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 class Configurations:
