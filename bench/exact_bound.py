@@ -27,7 +27,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bench.report import write_rows
-from bench.robustness import CLUSTERS, instance, run_one, suite
+from bench.robustness import CLUSTERS, Case, Instance, instance, run_one, suite
+from hadar_slurm.policy.base import FloatArray, IntArray
 from hadar_slurm.sim.bounds import bound_inputs, config_makespan_bound
 
 
@@ -45,35 +46,45 @@ def quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def measure(seed_bases: Sequence[int], policies: Sequence[str],
-            only: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The rows, one per static trace (``only``: those whose names are listed)."""
-    rows = []
+StaticTrace = tuple[int, Case, Instance, FloatArray, IntArray, FloatArray, IntArray]
+
+
+def static_traces(seed_bases: Sequence[int], only: Sequence[str] = ()) -> Iterator[StaticTrace]:
+    """The suite's static traces (``only``: those whose names are listed), each as ``(seed
+    base, case, instance, work, scale factors, rates, GPUs per type)``."""
     for seed_base in seed_bases:
         for case in suite(seed_base):
             if not case.regime.startswith("static") or (only and case.name not in only):
                 continue
             inst = instance(case)
             _, work, scale, rate, capacity = bound_inputs(inst.jobs, inst.cluster, inst.table)
-            t0 = time.perf_counter()
-            with quiet_stdout():
-                config, exact = config_makespan_bound(work, scale, rate, capacity)
-            row: dict[str, Any] = {
-                "trace": case.name, "seed_base": seed_base, "generate": case.command(),
-                "fluid_bound_s": round(inst.bound, 1), "config_bound_s": round(config, 1),
-                "config_over_fluid": round(config / inst.bound, 5), "config_exact": exact,
-                "config_wall_s": round(time.perf_counter() - t0, 2),
-            }
-            for policy in policies:
-                res = run_one(case, policy, free_moves=False)
-                row[f"{policy}_makespan_s"] = res["makespan_s"]
-                row[f"{policy}_over_fluid"] = round(res["makespan_s"] / inst.bound, 4)
-                row[f"{policy}_over_config"] = round(res["makespan_s"] / config, 4)
-            rows.append(row)
-            print(f"{seed_base:4d} {case.name:20s} config/fluid {row['config_over_fluid']:.4f}"
-                  f" ({'exact' if exact else 'not exact'}, {row['config_wall_s']:.1f} s)  "
-                  + "  ".join(f"{p} {row[f'{p}_over_fluid']:.3f} / {row[f'{p}_over_config']:.3f}"
-                              for p in policies), flush=True)
+            yield seed_base, case, inst, work, scale, rate, capacity
+
+
+def measure(seed_bases: Sequence[int], policies: Sequence[str],
+            only: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The rows, one per static trace (``only``: those whose names are listed)."""
+    rows = []
+    for seed_base, case, inst, work, scale, rate, capacity in static_traces(seed_bases, only):
+        t0 = time.perf_counter()
+        with quiet_stdout():
+            config, exact = config_makespan_bound(work, scale, rate, capacity)
+        row: dict[str, Any] = {
+            "trace": case.name, "seed_base": seed_base, "generate": case.command(),
+            "fluid_bound_s": round(inst.bound, 1), "config_bound_s": round(config, 1),
+            "config_over_fluid": round(config / inst.bound, 5), "config_exact": exact,
+            "config_wall_s": round(time.perf_counter() - t0, 2),
+        }
+        for policy in policies:
+            res = run_one(case, policy, free_moves=False)
+            row[f"{policy}_makespan_s"] = res["makespan_s"]
+            row[f"{policy}_over_fluid"] = round(res["makespan_s"] / inst.bound, 4)
+            row[f"{policy}_over_config"] = round(res["makespan_s"] / config, 4)
+        rows.append(row)
+        print(f"{seed_base:4d} {case.name:20s} config/fluid {row['config_over_fluid']:.4f}"
+              f" ({'exact' if exact else 'not exact'}, {row['config_wall_s']:.1f} s)  "
+              + "  ".join(f"{p} {row[f'{p}_over_fluid']:.3f} / {row[f'{p}_over_config']:.3f}"
+                          for p in policies), flush=True)
     return rows
 
 

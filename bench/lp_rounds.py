@@ -43,12 +43,12 @@ import numpy.typing as npt
 import scipy.optimize as opt
 import scipy.sparse as sp
 
-from bench.exact_bound import quiet_stdout
+from bench.exact_bound import quiet_stdout, static_traces
 from bench.report import write_rows
-from bench.robustness import instance, run_one, suite
+from bench.robustness import run_one
 from hadar_slurm.costs import LiveCosts
 from hadar_slurm.policy.hadare import HadarEPolicy
-from hadar_slurm.sim.bounds import bound_inputs, copy_room
+from hadar_slurm.sim.bounds import copy_room
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -222,38 +222,33 @@ def full_rounds_bound(work: FloatArray, scale: IntArray, rate: FloatArray,
 def measure(seed_bases: Sequence[int], only: Sequence[str], forks: bool) -> list[dict[str, Any]]:
     policy = "hadare" if forks else "hadar"
     rows = []
-    for seed_base in seed_bases:
-        for case in suite(seed_base):
-            if not case.regime.startswith("static") or (only and case.name not in only):
-                continue
-            inst = instance(case)
-            _, work, scale, rate, capacity = bound_inputs(inst.jobs, inst.cluster, inst.table)
-            fits = (capacity[None, :] >= scale[:, None]).astype(np.int64)
-            copies = np.maximum(copy_room(scale, inst.cluster), fits) if forks else fits
-            t0 = time.perf_counter()
-            lp, made, jct, moves = realize(work, scale, rate, capacity, copies, LiveCosts(),
-                                           HadarEPolicy().max_copies if forks else 1)
-            # (copies give a job several paces in one round, which the bound does not model)
-            full = None if forks else full_rounds_bound(work, scale, rate, capacity)
-            res = run_one(case, policy, free_moves=False)
-            ran = res["makespan_s"]
-            row: dict[str, Any] = {
-                "trace": case.name, "seed_base": seed_base, "forks": forks,
-                "lp_s": round(lp, 1), "realized_s": round(made, 1),
-                "realized_over_lp": round(made / lp, 4), "realized_moves": moves,
-                "realized_avg_jct_s": round(jct, 1), f"{policy}_avg_jct_s": res["avg_jct_s"],
-                f"realized_jct_over_{policy}": round(jct / res["avg_jct_s"], 4),
-                "full_rounds_bound_s": None if full is None else round(full, 1),
-                "full_rounds_over_lp": None if full is None else round(full / lp, 4),
-                f"{policy}_s": ran, f"{policy}_over_lp": round(ran / lp, 4),
-                "wall_s": round(time.perf_counter() - t0, 1),
-            }
-            rows.append(row)
-            print(f"{seed_base:4d} {case.name:20s} LP {lp:9.0f} s  realized {made / lp:.3f}"
-                  f" ({moves} moves, JCT {jct / res['avg_jct_s']:.2f}x {policy}'s)"
-                  + ("" if full is None else f"  full rounds >= {full / lp:.3f}")
-                  + f"  {policy} {ran / lp:.3f}"
-                  f"  ({row['wall_s']:.0f} s)", flush=True)
+    for seed_base, case, inst, work, scale, rate, capacity in static_traces(seed_bases, only):
+        fits = (capacity[None, :] >= scale[:, None]).astype(np.int64)
+        copies = np.maximum(copy_room(scale, inst.cluster), fits) if forks else fits
+        t0 = time.perf_counter()
+        lp, made, jct, moves = realize(work, scale, rate, capacity, copies, LiveCosts(),
+                                       HadarEPolicy().max_copies if forks else 1)
+        # (copies give a job several paces in one round, which the bound does not model)
+        full = None if forks else full_rounds_bound(work, scale, rate, capacity)
+        res = run_one(case, policy, free_moves=False)
+        ran = res["makespan_s"]
+        row: dict[str, Any] = {
+            "trace": case.name, "seed_base": seed_base, "forks": forks,
+            "lp_s": round(lp, 1), "realized_s": round(made, 1),
+            "realized_over_lp": round(made / lp, 4), "realized_moves": moves,
+            "realized_avg_jct_s": round(jct, 1), f"{policy}_avg_jct_s": res["avg_jct_s"],
+            f"realized_jct_over_{policy}": round(jct / res["avg_jct_s"], 4),
+            "full_rounds_bound_s": None if full is None else round(full, 1),
+            "full_rounds_over_lp": None if full is None else round(full / lp, 4),
+            f"{policy}_s": ran, f"{policy}_over_lp": round(ran / lp, 4),
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
+        rows.append(row)
+        print(f"{seed_base:4d} {case.name:20s} LP {lp:9.0f} s  realized {made / lp:.3f}"
+              f" ({moves} moves, JCT {jct / res['avg_jct_s']:.2f}x {policy}'s)"
+              + ("" if full is None else f"  full rounds >= {full / lp:.3f}")
+              + f"  {policy} {ran / lp:.3f}"
+              f"  ({row['wall_s']:.0f} s)", flush=True)
     return rows
 
 
