@@ -47,11 +47,10 @@ from bench.exact_bound import quiet_stdout, static_traces
 from bench.report import write_rows
 from bench.robustness import run_one
 from hadar_slurm.costs import LiveCosts
+from hadar_slurm.policy.base import FloatArray, IntArray
 from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sim.bounds import copy_room
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 ROUND_S = 360.0
 
 
