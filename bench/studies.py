@@ -115,6 +115,22 @@ def others(cl: ClusterSpec, table: ThroughputTable, seed: int) -> list[Job]:
                                  multi_gpu=0.2), cl, table)
 
 
+def sh_fluid_s(case: Case, table: ThroughputTable, cl: ClusterSpec) -> float:
+    """The least time in which any schedule can run ``case``'s study under synchronous
+    halving on ``cl`` alone: the work of every rung (the trials that reach it, each from the
+    last rung's steps to its own) over the cluster's summed rate for the model, as if every
+    GPU worked on the study at once, with no start, move or consolidation.  The static run's
+    time over it is the most that ours can be faster (``sh_speedup_reachable``)."""
+    spec = case.spec(table, Rule.SH)
+    steps = (0.0, *spec.rung_steps)
+    trials, work = case.trials, 0.0
+    for k in range(case.rungs):
+        work += trials * (steps[k + 1] - steps[k])
+        trials = spec.survivors(trials)
+    rate = sum(table.rate(case.job_type, 1, node.gpu_type) * node.gpus for node in cl.nodes)
+    return work / rate
+
+
 def half_of_each_type(cl: ClusterSpec) -> list[int]:
     """Half the nodes of each GPU type (rounded up): the static partition of ``mixed``."""
     pool: list[int] = []
@@ -157,6 +173,8 @@ def _run_case(case: Case, scenario: str) -> list[dict[str, Any]]:
         res, wall = _simulate(case, rule, allocation, cl, table, costs, background, arrival)
         rows.append({"case": case.name, "scenario": scenario, "run": label,
                      "model": case.job_type, **res.studies[0].row(),
+                     **({"sh_fluid_s": round(sh_fluid_s(case, table, cl), 1)}
+                        if label == "static-sh" and not background else {}),
                      "others_avg_jct_s": (round(res.others_avg_jct_s, 1) if background
                                           else None),
                      "others_completed": res.others_completed if background else None,
@@ -225,6 +243,10 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             v["same_best_asha_any_order"] = by["ours-asha"]["best_trial"] in bests
             v["asha_static_final_range"] = [min(r["best_final"] for r in static),
                                             max(r["best_final"] for r in static)]
+        if by["static-sh"].get("sh_fluid_s"):
+            # (alone: the most any schedule could gain on the static run under sh)
+            v["sh_speedup_reachable"] = round(
+                by["static-sh"]["time_to_best_s"] / by["static-sh"]["sh_fluid_s"], 3)
         if scenario == "mixed":
             alone = by["no study"]["others_avg_jct_s"]
             for rule in ("asha", "sh", "hb"):
@@ -318,6 +340,13 @@ def spread_text(checks: list[dict[str, Any]]) -> str:
             f"{sum(v['hb_met'] for v in vs):8d}/{len(vs)} "
             f"{sum(len(v.get('asha_static_bests', [])) > 1 for v in vs):31d}/{len(vs)} "
             f"{sum(bool(v.get('same_best_asha_any_order')) for v in vs):22d}/{len(vs)}")
+    reach = [v for v in checks if "sh_speedup_reachable" in v]
+    if reach:
+        out = [f"{_label(v)} ({v['sh_speedup_reachable']:.2f}x at most)" for v in reach
+               if v["sh_speedup_reachable"] < GOAL_SH]
+        lines.append(f"alone, sh: {GOAL_SH:g}x out of reach of any schedule on {len(out)} of "
+                     f"{len(reach)} (the static run's time over the study's fluid time)"
+                     + (f": {', '.join(out)}" if out else ""))
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ import pytest
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
-from hadar_slurm.rates.table import ThroughputTable
+from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.studies.curves import LearningCurves
 from hadar_slurm.studies.halving import Verdict, best_trial, cohorts, verdicts
 from hadar_slurm.studies.sim import StudyCluster, StudyRun, simulate_studies
@@ -365,6 +365,11 @@ def test_bench_studies_writes_every_run_and_its_checks(tmp_path: Path) -> None:
     assert np.isclose(check["hb_speedup"],
                       by["static-hb"]["time_to_best_s"] / by["ours-hb"]["time_to_best_s"],
                       rtol=1e-2)
+    # alone, no schedule beats the study's fluid time: ours-sh is at most that much faster
+    assert by["static-sh"]["sh_fluid_s"] > 0
+    assert check["sh_speedup_reachable"] == pytest.approx(
+        by["static-sh"]["time_to_best_s"] / by["static-sh"]["sh_fluid_s"], rel=1e-2)
+    assert check["sh_speedup"] <= check["sh_speedup_reachable"]
     # static ASHA with the nodes listed K80s first and P100s first: the checks gather its bests
     assert by["static-asha/k80"]["node_order"] == ["k80", "p100", "v100"]
     bests = {by[k]["best_trial"] for k in ("static-asha", "static-asha/k80", "static-asha/p100")}
@@ -408,3 +413,16 @@ def test_bench_studies_weighs_the_other_jobs_against_their_run_without_the_study
     assert v["others_vs_no_study_hb"] == [0.99, 0.9]
     assert v["others_vs_no_study_asha"] == [1.02, 1.0]
     assert "hb 0.990, 0.900" in studies.table_text(rows, [v])
+
+
+def test_the_sh_fluid_time_is_every_rungs_work_over_the_clusters_rate() -> None:
+    # recsys-48: 48 trials, eta 4, 3 rungs at M/16, M/4 and M steps; synchronous halving
+    # sends 12 on, then 3: 48 M/16 + 12 (M/4 - M/16) + 3 (M - M/4) = 3 M + 2.25 M + 2.25 M
+    from bench import studies
+
+    case = next(c for c in studies.CASES if c.name == "recsys-48")
+    table = default_table()
+    cl = studies.cluster()
+    m = case.spec(table, Rule.SH).max_steps
+    rate = 4 * sum(table.rate(case.job_type, 1, t) for t in ("v100", "p100", "k80"))
+    assert studies.sh_fluid_s(case, table, cl) == pytest.approx(7.5 * m / rate)
