@@ -115,19 +115,29 @@ def others(cl: ClusterSpec, table: ThroughputTable, seed: int) -> list[Job]:
                                  multi_gpu=0.2), cl, table)
 
 
+def gpu_rate(job_type: str, gpu_type: str, table: ThroughputTable) -> float:
+    """The most steps/s one GPU of ``gpu_type`` gives trials of ``job_type``: one trial
+    alone, or two sharing it at the table's co-located rates where the pair does more (ours
+    shares GPUs)."""
+    alone = table.rate(job_type, 1, gpu_type)
+    a, b = table.colocated.pair_rate(job_type, job_type, 1, gpu_type)
+    return max(alone, a + b)
+
+
 def sh_fluid_s(case: Case, table: ThroughputTable, cl: ClusterSpec) -> float:
     """The least time in which any schedule can run ``case``'s study under synchronous
     halving on ``cl`` alone: the work of every rung (the trials that reach it, each from the
-    last rung's steps to its own) over the cluster's summed rate for the model, as if every
-    GPU worked on the study at once, with no start, move or consolidation.  The static run's
-    time over it is the most that ours can be faster (``sh_speedup_reachable``)."""
+    last rung's steps to its own) over the cluster's summed rate for the model
+    (:func:`gpu_rate`: shared GPUs counted), as if every GPU worked on the study at once,
+    with no start, move or consolidation.  The static run's time over it is the most that
+    ours can be faster (``sh_speedup_reachable``)."""
     spec = case.spec(table, Rule.SH)
     steps = (0.0, *spec.rung_steps)
     trials, work = case.trials, 0.0
     for k in range(case.rungs):
         work += trials * (steps[k + 1] - steps[k])
         trials = spec.survivors(trials)
-    rate = sum(table.rate(case.job_type, 1, node.gpu_type) * node.gpus for node in cl.nodes)
+    rate = sum(gpu_rate(case.job_type, node.gpu_type, table) * node.gpus for node in cl.nodes)
     return work / rate
 
 
