@@ -20,12 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.report import write_rows
-from bench.robustness import instance, named, suite
-from hadar_slurm.costs import LiveCosts
+from bench.robustness import instance, named, run_one, suite
 from hadar_slurm.loop import EpochRecord
-from hadar_slurm.policy import make_policy
 from hadar_slurm.sim.backend import SimulatedCluster
-from hadar_slurm.sim.run import simulate
 
 
 def pauses(running: Sequence[frozenset[int]]) -> Counter[int]:
@@ -49,9 +46,7 @@ def measure(policy: str, seed_base: int, only: Sequence[str]) -> list[dict[str, 
             if rec.full:
                 running.append(frozenset(int(j) for j in cluster.current.by_job()))
 
-        live = LiveCosts()
-        res = simulate(inst.jobs, inst.cluster, inst.table, make_policy(policy),
-                       migration_cost_s=live.move_s, start_cost_s=live.start_s, on_epoch=seen)
+        res = run_one(case, policy, free_moves=False, on_epoch=seen)
         count = pauses(running)
         width = {j.job_id: j.scale_factor for j in inst.jobs}
         row: dict[str, Any] = {
@@ -59,8 +54,8 @@ def measure(policy: str, seed_base: int, only: Sequence[str]) -> list[dict[str, 
             "pauses": sum(count.values()), "jobs_paused": len(count),
             "gpu_rounds_paused": sum(n * width[j] for j, n in count.items()),
             "most": [[j, n] for j, n in count.most_common(3)],
-            "full_epochs": len(running), "makespan_s": round(res.makespan_s, 1),
-            "avg_jct_s": round(res.avg_jct_s, 1),
+            "full_epochs": len(running), "makespan_s": res["makespan_s"],
+            "avg_jct_s": res["avg_jct_s"],
         }
         rows.append(row)
         print(f"{case.name:24s} pauses {row['pauses']:4d}  jobs {row['jobs_paused']:3d}  "

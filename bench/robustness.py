@@ -39,7 +39,7 @@ import functools
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +50,12 @@ import numpy as np
 from bench.report import write_rows
 from hadar_slurm.cli.trace import sim_throughputs
 from hadar_slurm.costs import LiveCosts
+from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.rates.table import ThroughputTable
+from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.bounds import (
     bound_inputs,
     copy_room,
@@ -156,7 +158,11 @@ def instance(case: Case) -> Instance:
 
 
 def run_one(case: Case, policy: str, free_moves: bool,
-            reschedule_on_finish: bool = False, pin_binding: bool = True) -> dict[str, Any]:
+            reschedule_on_finish: bool = False, pin_binding: bool = True,
+            on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
+            ) -> dict[str, Any]:
+    """One run of ``policy`` on ``case``'s trace, as a row (``on_epoch``: called after each
+    epoch with its record and the simulated cluster, as :func:`simulate` does)."""
     inst = instance(case)
     jobs, cluster, table = inst.jobs, inst.cluster, inst.table
     bound, fork, fork_any, load = inst.bound, inst.fork, inst.fork_any, inst.load
@@ -166,7 +172,8 @@ def run_one(case: Case, policy: str, free_moves: bool,
     settings: dict[str, object] = {"pin_binding": False} if not pin_binding \
         and policy == "hadare" else {}
     res = simulate(jobs, cluster, table, make_policy(policy, **settings), migration_cost_s=move_s,
-                   start_cost_s=start_s, reschedule_on_finish=reschedule_on_finish)
+                   start_cost_s=start_s, reschedule_on_finish=reschedule_on_finish,
+                   on_epoch=on_epoch)
     return {
         "trace": case.name, "regime": case.regime, "cluster": case.cluster_name,
         "cluster_spec": case.cluster, "generate": case.command(), "policy": policy,
