@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hadar_slurm.sim.bounds import config_makespan_bound, fluid_makespan_bound
+from hadar_slurm.model import ClusterSpec, Node
+from hadar_slurm.sim.bounds import (
+    config_makespan_bound,
+    copy_room,
+    fluid_makespan_bound,
+    fork_makespan_bound,
+)
 
 I64 = np.int64
 
@@ -124,3 +130,75 @@ def test_the_exact_bound_bench_on_two_static_traces() -> None:
     assert [r["trace"] for r in rows] == ["gavel/static-1gpu", "five/static-gangs"]
     assert all(r["config_exact"] for r in rows)
     assert all(r["config_over_fluid"] >= 1 - 1e-6 for r in rows)
+
+
+def test_the_exact_bound_bench_with_forks_measures_against_the_fork_bound() -> None:
+    # --forks: the fluid side is the fork bound (a third of the gang bound on this one-GPU
+    # trace, where every job may run as up to 4 copies), and the configuration LP with copies
+    # is at least it, and exact.
+    from bench.exact_bound import measure
+    from bench.robustness import instance, named, suite
+
+    rows = measure([0], [], only=["gavel/static-1gpu"], forks=True)
+    inst = instance(named(suite(0), ["gavel/static-1gpu"])[0])
+    assert [r["forks"] for r in rows] == [True]
+    assert rows[0]["fluid_bound_s"] == pytest.approx(inst.fork, abs=0.1)
+    assert inst.fork < 0.5 * inst.bound
+    assert rows[0]["config_exact"]
+    assert rows[0]["config_over_fluid"] >= 1 - 1e-6
+
+
+def fork_both(work: list[float], scale: list[int], rate: list[list[float]],
+              nodes: list[tuple[str, int]], copies: int) -> tuple[float, float, bool]:
+    """The fork bound's fluid and configuration LPs on a cluster of ``nodes`` (gpu type,
+    GPUs), rates per type in the order the types first appear."""
+    cluster = ClusterSpec(tuple(Node(f"n{k}", t, g) for k, (t, g) in enumerate(nodes)),
+                          tuple(dict.fromkeys(t for t, _ in nodes)))
+    w, s, r = np.array(work), np.array(scale, dtype=I64), np.array(rate)
+    c = np.array([cluster.capacity(t) for t in cluster.gpu_types], dtype=I64)
+    room = copy_room(s, cluster)
+    fluid = fork_makespan_bound(np.zeros(len(work)), w, s, r, c, copies=copies, room=room)
+    config, exact = config_makespan_bound(w, s, r, c, room=room, copies=copies)
+    return fluid, config, exact
+
+
+def test_fork_bound_copies_fill_the_gpus_a_gang_leaves_and_gangs_still_never_overlap() -> None:
+    # Two nodes of 2 GPUs.  A: a 2-GPU job of 4 s (it fits on one node, so it may fork: one
+    # copy per node, twice its speed); B: a 4-GPU job of 2 s, which spans both nodes and can
+    # never fork.  A and B never run at once (6 GPUs).  Without copies: 4 s + 2 s = 6 s.
+    # With two copies A takes 2 s on all four GPUs, then B 2 s: 4 s, and the fluid fork
+    # bound (A's 8 GPU-seconds and B's 8 over 4 GPUs) says 4 s too.
+    nodes = [("v100", 2), ("v100", 2)]
+    fluid, config, exact = fork_both([4.0, 2.0], [2, 4], [[1.0], [1.0]], nodes, copies=2)
+    assert config == pytest.approx(4.0)
+    assert fluid == pytest.approx(4.0)
+    assert exact is True
+    # One copy at most: no fork, the plain configuration bound.
+    _, one, _ = fork_both([4.0, 2.0], [2, 4], [[1.0], [1.0]], nodes, copies=1)
+    assert one == pytest.approx(6.0)
+
+
+def test_fork_bound_two_gangs_that_cannot_fork_still_take_turns() -> None:
+    # Three nodes of 2 GPUs, two 4-GPU jobs of 2 s: neither fits on a node, so neither forks,
+    # and two never fit at once (8 GPUs): 4 s.  The fluid fork bound runs them side by side
+    # in fractions: 16 GPU-seconds over 6 GPUs, 2.67 s (each job's own 2 s less).
+    nodes = [("v100", 2)] * 3
+    fluid, config, exact = fork_both([2.0, 2.0], [4, 4], [[1.0], [1.0]], nodes, copies=4)
+    assert fluid == pytest.approx(16.0 / 6.0)
+    assert config == pytest.approx(4.0)
+    assert exact is True
+
+
+def test_fork_bound_copies_only_on_types_with_room_and_at_their_rates() -> None:
+    # A 1-GPU job of 6 s on a v100 (3 s on an a100); a v100 node of 1 GPU and two a100 nodes
+    # of 2.  Copies are node-disjoint: room for 1 on the v100s, 2 on the a100s (not 4).  At
+    # most 3 copies: 1/6 + 2/3 of its work a second, 1.2 s; capped at 2, the two a100 ones,
+    # 1.5 s; at 1, no fork: 3 s.
+    nodes = [("v100", 1), ("a100", 2), ("a100", 2)]
+    _, config, exact = fork_both([6.0], [1], [[1.0, 2.0]], nodes, copies=3)
+    assert config == pytest.approx(6.0 / 5.0)
+    assert exact is True
+    _, capped, _ = fork_both([6.0], [1], [[1.0, 2.0]], nodes, copies=2)
+    assert capped == pytest.approx(1.5)
+    _, one, _ = fork_both([6.0], [1], [[1.0, 2.0]], nodes, copies=1)
+    assert one == pytest.approx(3.0)

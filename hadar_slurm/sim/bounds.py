@@ -201,10 +201,15 @@ class _Pricing:
     all at least as fast for it as its *pace* type, whose whole-job rate it progresses at (a
     synchronous gang, as the simulator runs one); otherwise all of one type.  Variables:
     ``z[i, m]`` (binary: job ``i`` runs at pace ``m``), and with ``mixed`` ``n[i, h]``
-    (integer: its GPUs of type ``h``)."""
+    (integer: its GPUs of type ``h``).  With ``fork_room`` (jobs x types, :func:`copy_room`) a job
+    may instead run as forked copies (HadarE): ``b[i]`` (binary: copy mode, exclusive with
+    every ``z[i, m]``) and ``c[i, h]`` (integer: its one-node copies on type ``h``, each on
+    ``scale[i]`` GPUs, at most ``fork_room[i, h]`` and ``copies[i]`` in all), progressing at the
+    sum of its copies' rates (consolidation not counted)."""
 
     def __init__(self, scale: IntArray, rate: FloatArray, capacity: IntArray,
-                 jobs: npt.NDArray[np.bool_], mixed: bool) -> None:
+                 jobs: npt.NDArray[np.bool_], mixed: bool,
+                 fork_room: IntArray | None = None, copies: IntArray | None = None) -> None:
         n, h = rate.shape
         usable = (rate > 0) & (capacity[None, :] > 0) & jobs[:, None]
         if not mixed:
@@ -221,20 +226,55 @@ class _Pricing:
         ni, nh = (np.nonzero((rate > 0) & (capacity[None, :] > 0) & jobs[:, None]) if mixed
                   else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
         nn = ni.shape[0]
-        self.num_vars = nz + nn
+        # forked copies (``fork_room``): job i in copy mode (b[i], binary) runs c[i, t]
+        # one-node copies on type t, each on scale_i GPUs, at most fork_room[i, t] there and
+        # copies[i] in all
+        if fork_room is None:
+            ci = ct = np.zeros(0, dtype=np.int64)
+        else:
+            can_copy = (fork_room > 0) & (rate > 0) & (capacity[None, :] > 0) & jobs[:, None]
+            can_copy &= (copies[:, None] > 1) if copies is not None else True
+            ci, ct = np.nonzero(can_copy)
+        bi = np.unique(ci)
+        nb, ncp = bi.shape[0], ci.shape[0]
+        self.ci, self.ct = ci, ct
+        self.copy_rate = rate[ci, ct]
+        self.num_vars = nz + nn + nb + ncp
         zc, nc = np.arange(nz), nz + np.arange(nn)
+        bc, cc = nz + nn + np.arange(nb), nz + nn + nb + np.arange(ncp)
+        b_of = np.full(n, -1, dtype=np.int64)
+        b_of[bi] = np.arange(nb)
         s = scale.astype(np.float64)
 
         def block(vals: FloatArray, r: IntArray, c: IntArray, num_rows: int) -> sp.csr_matrix:
             return sp.csr_matrix((vals, (r, c)), shape=(num_rows, self.num_vars))
 
         cap = capacity.astype(np.float64)
-        # one pace per job
-        rows = [block(np.ones(nz), self.zi, zc, n)]
+        # one pace per job, or copy mode
+        rows = [block(np.ones(nz + nb), np.concatenate([self.zi, bi]), np.concatenate([zc, bc]),
+                      n)]
         lo, hi = [np.full(n, -np.inf)], [np.ones(n)]
+        if ncp:
+            assert fork_room is not None
+            # c[i, t] <= fork_room[i, t] * b[i]  and  sum_t c[i, t] <= copies[i] * b[i]
+            most = (np.full(n, np.inf) if copies is None
+                    else copies.astype(np.float64))
+            held = fork_room[ci, ct].astype(np.float64)
+            rows.append(block(np.concatenate([np.ones(ncp), -held]),
+                              np.concatenate([np.arange(ncp), np.arange(ncp)]),
+                              np.concatenate([cc, bc[b_of[ci]]]), ncp))
+            lo.append(np.full(ncp, -np.inf))
+            hi.append(np.zeros(ncp))
+            cap_b = np.minimum(most[bi], np.bincount(ci, weights=held, minlength=n)[bi])
+            rows.append(block(np.concatenate([np.ones(ncp), -cap_b]),
+                              np.concatenate([b_of[ci], np.arange(nb)]),
+                              np.concatenate([cc, bc]), nb))
+            lo.append(np.full(nb, -np.inf))
+            hi.append(np.zeros(nb))
         if not mixed:
-            # per type: sum_i scale_i * z[i, h] <= c_h
-            rows.append(block(s[self.zi], self.zm, zc, h))
+            # per type: sum_i scale_i * z[i, h] (+ scale_i * c[i, h]) <= c_h
+            rows.append(block(np.concatenate([s[self.zi], s[ci]]),
+                              np.concatenate([self.zm, ct]), np.concatenate([zc, cc]), h))
             lo.append(np.full(h, -np.inf))
             hi.append(cap)
         else:
@@ -258,14 +298,16 @@ class _Pricing:
                               np.concatenate([np.asarray(pair_c, dtype=np.int64), nc]), nn))
             lo.append(np.full(nn, -np.inf))
             hi.append(np.zeros(nn))
-            # per type: sum_i n[i, h] <= c_h
-            rows.append(block(np.ones(nn), nh, nc, h))
+            # per type: sum_i n[i, h] (+ scale_i * c[i, h]) <= c_h
+            rows.append(block(np.concatenate([np.ones(nn), s[ci]]), np.concatenate([nh, ct]),
+                              np.concatenate([nc, cc]), h))
             lo.append(np.full(h, -np.inf))
             hi.append(cap)
         self.constraints = opt.LinearConstraint(sp.vstack(rows).tocsr(), np.concatenate(lo),
                                                 np.concatenate(hi))
         upper = np.ones(self.num_vars)
-        upper[nz:] = np.inf
+        upper[nz:nz + nn] = np.inf
+        upper[nz + nn + nb:] = np.inf if fork_room is None else fork_room[ci, ct]
         self.bounds = opt.Bounds(np.zeros(self.num_vars), upper)
         self.n = n
 
@@ -274,6 +316,9 @@ class _Pricing:
         the whole-job rate it runs at (0 where it does not run)."""
         obj = np.zeros(self.num_vars)
         obj[: self.zi.shape[0]] = -(y[self.zi] * self.rate)
+        ncp = self.ci.shape[0]
+        if ncp:
+            obj[self.num_vars - ncp:] = -(y[self.ci] * self.copy_rate)
         if not (obj < 0).any():
             return 0.0, np.zeros(self.n)
         res = opt.milp(obj, constraints=self.constraints,
@@ -284,13 +329,17 @@ class _Pricing:
         col = np.zeros(self.n)
         chosen = res.x[: self.zi.shape[0]] > 0.5
         col[self.zi[chosen]] = self.rate[chosen]
+        if ncp:
+            count = np.round(res.x[self.num_vars - ncp:])
+            np.add.at(col, self.ci, count * self.copy_rate)
         return max(-float(res.mip_dual_bound), -float(res.fun), 0.0), col
 
 
 def config_makespan_bound(
     remaining: FloatArray, scale: IntArray, rate: FloatArray, capacity: IntArray,
     arrival: FloatArray | None = None, mixed: bool = True, max_intervals: int = 24,
-    max_columns: int = 5000, tol: float = 1e-7,
+    max_columns: int = 5000, tol: float = 1e-7, room: IntArray | None = None,
+    copies: int | None = None,
 ) -> tuple[float, bool]:
     """Makespan lower bound (seconds from the first arrival) from the configuration LP;
     ``(bound, exact)``.
@@ -315,6 +364,12 @@ def config_makespan_bound(
     MIPs grow with the jobs and the intervals: a static queue of 48 jobs takes seconds to
     minutes (``bench.exact_bound``), a dynamic trace of 120 jobs did not finish in 15 minutes
     with 8 intervals.  Raises ``ValueError`` for a job with work left that fits on no type.
+
+    ``room`` and ``copies``: the fork bound's configuration LP (:func:`fork_makespan_bound`
+    with ``room``): a job may also run as node-disjoint one-node copies, at most ``room[i,
+    h]`` on type ``h`` at once and ``copies`` in all (None: no cap but the room), at the sum
+    of their rates, consolidation not counted (a relaxation of HadarE's schedules in the
+    simulator, whose copies lie on one node each).
     """
     n = rate.shape[0]
     work = remaining > 0
@@ -331,9 +386,14 @@ def config_makespan_bound(
     # a job may run from the interval whose start is the last cut at or before its arrival
     first = np.searchsorted(cuts, arrival, side="right") - 1
     lengths = np.diff(cuts)
-    pricing = [_Pricing(scale, rate, capacity, work & (first <= k), mixed)
+    if room is not None and room.shape != rate.shape:
+        raise ValueError(f"room has shape {room.shape}, rates {rate.shape}")
+    if copies is not None and copies < 1:
+        raise ValueError(f"copies must be >= 1, got {copies}")
+    most = None if copies is None else np.full(n, copies, dtype=np.int64)
+    pricing = [_Pricing(scale, rate, capacity, work & (first <= k), mixed, room, most)
                for k in range(k_count)]
-    alone = _Pricing(scale, rate, capacity, work, mixed)
+    alone = _Pricing(scale, rate, capacity, work, mixed, room, most)
     can = np.zeros(n, dtype=np.bool_)
     can[alone.zi] = True
     if not can[work].all():
