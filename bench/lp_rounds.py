@@ -1,7 +1,7 @@
 """Does realizing the exact LP's configurations close the gang gap?  (issue #15)
 
     python -m bench.lp_rounds [--seed-base 0 100] [--only NAME ...] [--forks]
-                              [--json bench/results/lp_rounds.json]
+                              [--restart-s 30] [--json bench/results/lp_rounds.json]
 
 ``bench.exact_bound`` shows that on the suite's static traces the configuration LP (the exact
 preemptive bound) equals the fluid bound, and with ``--forks`` that the one with copies equals
@@ -47,7 +47,7 @@ import scipy.sparse as sp
 from bench.exact_bound import quiet_stdout, static_traces
 from bench.report import write_rows
 from bench.robustness import run_one
-from hadar_slurm.costs import LiveCosts
+from hadar_slurm.costs import DEFAULT_RESTART_S, LiveCosts
 from hadar_slurm.policy.base import FloatArray, IntArray
 from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.sim.bounds import copy_room
@@ -219,21 +219,25 @@ def full_rounds_bound(work: FloatArray, scale: IntArray, rate: FloatArray,
     return (float(np.ceil(float(dual) - 1e-6)) - 1.0) * ROUND_S
 
 
-def measure(seed_bases: Sequence[int], only: Sequence[str], forks: bool) -> list[dict[str, Any]]:
+def measure(seed_bases: Sequence[int], only: Sequence[str], forks: bool,
+            restart_s: float = DEFAULT_RESTART_S) -> list[dict[str, Any]]:
+    """The rows; ``restart_s``: a job's restart in the realization's start and move costs
+    (the policy's run is ``bench.robustness``'s, with the live world's)."""
     policy = "hadare" if forks else "hadar"
     rows = []
     for seed_base, case, inst, work, scale, rate, capacity in static_traces(seed_bases, only):
         fits = (capacity[None, :] >= scale[:, None]).astype(np.int64)
         copies = np.maximum(copy_room(scale, inst.cluster), fits) if forks else fits
         t0 = time.perf_counter()
-        lp, made, jct, moves = realize(work, scale, rate, capacity, copies, LiveCosts(),
+        lp, made, jct, moves = realize(work, scale, rate, capacity, copies,
+                                       LiveCosts(restart_s=restart_s),
                                        HadarEPolicy().max_copies if forks else 1)
         # (copies give a job several paces in one round, which the bound does not model)
         full = None if forks else full_rounds_bound(work, scale, rate, capacity)
         res = run_one(case, policy, free_moves=False)
         ran = res["makespan_s"]
         row: dict[str, Any] = {
-            "trace": case.name, "seed_base": seed_base, "forks": forks,
+            "trace": case.name, "seed_base": seed_base, "forks": forks, "restart_s": restart_s,
             "lp_s": round(lp, 1), "realized_s": round(made, 1),
             "realized_over_lp": round(made / lp, 4), "realized_moves": moves,
             "realized_avg_jct_s": round(jct, 1), f"{policy}_avg_jct_s": res["avg_jct_s"],
@@ -260,10 +264,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="only these static traces (e.g. gavel/static-gangs)")
     ap.add_argument("--forks", action="store_true",
                     help="jobs may run as node-disjoint copies (the fork bound's LP; hadare)")
+    ap.add_argument("--restart-s", type=float, default=DEFAULT_RESTART_S, metavar="SECONDS",
+                    help="a job's restart in the realization's start and move costs (default "
+                    f"{DEFAULT_RESTART_S:g}, the live world's; 0 leaves Slurm's own seconds)")
     ap.add_argument("--json", default=None,
                     help="write the rows here (default bench/results/lp_rounds[_forks].json)")
     args = ap.parse_args(argv)
-    rows = measure(args.seed_base, args.only, args.forks)
+    if not args.restart_s >= 0:
+        ap.error(f"--restart-s must be >= 0 seconds, got {args.restart_s}")
+    rows = measure(args.seed_base, args.only, args.forks, args.restart_s)
     if not rows:
         print(f"--only: no static trace is named {' '.join(args.only)}", file=sys.stderr)
         return 2

@@ -61,3 +61,11 @@ def test_realize_with_copies_runs_a_job_on_both_nodes() -> None:
                              np.array([2]), np.array([[2]]), costs, max_copies=1)
     assert lp == pytest.approx(2 * ROUND_S)
     assert made == pytest.approx(2 * ROUND_S + costs.start_s)
+
+
+def test_the_bench_refuses_a_negative_restart() -> None:
+    from bench.lp_rounds import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--restart-s", "-1", "--only", "gavel/static-gangs"])
+    assert exc.value.code == 2
