@@ -78,10 +78,9 @@ def measure(seed_bases: Sequence[int], policies: Sequence[str],
         t0 = time.perf_counter()
         fluid = inst.fork if forks else inst.bound
         with quiet_stdout():
-            config, exact = (config_makespan_bound(work, scale, rate, capacity,
-                                                   room=copy_room(scale, inst.cluster),
-                                                   copies=copies) if forks
-                             else config_makespan_bound(work, scale, rate, capacity))
+            config, exact = config_makespan_bound(
+                work, scale, rate, capacity, room=copy_room(scale, inst.cluster) if forks else None,
+                copies=copies if forks else None)
         row: dict[str, Any] = {
             "trace": case.name, "seed_base": seed_base, "generate": case.command(),
             "forks": forks, "fluid_bound_s": round(fluid, 1), "config_bound_s": round(config, 1),

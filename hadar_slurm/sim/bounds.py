@@ -176,13 +176,10 @@ def fork_makespan_bound(
     within that room: at most ``max(1, room)`` at a time on a type and ``max(1, min(copies,
     sum of room))`` in all.
     """
-    if copies is not None and copies < 1:
-        raise ValueError(f"copies must be >= 1, got {copies}")
+    _check_forks(rate, room, copies)
     if room is None:
         return _bound(arrival, remaining, scale, rate, capacity,
                       per_job_cap=None if copies is None else float(copies))
-    if room.shape != rate.shape:
-        raise ValueError(f"room has shape {room.shape}, rates {rate.shape}")
     total = room.sum(axis=1).astype(np.float64)
     if copies is not None:
         total = np.minimum(total, float(copies))
@@ -191,6 +188,14 @@ def fork_makespan_bound(
         per_type = np.minimum(per_type, float(copies))
     return _bound(arrival, remaining, scale, rate, capacity,
                   per_job_cap=np.maximum(total, 1.0), type_cap=per_type)
+
+
+def _check_forks(rate: FloatArray, room: IntArray | None, copies: int | None) -> None:
+    """The fork bounds' arguments: ``room`` shaped as ``rate`` (jobs x types), ``copies`` >= 1."""
+    if copies is not None and copies < 1:
+        raise ValueError(f"copies must be >= 1, got {copies}")
+    if room is not None and room.shape != rate.shape:
+        raise ValueError(f"room has shape {room.shape}, rates {rate.shape}")
 
 
 class _Pricing:
@@ -235,6 +240,8 @@ class _Pricing:
             can_copy = (fork_room > 0) & (rate > 0) & (capacity[None, :] > 0) & jobs[:, None]
             can_copy &= (copies[:, None] > 1) if copies is not None else True
             ci, ct = np.nonzero(can_copy)
+        held = (np.zeros(0) if fork_room is None
+                else fork_room[ci, ct].astype(np.float64))  # c[i, t]'s most
         bi = np.unique(ci)
         nb, ncp = bi.shape[0], ci.shape[0]
         self.ci, self.ct = ci, ct
@@ -255,11 +262,9 @@ class _Pricing:
                       n)]
         lo, hi = [np.full(n, -np.inf)], [np.ones(n)]
         if ncp:
-            assert fork_room is not None
             # c[i, t] <= fork_room[i, t] * b[i]  and  sum_t c[i, t] <= copies[i] * b[i]
             most = (np.full(n, np.inf) if copies is None
                     else copies.astype(np.float64))
-            held = fork_room[ci, ct].astype(np.float64)
             rows.append(block(np.concatenate([np.ones(ncp), -held]),
                               np.concatenate([np.arange(ncp), np.arange(ncp)]),
                               np.concatenate([cc, bc[b_of[ci]]]), ncp))
@@ -307,7 +312,7 @@ class _Pricing:
                                                 np.concatenate(hi))
         upper = np.ones(self.num_vars)
         upper[nz:nz + nn] = np.inf
-        upper[nz + nn + nb:] = np.inf if fork_room is None else fork_room[ci, ct]
+        upper[nz + nn + nb:] = held
         self.bounds = opt.Bounds(np.zeros(self.num_vars), upper)
         self.n = n
 
@@ -386,10 +391,7 @@ def config_makespan_bound(
     # a job may run from the interval whose start is the last cut at or before its arrival
     first = np.searchsorted(cuts, arrival, side="right") - 1
     lengths = np.diff(cuts)
-    if room is not None and room.shape != rate.shape:
-        raise ValueError(f"room has shape {room.shape}, rates {rate.shape}")
-    if copies is not None and copies < 1:
-        raise ValueError(f"copies must be >= 1, got {copies}")
+    _check_forks(rate, room, copies)
     most = None if copies is None else np.full(n, copies, dtype=np.int64)
     pricing = [_Pricing(scale, rate, capacity, work & (first <= k), mixed, room, most)
                for k in range(k_count)]
