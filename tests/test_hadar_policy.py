@@ -580,20 +580,31 @@ def test_moves_are_not_weighed_where_they_cost_nothing() -> None:
     assert a.placement.count.tolist() == b.placement.count.tolist()
 
 
-def test_trial_types_adds_faster_types_where_other_jobs_work() -> None:
-    # Three types x, y, z; per-worker rates of two trials (rows 0, 1) and a job that is not
-    # one (row 2).  Trial 0's main type is y (2.0): x (3.0) is faster and job 2 works there,
-    # so it is added; z (1.0) is slower.  Trial 1's main type is x: nothing is faster.  Job 2
-    # is no trial and gets nothing.  With job 2 a trial too, no type has other jobs' work.
-    main = np.array([[False, True, False], [True, False, False], [True, False, False]])
-    rate = np.array([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0], [1.0, 1.0, 1.0]])
-    added = trial_types(main, rate, np.array([True, True, False]))
-    assert added.tolist() == [[True, False, False], [False, False, False], [False, False, False]]
+def test_trial_types_adds_near_tie_types_where_other_jobs_work() -> None:
+    # Four types w, x, y, z; per-worker rates of two trials (rows 0, 1) and two jobs that are
+    # not (rows 2, 3).  Trial 0's main type is y (2.0); job 2 works on x and z, job 3 on w.
+    # x (3.0) is faster and z (1.0) half as fast: both are added at a bar of 0.3 of the main
+    # pace; w (0.5, a quarter) is no near-tie.  At a bar of 1.0 only the faster x is added.
+    # Trial 1's main type is x, the fastest: z (1/3 of its pace) is added, w (1/6) is not.
+    # The jobs that are not trials get nothing.
+    main = np.array([[False, False, True, False], [False, True, False, False],
+                     [False, True, False, True], [True, False, False, False]])
+    rate = np.array([[0.5, 3.0, 2.0, 1.0], [0.5, 3.0, 2.0, 1.0],
+                     [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    spread = np.array([True, True, False, False])
+    added = trial_types(main, rate, spread, 0.3)
+    assert added.tolist() == [[False, True, False, True], [False, False, False, True],
+                              [False] * 4, [False] * 4]
+    assert trial_types(main, rate, spread, 1.0).tolist() == [
+        [False, True, False, False], [False] * 4, [False] * 4, [False] * 4]
     # (a type where the trial does not run is never added, however the others use it)
     rate0 = rate.copy()
-    rate0[0, 0] = 0.0
-    assert not trial_types(main, rate0, np.array([True, True, False])).any()
-    assert not trial_types(main, rate, np.ones(3, dtype=np.bool_)).any()
+    rate0[0, 1] = 0.0
+    assert not trial_types(main, rate0, spread, 0.3)[0, 1]
+    # (a type no other job's split uses is not added: y, where only trial 0 works)
+    assert not trial_types(main, rate, spread, 0.3)[1, 2]
+    # (with every job a trial, no type has other jobs' work)
+    assert not trial_types(main, rate, np.ones(4, dtype=np.bool_), 0.3).any()
 
 
 def test_a_trial_is_not_kept_off_a_faster_type_for_other_jobs() -> None:

@@ -23,8 +23,8 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    (:func:`near_tie_held`; staying is then a choice the prices weigh against the move, not
    one the split takes away; a type far slower is no near-tie, and the job would hold it
    against the jobs the split put there); idle GPUs are back-filled on any type.  A study's
-   trial (``Snapshot.spread``) may also use the types at least as fast for it as its main
-   ones where the split puts other jobs' work (:func:`trial_types`).
+   trial (``Snapshot.spread``) may also use the types that run it at least ``held_speed`` of
+   its pace on its main ones where the split puts other jobs' work (:func:`trial_types`).
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
    :class:`HadarState`, pushed back only when the remaining work cannot make it).  Where work
    follows a job's end (``Snapshot.after``: a study's trial, whose later rungs follow the one
@@ -305,25 +305,32 @@ def moves_pay(more: float, sooner: float, margin: float) -> bool:
     return more + sooner > margin
 
 
-def trial_types(main: BoolArray, worker_rate: FloatArray, spread: BoolArray) -> BoolArray:
+def trial_types(main: BoolArray, worker_rate: FloatArray, spread: BoolArray,
+                speed: float) -> BoolArray:
     """The GPU types a study's trial may use in the dual pass beyond its split's main ones
-    (issue #17): those at least as fast for it as its fastest main type, where a job that is
-    not a trial (``spread`` False) has a main share of its work.
+    (issue #17): those that run it at least ``speed`` of its pace on its fastest main type
+    (the policy's ``held_speed``, the near-tie of step 2), where a job that is not a trial
+    (``spread`` False) has a main share of its work.
 
     The split puts each job's work where it is cheapest for the drain of all work, so amid
     other jobs a study's trials went to the type where the others are relatively slowest
     (recsys-48's on the k80s, 1.5 times as fast for it as a v100, while the p100s, 2.3 times
     as fast, went to jobs that run 3 to 6 times slower on a k80), and its last rungs waited
     there an hour behind jobs of many hours.  A trial's report gates its whole cohort, and the
-    study is judged by its end; so a trial is not kept off a faster type for the drain of the
-    other jobs, and competes there on the dual pass's prices in shortest-remaining-time order.
+    study is judged by its end; so a trial is not kept off a type for the drain of the other
+    jobs, and competes there on the dual pass's prices in shortest-remaining-time order.  Not
+    only the faster types: a rung ends with its last trial, so a GPU of a near-tie type that
+    an other job's split claims still shortens the rung where the trial's own types are full
+    (recsys-48 draw 14 amid other jobs, its p100s held by a critical job: synchronous halving
+    1.22 to 2.33 times the static run's speed with the near-ties, against as fast only;
+    docs/studies.md).  A type far slower is no near-tie: a trial there sets its cohort's end.
     Among trials the split stands: with no other job on a type (a study alone) it levels the
     cohort's trials over the types, which is what ends a rung soonest.  ``main``, the split's
     main types (and the held ones), per job and type; returns the added types."""
     fastest = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
     others: BoolArray = np.asarray((main & ~spread[:, None]).any(axis=0), dtype=np.bool_)
     out: BoolArray = (spread[:, None] & others[None, :] & (worker_rate > 0)
-                      & (worker_rate >= fastest) & ~main)
+                      & (worker_rate >= speed * fastest) & ~main)
     return out
 
 
@@ -478,7 +485,9 @@ class HadarPolicy:
     this share of the largest one there.
     ``held_speed``: a type a job holds GPUs of stays among its types in the dual pass only
     where it runs the job at least this share of its pace on its main types, net of the
-    moves' costs (:func:`near_tie_held`; step 2 of the module docstring; 0: every held type).
+    moves' costs (:func:`near_tie_held`; step 2 of the module docstring; 0: every held type);
+    and a study's trial may use, where other jobs' splits work, the types that run it at least
+    this share of its pace on its main types (:func:`trial_types`).
     ``chain_factor``: how early jobs wider than half a type start their chain (1.0: as late as
     possible; lower starts them earlier, trading JCT for makespan on gang-heavy workloads).
     ``share``: pair a waiting job with a placed one on the same GPUs where that pays (step 11
@@ -577,7 +586,7 @@ class HadarPolicy:
         main |= near_tie_held(current, worker_rate, main, self.held_speed,
                               float(snapshot.migration_s), float(snapshot.round_s))
         if snapshot.spread is not None:
-            main |= trial_types(main, worker_rate, snapshot.spread)
+            main |= trial_types(main, worker_rate, snapshot.spread, self.held_speed)
         alloc, payoff, status, planned, packed = self._dispatch(
             snapshot, main, current, worker_rate, ukey, age, order, capacity, floor, lo, hi)
         # 9: moves must pay.  Planning anew with every running job kept to the types it holds
