@@ -320,7 +320,7 @@ def trial_types(main: BoolArray, worker_rate: FloatArray, spread: BoolArray,
     study is judged by its end; so a trial is not kept off a type for the drain of the other
     jobs, and competes there on the dual pass's prices in shortest-remaining-time order.  Not
     only the faster types: a rung ends with its last trial, so a GPU of a near-tie type that
-    an other job's split claims still shortens the rung where the trial's own types are full
+    another job's split claims still shortens the rung where the trial's own types are full
     (recsys-48 draw 14 amid other jobs, its p100s held by a critical job: synchronous halving
     1.22 to 2.33 times the static run's speed with the near-ties, against as fast only;
     docs/studies.md).  A type far slower is no near-tie: a trial there sets its cohort's end.
