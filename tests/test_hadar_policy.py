@@ -17,6 +17,7 @@ from hadar_slurm.policy.base import Placement, Reason, Snapshot
 from hadar_slurm.policy.hadar import (
     HadarPolicy,
     HadarState,
+    blocked_types,
     drain_after_round,
     drain_at,
     drain_estimate,
@@ -605,6 +606,66 @@ def test_trial_types_adds_near_tie_types_where_other_jobs_work() -> None:
     assert not trial_types(main, rate, spread, 0.3)[1, 2]
     # (with every job a trial, no type has other jobs' work)
     assert not trial_types(main, rate, np.ones(4, dtype=np.bool_), 0.3).any()
+
+
+def test_blocked_types_adds_near_ties_where_critical_jobs_leave_no_room() -> None:
+    # Two types of four GPUs, a and b; per-worker rates and main types of four jobs.  Job 0 is
+    # critical and holds one a-GPU.  Job 1 (4 GPUs, main a) does not fit on a beside it (3 left):
+    # b, where it runs at half its a pace (>= 0.3), is added.  Job 2 (1 GPU, main a) fits in the
+    # 3 left: nothing.  Job 3 (4 GPUs) holds GPUs already: nothing.  At a bar of 0.6 job 1's b
+    # is no near-tie.  Where job 0 is not critical, its GPU leaves room to nobody's concern.
+    main = np.array([[True, False], [True, False], [True, False], [True, False]])
+    rate = np.array([[1.0, 0.5], [1.0, 0.5], [1.0, 0.5], [1.0, 0.5]])
+    scale = np.array([1, 4, 1, 4])
+    current = np.array([[1, 0], [0, 0], [0, 0], [0, 0]])
+    current_3 = current.copy()
+    current_3[3] = [0, 4]
+    critical = np.array([True, False, False, False])
+    capacity = np.array([4, 4])
+    added = blocked_types(main, rate, scale, current_3, critical, capacity, 0.3)
+    assert added.tolist() == [[False, False], [False, True], [False, False], [False, False]]
+    assert not blocked_types(main, rate, scale, current, critical, capacity, 0.6).any()
+    assert not blocked_types(main, rate, scale, current, np.zeros(4, dtype=np.bool_), capacity,
+                             0.3).any()
+    # (no room on b either, its GPUs held by critical jobs: nothing to add)
+    busy = np.array([[1, 0], [0, 0], [0, 0], [0, 4]])
+    assert not blocked_types(main, rate, scale, busy, np.array([True, False, False, True]),
+                             capacity, 0.3).any()
+
+
+def test_a_gang_that_cannot_fit_beside_a_critical_job_runs_on_a_near_tie() -> None:
+    # Four 1-GPU nodes of type a and four of b.  "long" (1 GPU, 36,000 s on a, half as fast on
+    # b) is the drain target itself and critical; it holds one a-GPU.  "wide" (4 GPUs, 900 s on
+    # a, 1,800 s on b) and four "fill" jobs (1 GPU, 5,000 s on b, 0.9 as fast on a).  Capacity
+    # does not bind ((36,000 + 4 x 900) / 4 = 9,900 s per a-GPU, the fills 5,000 s on b), so
+    # the split gives each job its fastest type: wide's only main type is a, where long leaves
+    # it three GPUs until 36,000 s.  Before, it waited while the fills ran on b, and ran on b
+    # once they ended: 5,040 + 1,800 = 6,840 s.  Now b, where it runs at half its a pace (a
+    # near-tie), is among its types: shortest first, it takes b's four GPUs before the fills
+    # (three of which back-fill onto a's idle GPUs, one waits).  In the run, long holds its
+    # a-GPU from the second round: wide runs on b from 360 s and ends at 2,160 s, long at
+    # 36,000 s as before, and the average JCT falls from 10,473 s to 10,083 s.
+    table = parse_csv("""job_type,scale_factor,gpu_type,steps_per_second
+long,1,a,1.0
+long,1,b,0.5
+wide,4,a,4.0
+wide,4,b,2.0
+fill,1,a,0.9
+fill,1,b,1.0
+""", "blocked.csv")
+    cluster = parse_counts("a=4:b=4")
+    jobs = ([Job(0, "long", 1, 36000, 0.0), Job(1, "wide", 4, 3600, 0.0)]
+            + [Job(i, "fill", 1, 5000, 0.0) for i in (2, 3, 4, 5)])
+    snap = dataclasses.replace(first_snapshot(jobs, cluster, table), current=Placement(
+        np.array([0]), np.array([0]), np.array([1])))
+    decision = HadarPolicy().allocate(snap)
+    on = [snap.gpu_types[snap.node_type[n]]
+          for j, n in zip(decision.placement.job, decision.placement.node, strict=True) if j == 1]
+    assert on == ["b"] * 4
+    result = simulate(jobs, cluster, table, HadarPolicy())
+    assert result.finish[1] == pytest.approx(2160.0)
+    assert result.finish[0] == pytest.approx(36000.0)
+    assert result.avg_jct_s == pytest.approx(10083.33, abs=0.01)
 
 
 def test_a_trial_is_not_kept_off_a_faster_type_for_other_jobs() -> None:

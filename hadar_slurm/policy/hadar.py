@@ -24,7 +24,9 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    one the split takes away; a type far slower is no near-tie, and the job would hold it
    against the jobs the split put there); idle GPUs are back-filled on any type.  A study's
    trial (``Snapshot.spread``) may also use the types that run it at least ``held_speed`` of
-   its pace on its main ones where the split puts other jobs' work (:func:`trial_types`).
+   its pace on its main ones where the split puts other jobs' work (:func:`trial_types`); so
+   may a waiting job that does not fit on any of its main types beside the critical jobs
+   there, where they leave it room (:func:`blocked_types`).
 3. **Target.**  All work should drain by ``target = now + T_drain`` (carried across epochs in
    :class:`HadarState`, pushed back only when the remaining work cannot make it).  Where work
    follows a job's end (``Snapshot.after``: a study's trial, whose later rungs follow the one
@@ -334,6 +336,33 @@ def trial_types(main: BoolArray, worker_rate: FloatArray, spread: BoolArray,
     return out
 
 
+def blocked_types(main: BoolArray, worker_rate: FloatArray, scale: IntArray,
+                  current: IntArray, critical: BoolArray, capacity: IntArray,
+                  speed: float) -> BoolArray:
+    """The GPU types a waiting job may use in the dual pass beyond its main ones where
+    critical jobs hold too many GPUs of every main type for it to fit there (issue #15): those
+    that run it at least ``speed`` of its pace on its fastest main type (the policy's
+    ``held_speed``, the near-tie of step 2) and where the critical jobs leave it room.
+
+    The split counts a type's GPUs as a fluid, so it may give a job a type whose GPUs the
+    critical jobs, which go first, hold for the window: an 8-GPU job on a type of eight GPUs
+    of which a long 1-GPU critical job holds one never fits there, and it waited round after
+    round with faster GPUs of its near-tie types running longer jobs that are not critical
+    (five/poisson-1.5 of seed base 100: four 8-GPU jobs of one to three hours on an h100 waited
+    beside a 1-GPU job with 84 hours left, and the shortest quarter of the jobs averaged three
+    times the JCT they had under Gavel's LAS).  On those types it competes in
+    shortest-remaining-time order like any job.  ``main``, the main types (and the held
+    ones), per job and type; ``current``, the GPUs each job holds per type; returns the
+    added types (none for a job that is critical, holds GPUs, or fits on a main type)."""
+    held = np.where(critical[:, None], current, 0).sum(axis=0)
+    room = (capacity - held)[None, :] >= scale[:, None]
+    stuck = ~critical & (current.sum(axis=1) == 0) & ~(main & room).any(axis=1)
+    fastest = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
+    out: BoolArray = (stuck[:, None] & room & (worker_rate > 0)
+                      & (worker_rate >= speed * fastest) & ~main)
+    return out
+
+
 def ideal_seconds(snapshot: Snapshot, alloc: IntArray) -> float:
     """The work of a round of ``alloc`` (:func:`round_progress`) in seconds of each job alone
     on its fastest type, summed over the jobs: higher when ``alloc`` puts jobs where they
@@ -587,6 +616,10 @@ class HadarPolicy:
                               float(snapshot.migration_s), float(snapshot.round_s))
         if snapshot.spread is not None:
             main |= trial_types(main, worker_rate, snapshot.spread, self.held_speed)
+        # A waiting job that cannot fit on any main type beside the critical jobs there may
+        # use its near-tie types where they leave it room (``blocked_types``).
+        main |= blocked_types(main, worker_rate, snapshot.scale.astype(np.int64), current,
+                              critical, capacity, self.held_speed)
         alloc, payoff, status, planned, packed = self._dispatch(
             snapshot, main, current, worker_rate, ukey, age, order, capacity, floor, lo, hi)
         # 9: moves must pay.  Planning anew with every running job kept to the types it holds
@@ -843,6 +876,7 @@ class HadarPolicy:
         return critical, chain_now, tuple(sorted(chain_ids))
 
 
-__all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "carried_window",
-           "drain_at", "drain_estimate", "job_speed", "moves_pay", "pooled_time", "repack_gangs",
-           "restarted", "round_progress", "trial_types", "upgrade_idle", "utility_bounds"]
+__all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "blocked_types",
+           "carried_window", "drain_at", "drain_estimate", "job_speed", "moves_pay",
+           "pooled_time", "repack_gangs", "restarted", "round_progress", "trial_types",
+           "upgrade_idle", "utility_bounds"]
