@@ -132,6 +132,14 @@ def after_restart(migration_s: float, round_s: float) -> float:
     return max(0.0, 1.0 - migration_s / max(round_s, 1e-9))
 
 
+def main_pace(main: BoolArray, worker_rate: FloatArray) -> FloatArray:
+    """Per job, its pace on its fastest ``main`` type, as a column (0 where it has none): the
+    pace a near-tie type is measured against (``near_tie_held``, ``trial_types``,
+    ``blocked_types``)."""
+    out: FloatArray = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
+    return out
+
+
 def near_tie_held(current: IntArray, worker_rate: FloatArray, main: BoolArray,
                   held_speed: float, migration_s: float, round_s: float) -> BoolArray:
     """The types each job holds GPUs of that stay among its types in the dual pass: where it
@@ -140,9 +148,9 @@ def near_tie_held(current: IntArray, worker_rate: FloatArray, main: BoolArray,
     the job that takes them): ``rate >= held_speed * (1 - migration_s / round_s) ** 2 *
     main pace``.  Where moves cost little the bar is about ``held_speed``; where a move is
     most of a round, staying on GPUs far slower still beats two starts."""
-    top = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
     net = after_restart(migration_s, round_s) ** 2
-    out: BoolArray = (current > 0) & (worker_rate > 0) & (worker_rate >= held_speed * net * top)
+    out: BoolArray = ((current > 0) & (worker_rate > 0)
+                      & (worker_rate >= held_speed * net * main_pace(main, worker_rate)))
     return out
 
 
@@ -329,7 +337,7 @@ def trial_types(main: BoolArray, worker_rate: FloatArray, spread: BoolArray,
     Among trials the split stands: with no other job on a type (a study alone) it levels the
     cohort's trials over the types, which is what ends a rung soonest.  ``main``, the split's
     main types (and the held ones), per job and type; returns the added types."""
-    fastest = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
+    fastest = main_pace(main, worker_rate)
     others: BoolArray = np.asarray((main & ~spread[:, None]).any(axis=0), dtype=np.bool_)
     out: BoolArray = (spread[:, None] & others[None, :] & (worker_rate > 0)
                       & (worker_rate >= speed * fastest) & ~main)
@@ -357,7 +365,7 @@ def blocked_types(main: BoolArray, worker_rate: FloatArray, scale: IntArray,
     held = np.where(critical[:, None], current, 0).sum(axis=0)
     room = (capacity - held)[None, :] >= scale[:, None]
     stuck = ~critical & (current.sum(axis=1) == 0) & ~(main & room).any(axis=1)
-    fastest = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
+    fastest = main_pace(main, worker_rate)
     out: BoolArray = (stuck[:, None] & room & (worker_rate > 0)
                       & (worker_rate >= speed * fastest) & ~main)
     return out
@@ -877,6 +885,6 @@ class HadarPolicy:
 
 
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "blocked_types",
-           "carried_window", "drain_at", "drain_estimate", "job_speed", "moves_pay",
-           "pooled_time", "repack_gangs", "restarted", "round_progress", "trial_types",
+           "carried_window", "drain_at", "drain_estimate", "job_speed", "main_pace",
+           "moves_pay", "pooled_time", "repack_gangs", "restarted", "round_progress", "trial_types",
            "upgrade_idle", "utility_bounds"]
