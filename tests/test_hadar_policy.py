@@ -613,7 +613,7 @@ def test_blocked_types_adds_near_ties_where_critical_jobs_leave_no_room() -> Non
     # critical and holds one a-GPU.  Job 1 (4 GPUs, main a) does not fit on a beside it (3 left):
     # b, where it runs at half its a pace (>= 0.3), is added.  Job 2 (1 GPU, main a) fits in the
     # 3 left: nothing.  Job 3 (4 GPUs) holds GPUs already: nothing.  At a bar of 0.6 job 1's b
-    # is no near-tie.  Where job 0 is not critical, its GPU leaves room to nobody's concern.
+    # is no near-tie.  Where job 0 is not critical, its GPU does not count: nothing is added.
     main = np.array([[True, False], [True, False], [True, False], [True, False]])
     rate = np.array([[1.0, 0.5], [1.0, 0.5], [1.0, 0.5], [1.0, 0.5]])
     scale = np.array([1, 4, 1, 4])
