@@ -132,11 +132,12 @@ def after_restart(migration_s: float, round_s: float) -> float:
     return max(0.0, 1.0 - migration_s / max(round_s, 1e-9))
 
 
-def main_pace(main: BoolArray, worker_rate: FloatArray) -> FloatArray:
-    """Per job, its pace on its fastest ``main`` type, as a column (0 where it has none): the
-    pace a near-tie type is measured against (``near_tie_held``, ``trial_types``,
-    ``blocked_types``)."""
-    out: FloatArray = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
+def near_ties(main: BoolArray, worker_rate: FloatArray, bar: float) -> BoolArray:
+    """Per job and type, whether the job runs there, at least ``bar`` of its pace on its
+    fastest ``main`` type: the near-tie test of ``near_tie_held``, ``trial_types`` and
+    ``blocked_types``."""
+    pace = np.where(main, worker_rate, 0.0).max(axis=1, keepdims=True)
+    out: BoolArray = (worker_rate > 0) & (worker_rate >= bar * pace)
     return out
 
 
@@ -149,8 +150,7 @@ def near_tie_held(current: IntArray, worker_rate: FloatArray, main: BoolArray,
     main pace``.  Where moves cost little the bar is about ``held_speed``; where a move is
     most of a round, staying on GPUs far slower still beats two starts."""
     net = after_restart(migration_s, round_s) ** 2
-    out: BoolArray = ((current > 0) & (worker_rate > 0)
-                      & (worker_rate >= held_speed * net * main_pace(main, worker_rate)))
+    out: BoolArray = (current > 0) & near_ties(main, worker_rate, held_speed * net)
     return out
 
 
@@ -337,10 +337,9 @@ def trial_types(main: BoolArray, worker_rate: FloatArray, spread: BoolArray,
     Among trials the split stands: with no other job on a type (a study alone) it levels the
     cohort's trials over the types, which is what ends a rung soonest.  ``main``, the split's
     main types (and the held ones), per job and type; returns the added types."""
-    fastest = main_pace(main, worker_rate)
     others: BoolArray = np.asarray((main & ~spread[:, None]).any(axis=0), dtype=np.bool_)
-    out: BoolArray = (spread[:, None] & others[None, :] & (worker_rate > 0)
-                      & (worker_rate >= speed * fastest) & ~main)
+    out: BoolArray = (spread[:, None] & others[None, :] & near_ties(main, worker_rate, speed)
+                      & ~main)
     return out
 
 
@@ -365,9 +364,7 @@ def blocked_types(main: BoolArray, worker_rate: FloatArray, scale: IntArray,
     held = np.where(critical[:, None], current, 0).sum(axis=0)
     room = (capacity - held)[None, :] >= scale[:, None]
     stuck = ~critical & (current.sum(axis=1) == 0) & ~(main & room).any(axis=1)
-    fastest = main_pace(main, worker_rate)
-    out: BoolArray = (stuck[:, None] & room & (worker_rate > 0)
-                      & (worker_rate >= speed * fastest) & ~main)
+    out: BoolArray = stuck[:, None] & room & near_ties(main, worker_rate, speed) & ~main
     return out
 
 
@@ -626,8 +623,8 @@ class HadarPolicy:
             main |= trial_types(main, worker_rate, snapshot.spread, self.held_speed)
         # A waiting job that cannot fit on any main type beside the critical jobs there may
         # use its near-tie types where they leave it room (``blocked_types``).
-        main |= blocked_types(main, worker_rate, snapshot.scale.astype(np.int64), current,
-                              critical, capacity, self.held_speed)
+        main |= blocked_types(main, worker_rate, scale, current, critical, capacity,
+                              self.held_speed)
         alloc, payoff, status, planned, packed = self._dispatch(
             snapshot, main, current, worker_rate, ukey, age, order, capacity, floor, lo, hi)
         # 9: moves must pay.  Planning anew with every running job kept to the types it holds
@@ -885,6 +882,6 @@ class HadarPolicy:
 
 
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "blocked_types",
-           "carried_window", "drain_at", "drain_estimate", "job_speed", "main_pace",
-           "moves_pay", "pooled_time", "repack_gangs", "restarted", "round_progress", "trial_types",
-           "upgrade_idle", "utility_bounds"]
+           "carried_window", "drain_at", "drain_estimate", "job_speed", "moves_pay",
+           "near_ties", "pooled_time", "repack_gangs", "restarted", "round_progress",
+           "trial_types", "upgrade_idle", "utility_bounds"]
