@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import write_rows
-from bench.robustness import BASELINES, GOALS, misses
+from bench.robustness import BASELINES, GOALS, add_ratios, missed_goals, misses
 
 Row = dict[str, Any]
 
@@ -50,48 +50,22 @@ def load_rows(path: str) -> list[Row]:
 
 
 def rejudged(after: Sequence[Row], before: Sequence[Row]) -> list[Row]:
-    """``after``'s rows with ``jct_over_best_baseline`` and ``jct_over_hadar`` computed again:
-    the best baseline per trace from ``after``'s baseline rows, or ``before``'s where ``after``
-    has none on that trace; ``hadar``'s JCT from ``after``, else ``before``."""
-    def per_trace(rows: Sequence[Row]) -> dict[str, dict[str, Row]]:
-        out: dict[str, dict[str, Row]] = {}
-        for r in rows:
-            out.setdefault(r["trace"], {})[r["policy"]] = r
-        return out
-
-    mine, old = per_trace(after), per_trace(before)
-    out = []
-    for r in after:
-        here, there = mine[r["trace"]], old.get(r["trace"], {})
-        base = [here[b]["avg_jct_s"] for b in BASELINES if b in here]
-        if not base:
-            base = [there[b]["avg_jct_s"] for b in BASELINES if b in there]
-        best = min(base) if base else None
-        hadar = (here.get("hadar") or there.get("hadar") or {}).get("avg_jct_s")
-        new = dict(r)
-        new["best_baseline_jct_s"] = best
-        new["jct_over_best_baseline"] = round(r["avg_jct_s"] / best, 4) if best else None
-        new["jct_over_hadar"] = round(r["avg_jct_s"] / hadar, 4) if hadar else None
-        out.append(new)
-    return out
+    """Copies of ``after``'s rows with the ratios of :func:`bench.robustness.add_ratios`
+    computed again, with ``before``'s baseline rows on the traces where ``after`` has none and
+    ``before``'s ``hadar`` row where ``after`` has none."""
+    rows = [dict(r) for r in after]
+    mine = {(r["trace"], r["policy"]) for r in rows}
+    based = {r["trace"] for r in rows if r["policy"] in BASELINES}
+    borrowed = [dict(r) for r in before
+                if (r["policy"] in BASELINES and r["trace"] not in based)
+                or (r["policy"] == "hadar" and (r["trace"], "hadar") not in mine)]
+    add_ratios(rows + borrowed)
+    return rows
 
 
 def geo_mean(values: Sequence[float]) -> float:
     """The geometric mean of positive ``values`` (1.0 for none)."""
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0
-
-
-def missed_goals(rows: Sequence[Row]) -> dict[tuple[str, str, str], float]:
-    """The goals of :data:`bench.robustness.GOALS` that ``rows`` miss: ``(trace, policy, the
-    ratio's key)`` to the ratio (``"completed"`` to the jobs left, for a run that left some)."""
-    out: dict[tuple[str, str, str], float] = {}
-    for r in rows:
-        if r.get("completed", r.get("jobs")) != r.get("jobs"):
-            out[(r["trace"], r["policy"], "completed")] = float(r["jobs"] - r["completed"])
-        for key, goal, _what, _of in GOALS.get(r["policy"], ()):
-            if r.get(key) and r[key] > goal:
-                out[(r["trace"], r["policy"], key)] = float(r[key])
-    return out
 
 
 def compare(before: Sequence[Row], after: Sequence[Row], moved: float = 0.005,

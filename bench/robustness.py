@@ -217,15 +217,29 @@ GOALS: dict[str, tuple[tuple[str, float, str, str], ...]] = {
 }
 
 
-def misses(rows: list[dict[str, Any]]) -> list[str]:
-    """The goals missed, one line each."""
-    out = []
+def missed_goals(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """The goals the rows miss, in row order: ``(trace, policy, the ratio's key)`` to the ratio
+    (the key ``"completed"`` to the jobs left, for a run that left some)."""
+    out: dict[tuple[str, str, str], float] = {}
     for r in rows:
         if r["completed"] < r["jobs"]:
-            out.append(f"{r['trace']}: {r['policy']} left {r['jobs'] - r['completed']} jobs")
-        for key, goal, what, of in GOALS.get(r["policy"], ()):
+            out[(r["trace"], r["policy"], "completed")] = float(r["jobs"] - r["completed"])
+        for key, goal, _what, _of in GOALS.get(r["policy"], ()):
             if r[key] and r[key] > goal:
-                out.append(f"{r['trace']}: {r['policy']} {what} {r[key]:.3f}x {of}")
+                out[(r["trace"], r["policy"], key)] = float(r[key])
+    return out
+
+
+def misses(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The goals missed (:func:`missed_goals`), one line each."""
+    said = {key: (what, of) for goals in GOALS.values() for key, _goal, what, of in goals}
+    out = []
+    for (trace, policy, key), value in missed_goals(rows).items():
+        if key == "completed":
+            out.append(f"{trace}: {policy} left {value:.0f} jobs")
+        else:
+            what, of = said[key]
+            out.append(f"{trace}: {policy} {what} {value:.3f}x {of}")
     return out
 
 
