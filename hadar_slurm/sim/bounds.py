@@ -344,7 +344,7 @@ def config_makespan_bound(
     remaining: FloatArray, scale: IntArray, rate: FloatArray, capacity: IntArray,
     arrival: FloatArray | None = None, mixed: bool = True, max_intervals: int = 24,
     max_columns: int = 5000, tol: float = 1e-7, room: IntArray | None = None,
-    copies: int | None = None,
+    copies: int | None = None, columns: list[FloatArray] | None = None,
 ) -> tuple[float, bool]:
     """Makespan lower bound (seconds from the first arrival) from the configuration LP;
     ``(bound, exact)``.
@@ -375,6 +375,9 @@ def config_makespan_bound(
     h]`` on type ``h`` at once and ``copies`` in all (None: no cap but the room), at the sum
     of their rates, consolidation not counted (a relaxation of HadarE's schedules in the
     simulator, whose copies lie on one node each).
+
+    ``columns``: a list the configurations generated are appended to (per job, the whole-job
+    rate it runs at in the configuration), for a caller that goes on from them.
     """
     n = rate.shape[0]
     work = remaining > 0
@@ -447,6 +450,8 @@ def config_makespan_bound(
                     added += 1
         bound = max(bound, z - gain)
         if added == 0 or len(cols) >= max_columns:
+            if columns is not None:
+                columns.extend(cols)
             # exact: the Lagrangian bound meets the master's value (no column can gain)
             return float(bound), bool(not merged and bound >= z * (1.0 - 1e-6))
 
