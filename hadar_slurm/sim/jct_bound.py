@@ -82,7 +82,12 @@ def config_jct_bound(
     (see the module docstring).  ``exact``: the column generation ended with the LP solved.
     Returns ``inf`` when no schedule finishes by ``horizon`` (some work is left undone at the
     LP's optimum, and the bound says so).  Raises ``ValueError`` for a job with work left that
-    fits on no type, a horizon or an interval that is not positive."""
+    fits on no type, a horizon or an interval that is not positive.
+
+    ``progress``: called after every iteration with its number, the master LP's value, the
+    best bound so far (both summed over the jobs, before the constant ``sum p_j / 2``) and the
+    number of configurations.  ``shares``: a list that is set to hold the last master LP's
+    ``f`` (jobs with work left x intervals)."""
     if not horizon > 0 or not interval_s > 0:
         raise ValueError(f"horizon and interval_s must be > 0, got {horizon!r}, {interval_s!r}")
     keep = remaining > 0
@@ -108,7 +113,7 @@ def config_jct_bound(
     fk = np.tile(np.arange(k_count), n)
     big = 10.0 * (horizon + float(p.max()))
     cost_fixed = np.concatenate([starts[fk], p[fj] / 2.0, np.full(n, big)])
-    most = np.minimum(lengths[fk] / p[fj], 1.0)  # the most of its work a job does in one
+    most = np.minimum(lengths[fk] / p[fj], 1.0)  # the most of its work a job does in one k
     # rows: work (n), definition of f (n*K), time per interval (K), tangents (n*K*T)
     t_count = len(TANGENTS)
     tan_a = np.concatenate([most * a for a in TANGENTS])
@@ -130,7 +135,6 @@ def config_jct_bound(
                       shape=(nf * t_count, 2 * nf + n)),
     ]).tocsr()
     b = np.concatenate([-np.ones(n), np.zeros(nf), lengths, tan_a ** 2])
-    n_rows = b.shape[0]
 
     # Start: the makespan LP's configurations (with the horizon past its bound, they finish
     # the work in time) and each job alone at its fastest pace; every configuration is offered
@@ -167,7 +171,6 @@ def config_jct_bound(
         res = opt.linprog(c, A_ub=a_ub, b_ub=b, bounds=(0.0, None), method="highs")
         if res.status != 0:
             raise RuntimeError(f"JCT bound LP failed: {res.message}")
-        assert a_ub.shape[0] == n_rows
         z = float(res.fun)
         eta = np.maximum(-res.ineqlin.marginals[n:n + nf], 0.0).reshape(n, k_count)
         mu = np.maximum(-res.ineqlin.marginals[n + nf:n + nf + k_count], 0.0)
