@@ -60,7 +60,7 @@ def measure(seed_bases: Sequence[int], only: Sequence[str], slack: float, interv
         row: dict[str, Any] = {
             "trace": case.name, "seed_base": seed_base, "generate": case.command(),
             "gang_bound_s": round(inst.bound, 1), "slack": slack, "interval_s": interval_s,
-            "horizon_s": round(horizon, 1), "jct_bound_s": round(bound, 1),
+            "horizon_s": round(horizon, 1), "jct_bound_s": round(float(bound), 1),
             "jct_bound_exact": exact, "jct_bound_wall_s": round(wall, 1),
             "best_baseline": best, "best_baseline_jct_s": round(runs[best]["avg_jct_s"], 1),
             "hadar_jct_s": round(runs["hadar"]["avg_jct_s"], 1),

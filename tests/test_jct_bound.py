@@ -99,3 +99,16 @@ def test_the_makespan_lp_hands_its_configurations_on() -> None:
                                          np.array([[1.0], [1.0]]), np.array([3]), columns=cols)
     assert exact and value == pytest.approx(200.0)
     assert cols and all(int((c > 0).sum()) == 1 for c in cols)
+
+
+def test_the_bench_bounds_a_schedule_that_ends_within_its_horizon() -> None:
+    # dgx/static-1gpu of seed base 0 (one-GPU jobs, the quick kind), 2-hour intervals and 5 s
+    # of column generation: a weak bound, but a bound.  Hadar's run ends within 1.03x the gang
+    # bound there, so its average JCT cannot be below it.
+    rows = bench_jct.measure([0], ["dgx/static-1gpu"], 0.03, 7200.0, 5.0)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["trace"] == "dgx/static-1gpu" and row["horizon_s"] > row["gang_bound_s"]
+    assert row["hadar_makespan_over_bound"] <= 1.03
+    assert 0.0 < row["jct_bound_s"] <= row["hadar_jct_s"]
+    assert row["goals_clash"] == (row["jct_bound_s"] > row["best_baseline_jct_s"])
