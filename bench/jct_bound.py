@@ -44,10 +44,8 @@ def measure(seed_bases: Sequence[int], only: Sequence[str], slack: float, interv
             time_limit_s: float) -> list[dict[str, Any]]:
     """The rows, one per static gang trace (``only``: those whose names are listed)."""
     rows = []
-    names = list(only) or None
-    for seed_base, case, inst, work, scale, rate, capacity in static_traces(seed_bases,
-                                                                           names or ()):
-        if names is None and case.regime != "static-gangs":
+    for seed_base, case, inst, work, scale, rate, capacity in static_traces(seed_bases, only):
+        if not only and case.regime != "static-gangs":
             continue
         t0 = time.perf_counter()
         horizon = (1.0 + slack) * inst.bound

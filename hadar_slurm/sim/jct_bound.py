@@ -137,18 +137,13 @@ def config_jct_bound(
     b = np.concatenate([-np.ones(n), np.zeros(nf), lengths, tan_a ** 2])
 
     # Start: the makespan LP's configurations (with the horizon past its bound, they finish
-    # the work in time) and each job alone at its fastest pace; every configuration is offered
-    # in every interval, as is each one the pricing finds later.
+    # the work in time; its first ones are each job alone at its fastest pace); every
+    # configuration is offered in every interval, as is each one the pricing finds later.
     seed: list[FloatArray] = []
     config_makespan_bound(work, scale, rate, capacity, mixed=mixed, tol=tol, columns=seed)
     distinct: dict[bytes, FloatArray] = {}
     for col in seed:
         distinct.setdefault(np.asarray(col, dtype=np.float64).tobytes(), col)
-    for j in range(n):
-        y = np.zeros(n)
-        y[j] = 1.0
-        col = pricing.solve(y, tol)[1]
-        distinct.setdefault(col.tobytes(), col)
     configs = list(distinct.values())
     best = 0.0
     exact = False
