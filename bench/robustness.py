@@ -3,8 +3,7 @@
     python -m bench.robustness [--seed-base 0] [--only NAME ...] [--policies P,P]
                                [--jobs-scale 1.0] [--workers 2] [--free-moves]
                                [--reschedule-on-finish] [--no-pin-binding]
-                               [--json bench/results/robustness.json]
-                               [--plot bench/results/robustness.png]
+                               [--json OUT.json] [--plot OUT.png]
 
 The suite (:data:`SUITE`) is 36 traces made by ``hadar-slurm trace generate``
 (:mod:`hadar_slurm.sim.generate`), bundled as the generator's arguments, not as files: four
@@ -315,6 +314,27 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     print(f"plot written to {out}")
 
 
+def default_stem(seed_base: int, *, free_moves: bool, reschedule: bool, pin_binding: bool,
+                 whole: bool) -> str:
+    """The name a run's rows and plot get under ``bench/results`` when ``--json`` and
+    ``--plot`` are not given: ``robustness``, then ``_no_pin_binding``, ``_free_moves``,
+    ``_reschedule`` and ``_seedN`` for the switches and seed base the run was made with (the
+    committed results' names), and ``-partial`` where it ran only some traces or policies or
+    scaled the job counts, so that an experiment never overwrites a whole run's results
+    (before, every run wrote ``robustness.json`` and ``.png`` unless told otherwise: a run
+    of two policies, or of seed base 100, over the committed rows of seed base 0)."""
+    stem = "robustness"
+    if not pin_binding:
+        stem += "_no_pin_binding"
+    if free_moves:
+        stem += "_free_moves"
+    if reschedule:
+        stem += "_reschedule"
+    if seed_base:
+        stem += f"_seed{seed_base}"
+    return stem if whole else stem + "-partial"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--seed-base", type=int, default=0,
@@ -334,8 +354,12 @@ def main(argv: list[str] | None = None) -> int:
                     "their fastest copies (its setting pin_binding, on by default; "
                     "docs/algorithm.md)")
     ap.add_argument("--workers", type=int, default=2, help="processes (default: 2)")
-    ap.add_argument("--json", default="bench/results/robustness.json")
-    ap.add_argument("--plot", default="bench/results/robustness.png")
+    ap.add_argument("--json", default=None,
+                    help="where the rows go (default: bench/results/ROBUSTNESS.json, see "
+                    "default_stem: a whole run under its seed base's and switches' name, a "
+                    "partial one under that name with -partial, never over a whole run's)")
+    ap.add_argument("--plot", default=None,
+                    help="where the plot goes (default: as --json, .png)")
     args = ap.parse_args(argv)
     cases = suite(args.seed_base, args.jobs_scale)
     if args.only:
@@ -343,6 +367,16 @@ def main(argv: list[str] | None = None) -> int:
         if not cases:
             ap.error(f"no trace matches {args.only}")
     policies = [p for p in args.policies.split(",") if p]
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown or not policies:
+        ap.error(f"--policies: unknown {', '.join(unknown) or '(none given)'}; "
+                 f"choose from {','.join(POLICIES)}")
+    stem = default_stem(args.seed_base, free_moves=args.free_moves,
+                        reschedule=args.reschedule_on_finish, pin_binding=args.pin_binding,
+                        whole=(not args.only and args.jobs_scale == 1.0
+                               and set(policies) == set(POLICIES)))
+    json_out = args.json or f"bench/results/{stem}.json"
+    plot_out = args.plot or f"bench/results/{stem}.png"
     tasks = [(c, p) for c in cases for p in policies]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
@@ -368,9 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(missed)} goal(s) missed" + (":" if missed else ""))
     for line in missed:
         print("  " + line)
-    write_rows(rows, args.json)
-    if args.plot:
-        plot(rows, args.plot)
+    write_rows(rows, json_out)
+    plot(rows, plot_out)
     return 0
 
 

@@ -253,3 +253,38 @@ def test_robustness_bench_runs_a_small_suite_end_to_end(
         assert r["generate"].startswith("hadar-slurm trace generate --cluster ")
     assert png.stat().st_size > 0
     assert "worst / median" in capsys.readouterr().out
+
+
+def test_robustness_default_outputs_never_overwrite_a_whole_run() -> None:
+    stem = robustness.default_stem
+    plain = {"free_moves": False, "reschedule": False, "pin_binding": True}
+    # the committed results' names, each from the switches it was run with
+    assert stem(0, whole=True, **plain) == "robustness"
+    assert stem(100, whole=True, **plain) == "robustness_seed100"
+    assert stem(0, whole=True, **{**plain, "reschedule": True}) == "robustness_reschedule"
+    assert (stem(100, whole=True, **{**plain, "pin_binding": False})
+            == "robustness_no_pin_binding_seed100")
+    assert (stem(0, whole=True, **{**plain, "pin_binding": False, "reschedule": True})
+            == "robustness_no_pin_binding_reschedule")
+    # a partial run (some traces or policies, scaled jobs) gets a name of its own
+    assert stem(0, whole=False, **plain) == "robustness-partial"
+    assert stem(200, whole=False, **{**plain, "free_moves": True}) == (
+        "robustness_free_moves_seed200-partial")
+
+
+def test_robustness_partial_run_writes_beside_the_committed_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert robustness.main(["--only", "gavel/static-1gpu", "--jobs-scale", "0.1",
+                            "--workers", "1", "--policies", "fifo", "--seed-base", "100"]) == 0
+    written = sorted(p.name for p in (tmp_path / "bench" / "results").iterdir())
+    assert written == ["robustness_seed100-partial.json", "robustness_seed100-partial.png"]
+    assert "robustness_seed100-partial.json" in capsys.readouterr().out
+
+
+def test_robustness_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        robustness.main(["--policies", "hadar,gavel"])
+    err = capsys.readouterr().err
+    assert "--policies: unknown gavel" in err and "gavel-las" in err
