@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import write_rows
+from bench.report import progress, write_rows
 from hadar_slurm.cli.trace import sim_throughputs
 from hadar_slurm.costs import LiveCosts
 from hadar_slurm.loop import EpochRecord
@@ -385,9 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for k, f in enumerate(futures):
             rows.append(f.result())
-            print(f"\r{k + 1}/{len(tasks)} runs ({time.perf_counter() - t0:.0f} s)",
-                  end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+            progress(k + 1, len(tasks), time.perf_counter() - t0)
     add_ratios(rows)
     for c in cases:
         mine = [r for r in rows if r["trace"] == c.name]

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import write_rows
+from bench.report import progress, write_rows
 from bench.robustness import GOALS, POLICIES, Case, instance, named, suite
 from bench.robustness import add_ratios as robustness_ratios
 from hadar_slurm.costs import LiveCosts
@@ -258,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for k, row in enumerate(pool.map(_task, tasks)):
             rows.append(row)
-            print(f"\r{k + 1}/{len(tasks)} runs ({time.perf_counter() - t0:.0f} s)",
-                  end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+            progress(k + 1, len(tasks), time.perf_counter() - t0)
     add_ratios(rows)
     summ = summary(rows)
     print_summary(summ, args.rel, args.move_s)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections import Counter
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import gen_dev_throughputs, robustness
+from bench import gen_dev_throughputs, report, robustness
 from hadar_slurm.cli.main import main as cli_main
 from hadar_slurm.errors import InputError
 from hadar_slurm.rates.synthetic import sim_table, synthetic_rate, synthetic_table
@@ -288,3 +289,26 @@ def test_robustness_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]
         robustness.main(["--policies", "hadar,gavel"])
     err = capsys.readouterr().err
     assert "--policies: unknown gavel" in err and "gavel-las" in err
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_is_a_line_per_tenth_in_a_log_and_one_line_on_a_terminal() -> None:
+    log = _Stream(tty=False)
+    for k in range(1, 26):
+        report.progress(k, 25, float(k), log)
+    # 25 runs: a line where the tenths change (3, 5, 8, 10, 13, 15, 18, 20, 23, 25)
+    assert log.getvalue().splitlines() == [f"{k}/25 runs ({k} s)"
+                                           for k in (3, 5, 8, 10, 13, 15, 18, 20, 23, 25)]
+    assert "\r" not in log.getvalue()
+    term = _Stream(tty=True)
+    for k in range(1, 4):
+        report.progress(k, 3, 0.0, term)
+    assert term.getvalue() == "\r1/3 runs (0 s)\r2/3 runs (0 s)\r3/3 runs (0 s)\n"
