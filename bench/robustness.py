@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
+import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,8 +55,10 @@ from hadar_slurm.costs import LiveCosts
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import FloatArray, IntArray
 from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.rates.table import ThroughputTable
+from hadar_slurm.sim import bounds as bounds_module
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.bounds import (
     bound_inputs,
@@ -144,16 +149,83 @@ class Instance:
 @functools.lru_cache(maxsize=8)
 def instance(case: Case) -> Instance:
     """Drawn and bounded once per process: every policy of a case runs on the same one (the
-    tasks of a case follow each other, so a worker meets them together)."""
+    tasks of a case follow each other, so a worker meets them together).  The bounds, most
+    of a run's time on the loaded traces, come from :func:`trace_bounds`'s cache where an
+    earlier run solved the same LPs."""
     table = sim_throughputs(None)
     cluster = parse_counts(case.cluster)
     jobs = tuple(generate(case.spec, cluster, table))
     args = bound_inputs(jobs, cluster, table)
-    copies = HadarEPolicy().max_copies
-    return Instance(jobs, cluster, table, fluid_makespan_bound(*args),
-                    fork_makespan_bound(*args, copies=copies, room=copy_room(args[2], cluster)),
-                    fork_makespan_bound(*args, copies=copies),
-                    fork_makespan_bound(*args), offered_load(jobs, cluster, table))
+    bound, fork, fork_free, fork_any = trace_bounds(
+        args, copy_room(args[2], cluster), HadarEPolicy().max_copies)
+    return Instance(jobs, cluster, table, bound, fork, fork_free, fork_any,
+                    offered_load(jobs, cluster, table))
+
+
+#: What :func:`bound_inputs` gives: arrivals, work, scale factors, rates, GPUs per type.
+BoundArgs = tuple[FloatArray, FloatArray, IntArray, FloatArray, IntArray]
+
+#: Where :func:`trace_bounds` keeps what it solved: ``HADAR_BENCH_CACHE`` names a folder, or
+#: ``off`` for none; by default ``bench/results/.cache`` (ignored by git).
+CACHE_ENV = "HADAR_BENCH_CACHE"
+
+
+def bounds_cache_dir() -> Path | None:
+    """The folder of :func:`trace_bounds`'s cache, None where ``HADAR_BENCH_CACHE=off``."""
+    where = os.environ.get(CACHE_ENV, "").strip()
+    if where.lower() in ("off", "0", "no", "false"):
+        return None
+    return Path(where) if where else Path(__file__).resolve().parent / "results" / ".cache"
+
+
+def _bounds_key(args: BoundArgs, room: IntArray, copies: int) -> str:
+    """A digest of everything the bounds are a function of: the LPs' arrays, the copy limit,
+    the code that builds and solves them (``hadar_slurm/sim/bounds.py``) and the solver's
+    version, so that a changed input or solver is never answered from the cache."""
+    import scipy
+
+    h = hashlib.sha256()
+    for a in (*args, room):
+        arr = np.ascontiguousarray(a)
+        h.update(f"{arr.dtype.str}{arr.shape}".encode())
+        h.update(arr.tobytes())
+    h.update(f"copies={copies};scipy={scipy.__version__}".encode())
+    h.update(Path(bounds_module.__file__ or "").read_bytes())
+    return h.hexdigest()[:32]
+
+
+def trace_bounds(args: BoundArgs, room: IntArray, copies: int,
+                 ) -> tuple[float, float, float, float]:
+    """The gang bound and the three fork bounds (one node a copy, no two on a node; no node
+    rule; neither rule nor copy limit) of a trace's :func:`bound_inputs`, read from the
+    cache (:func:`bounds_cache_dir`) where the same LPs were solved before, else solved and
+    written there.  An unreadable or malformed entry is solved again and rewritten."""
+    folder = bounds_cache_dir()
+    path = folder / f"bounds-{_bounds_key(args, room, copies)}.json" if folder else None
+    if path is not None and path.is_file():
+        try:
+            got = json.loads(path.read_text())
+            values = tuple(float(got[k]) for k in _BOUND_KEYS)
+            if all(math.isfinite(v) and v > 0 for v in values):
+                return values[0], values[1], values[2], values[3]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    out = (fluid_makespan_bound(*args),
+           fork_makespan_bound(*args, copies=copies, room=room),
+           fork_makespan_bound(*args, copies=copies),
+           fork_makespan_bound(*args))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(dict(zip(_BOUND_KEYS, out, strict=True))) + "\n")
+            tmp.replace(path)
+        except OSError:
+            pass  # (a read-only checkout: the bounds were solved, just not kept)
+    return out
+
+
+_BOUND_KEYS = ("gang_bound_s", "fork_bound_s", "fork_free_bound_s", "fork_any_bound_s")
 
 
 def run_one(case: Case, policy: str, free_moves: bool,

@@ -312,3 +312,56 @@ def test_progress_is_a_line_per_tenth_in_a_log_and_one_line_on_a_terminal() -> N
     for k in range(1, 4):
         report.progress(k, 3, 0.0, term)
     assert term.getvalue() == "\r1/3 runs (0 s)\r2/3 runs (0 s)\r3/3 runs (0 s)\n"
+
+
+def _tiny_bound_inputs() -> tuple[robustness.BoundArgs, np.ndarray]:
+    case = robustness.named(robustness.suite(0, jobs_scale=0.1), ["dgx/static-gangs"])[0]
+    table = robustness.sim_throughputs(None)
+    cluster = parse_counts(case.cluster)
+    jobs = generate(case.spec, cluster, table)
+    args = robustness.bound_inputs(jobs, cluster, table)
+    return args, robustness.copy_room(args[2], cluster)
+
+
+def test_trace_bounds_are_solved_once_and_then_read_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(robustness.CACHE_ENV, str(tmp_path))
+    args, room = _tiny_bound_inputs()
+    solved = robustness.trace_bounds(args, room, 4)
+    assert solved == (robustness.fluid_makespan_bound(*args),
+                      robustness.fork_makespan_bound(*args, copies=4, room=room),
+                      robustness.fork_makespan_bound(*args, copies=4),
+                      robustness.fork_makespan_bound(*args))
+    assert len(list(tmp_path.glob("bounds-*.json"))) == 1
+
+    def no_lp(*_a: object, **_k: object) -> float:
+        raise AssertionError("solved again")
+
+    monkeypatch.setattr(robustness, "fluid_makespan_bound", no_lp)
+    monkeypatch.setattr(robustness, "fork_makespan_bound", no_lp)
+    assert robustness.trace_bounds(args, room, 4) == solved  # read back, exactly
+    # other inputs, another copy limit: never answered from the cache
+    with pytest.raises(AssertionError, match="solved again"):
+        robustness.trace_bounds(args, room, 3)
+    longer = (args[0], args[1] * 2.0, args[2], args[3], args[4])
+    with pytest.raises(AssertionError, match="solved again"):
+        robustness.trace_bounds(longer, room, 4)
+
+
+def test_trace_bounds_solve_again_over_a_damaged_entry_and_without_a_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(robustness.CACHE_ENV, str(tmp_path))
+    args, room = _tiny_bound_inputs()
+    solved = robustness.trace_bounds(args, room, 4)
+    (entry,) = tmp_path.glob("bounds-*.json")
+    for damaged in ("{not json", '{"gang_bound_s": 1.0}', json.dumps(
+            {"gang_bound_s": -1, "fork_bound_s": 1, "fork_free_bound_s": 1,
+             "fork_any_bound_s": 1})):
+        entry.write_text(damaged)
+        assert robustness.trace_bounds(args, room, 4) == solved
+        assert json.loads(entry.read_text())["gang_bound_s"] == solved[0]  # rewritten
+    monkeypatch.setenv(robustness.CACHE_ENV, "off")
+    assert robustness.bounds_cache_dir() is None
+    entry.unlink()
+    assert robustness.trace_bounds(args, room, 4) == solved
+    assert not list(tmp_path.glob("bounds-*"))
