@@ -41,7 +41,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,10 +52,12 @@ import numpy as np
 from bench.report import progress, write_rows
 from hadar_slurm.cli.trace import sim_throughputs
 from hadar_slurm.costs import LiveCosts
+from hadar_slurm.errors import InputError
 from hadar_slurm.loop import EpochRecord
 from hadar_slurm.model import ClusterSpec, Job
-from hadar_slurm.policy import make_policy
+from hadar_slurm.policy import Policy, make_policy, policy_settings
 from hadar_slurm.policy.base import FloatArray, IntArray
+from hadar_slurm.policy.hadar import HadarPolicy
 from hadar_slurm.policy.hadare import HadarEPolicy
 from hadar_slurm.rates.table import ThroughputTable
 from hadar_slurm.sim import bounds as bounds_module
@@ -228,12 +230,40 @@ def trace_bounds(args: BoundArgs, room: IntArray, copies: int,
 _BOUND_KEYS = ("gang_bound_s", "fork_bound_s", "fork_free_bound_s", "fork_any_bound_s")
 
 
+def with_knobs(policy: str, knobs: Mapping[str, object] | None = None,
+               **settings: object) -> Policy:
+    """``policy`` built with ``settings`` and ``knobs``: ``"hadar.NAME"`` sets Hadar's knob
+    ``NAME`` (in ``hadar``, and in ``hadare`` the Hadar it plans with), ``"hadare.NAME"``
+    HadarE's; a knob of a policy not built here is ignored, so that one set of knobs serves
+    a run of both.  An unknown knob is an :class:`InputError` that names it."""
+    own: dict[str, object] = dict(settings)
+    inner: dict[str, object] = {}
+    for key, value in (knobs or {}).items():
+        owner, _, name = key.partition(".")
+        if owner not in ("hadar", "hadare") or not name:
+            raise InputError(f"knob {key!r} is not POLICY.NAME", field=key,
+                             fix="write hadar.NAME or hadare.NAME, e.g. hadar.chain_factor")
+        if name not in policy_settings(owner) or name == "hadar":
+            raise InputError(f"policy {owner!r} has no knob {name!r}", field=key,
+                             fix="its knobs: " + ", ".join(
+                                 k for k in policy_settings(owner) if k != "hadar"))
+        if owner == "hadar" and policy in ("hadar", "hadare"):
+            (own if policy == "hadar" else inner)[name] = value
+        elif owner == policy:
+            own[name] = value
+    if inner:
+        own["hadar"] = HadarPolicy(**inner)  # type: ignore[arg-type]
+    return make_policy(policy, **own)
+
+
 def run_one(case: Case, policy: str, free_moves: bool,
             reschedule_on_finish: bool = False, pin_binding: bool = True,
             on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
+            knobs: Mapping[str, object] | None = None,
             ) -> dict[str, Any]:
     """One run of ``policy`` on ``case``'s trace, as a row (``on_epoch``: called after each
-    epoch with its record and the simulated cluster, as :func:`simulate` does)."""
+    epoch with its record and the simulated cluster, as :func:`simulate` does; ``knobs``:
+    :func:`with_knobs`, recorded in the row's ``settings``)."""
     inst = instance(case)
     jobs, cluster, table = inst.jobs, inst.cluster, inst.table
     bound, fork, fork_any, load = inst.bound, inst.fork, inst.fork_any, inst.load
@@ -242,7 +272,10 @@ def run_one(case: Case, policy: str, free_moves: bool,
     t0 = time.perf_counter()
     settings: dict[str, object] = {"pin_binding": False} if not pin_binding \
         and policy == "hadare" else {}
-    res = simulate(jobs, cluster, table, make_policy(policy, **settings), migration_cost_s=move_s,
+    built = with_knobs(policy, knobs, **settings)
+    settings.update({k: v for k, v in (knobs or {}).items()
+                     if k.partition(".")[0] in (policy, "hadar" if policy == "hadare" else "")})
+    res = simulate(jobs, cluster, table, built, migration_cost_s=move_s,
                    start_cost_s=start_s, reschedule_on_finish=reschedule_on_finish,
                    on_epoch=on_epoch)
     return {

@@ -1,0 +1,199 @@
+"""Knobs: Hadar's and HadarE's settings moved one at a time, judged on the regime suite.
+
+    python -m bench.knobs [--seed-base 0 100 200] [--variant NAME KNOB=VALUE ...]
+                          [--workers 2] [--json bench/results/knobs.json]
+
+Every knob of :class:`~hadar_slurm.policy.hadar.HadarPolicy` and
+:class:`~hadar_slurm.policy.hadare.HadarEPolicy` has a default that needs no tuning (their
+docstrings).  This bench asks whether that holds on the regime suite (:mod:`bench.robustness`):
+each variant (:data:`VARIANTS`, one knob moved either way from its default; ``--variant``
+gives others, ``hadar.NAME=VALUE`` or ``hadare.NAME=VALUE``, several knobs at once allowed)
+runs ``hadar`` and ``hadare`` on the 36 traces of each seed base, beside the defaults and the
+baselines (``gavel-las``, ``fifo-perf``, ``fifo``: they have no knobs, so they run once per
+seed base).  Per variant and seed base it prints issue #15's goals missed
+(:func:`bench.robustness.misses`) and the geometric means of Hadar's and HadarE's makespan
+and average JCT over the defaults' runs.  A variant that missed fewer goals on every seed base
+and was no worse in geometric mean would be a better default; one that trades seed bases
+against each other is noise ("How much of a ratio is noise", docs/algorithm.md).
+
+Each seed base takes about a minute for the baselines and 40 s a variant on 2 cores once the
+traces' bounds are in ``bench/results/.cache``; the default sweep of three seed bases about
+35 minutes.  ``--json`` gets ``{"summary": [...], "rows": [...]}``: the figures per variant
+and seed base, and every run's row with its ``variant`` and ``seed_base``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.report import progress
+from bench.robustness import (
+    BASELINES,
+    Case,
+    add_ratios,
+    misses,
+    named,
+    run_one,
+    suite,
+    with_knobs,
+)
+from hadar_slurm.errors import InputError
+
+Row = dict[str, Any]
+DEFAULTS = "defaults"
+JUDGED = ("hadar", "hadare")
+
+#: One knob moved either way from its default (the defaults in brackets): Hadar's
+#: ``margin_rounds`` (1.5), ``chain_factor`` (0.95), ``split_share`` (0.5), ``held_speed`` (0.3),
+#: ``move_margin`` (0.25), ``horizon`` (8), ``min_floor`` (0.05); HadarE's ``max_overhead`` (0.5),
+#: ``replans`` (2) and ``pin_tolerance`` (0.05).
+VARIANTS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("margin_rounds=1.0", {"hadar.margin_rounds": 1.0}),
+    ("margin_rounds=2.0", {"hadar.margin_rounds": 2.0}),
+    ("chain_factor=0.85", {"hadar.chain_factor": 0.85}),
+    ("chain_factor=1.0", {"hadar.chain_factor": 1.0}),
+    ("split_share=0.4", {"hadar.split_share": 0.4}),
+    ("split_share=0.6", {"hadar.split_share": 0.6}),
+    ("held_speed=0.2", {"hadar.held_speed": 0.2}),
+    ("held_speed=0.4", {"hadar.held_speed": 0.4}),
+    ("move_margin=0", {"hadar.move_margin": 0.0}),
+    ("move_margin=0.5", {"hadar.move_margin": 0.5}),
+    ("horizon=4", {"hadar.horizon": 4}),
+    ("horizon=12", {"hadar.horizon": 12}),
+    ("min_floor=0.1", {"hadar.min_floor": 0.1}),
+    ("max_overhead=0.3", {"hadare.max_overhead": 0.3}),
+    ("replans=3", {"hadare.replans": 3}),
+    ("pin_tolerance=0.1", {"hadare.pin_tolerance": 0.1}),
+)
+
+
+def parse_variant(words: Sequence[str]) -> tuple[str, dict[str, object]]:
+    """``NAME KNOB=VALUE ...`` as ``(NAME, {KNOB: value})``: a value is an int, a float or
+    true/false; the knobs are checked as :func:`bench.robustness.with_knobs` builds them."""
+    if len(words) < 2:
+        raise InputError("a variant is NAME KNOB=VALUE [KNOB=VALUE ...]", field="--variant",
+                         fix="e.g. --variant late hadar.chain_factor=1.0")
+    knobs: dict[str, object] = {}
+    for word in words[1:]:
+        key, eq, text = word.partition("=")
+        if not eq or not key or not text:
+            raise InputError(f"{word!r} is not KNOB=VALUE", field="--variant",
+                             fix="e.g. hadar.chain_factor=1.0")
+        value: object
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            try:
+                value = int(text)
+            except ValueError:
+                try:
+                    value = float(text)
+                except ValueError:
+                    raise InputError(f"{word!r}: {text!r} is no number", field="--variant",
+                                     fix="give a number, or true/false") from None
+        knobs[key] = value
+    for policy in JUDGED:
+        with_knobs(policy, knobs)  # an unknown knob fails here, before any run
+    return words[0], knobs
+
+
+def _task(args: tuple[Case, str, str, int, Mapping[str, object]]) -> Row:
+    case, policy, variant, seed_base, knobs = args
+    row = run_one(case, policy, free_moves=False, knobs=knobs)
+    row["variant"], row["seed_base"] = variant, seed_base
+    return row
+
+
+def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
+    """A variant's figures on a seed base: goals missed, and its geometric means over the
+    defaults' runs (Hadar's and HadarE's makespan and average JCT)."""
+    base = [r for r in rows if r["seed_base"] == seed_base and r["policy"] in BASELINES]
+    mine = [dict(r) for r in rows if r["seed_base"] == seed_base and r["variant"] == variant
+            and r["policy"] in JUDGED]
+    add_ratios(mine + [dict(r) for r in base])
+    missed = misses(mine)
+    ref = {(r["trace"], r["policy"]): r for r in rows if r["seed_base"] == seed_base
+           and r["variant"] == DEFAULTS}
+    out: dict[str, Any] = {"variant": variant, "seed_base": seed_base, "missed": len(missed),
+                           "misses": missed}
+    for policy in JUDGED:
+        for key in ("makespan_s", "avg_jct_s"):
+            logs = [math.log(r[key] / ref[(r["trace"], policy)][key]) for r in mine
+                    if r["policy"] == policy and ref[(r["trace"], policy)][key] > 0]
+            out[f"{policy}_{key}"] = round(math.exp(sum(logs) / len(logs)), 4) if logs else None
+    return out
+
+
+def table(judged: Sequence[dict[str, Any]], seed_bases: Sequence[int]) -> str:
+    """One line per variant: goals missed per seed base and in all, and the geometric means."""
+    variants = list(dict.fromkeys(j["variant"] for j in judged))
+    by = {(j["variant"], j["seed_base"]): j for j in judged}
+    head = (f"{'variant':22s} " + " ".join(f"{'s' + str(s):>5s}" for s in seed_bases)
+            + "   all   per seed base: hadar makespan / JCT, hadare makespan / JCT "
+            "(geometric means over the defaults)")
+    lines = [head, "-" * len(head)]
+    for v in variants:
+        cells = [by[(v, s)] for s in seed_bases]
+        means = "  ".join(
+            f"{c['hadar_makespan_s']:.4f}/{c['hadar_avg_jct_s']:.4f} "
+            f"{c['hadare_makespan_s']:.4f}/{c['hadare_avg_jct_s']:.4f}" for c in cells)
+        lines.append(f"{v:22s} " + " ".join(f"{c['missed']:5d}" for c in cells)
+                     + f" {sum(c['missed'] for c in cells):5d}   {means}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--seed-base", type=int, nargs="+", default=[0, 100, 200])
+    ap.add_argument("--variant", nargs="+", action="append", metavar="WORD",
+                    help="NAME KNOB=VALUE [KNOB=VALUE ...] (repeatable; default: the sweep "
+                    "of bench.knobs.VARIANTS)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="only these traces, as bench.robustness --only (a quick look)")
+    ap.add_argument("--jobs-scale", type=float, default=1.0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", default="bench/results/knobs.json")
+    args = ap.parse_args(argv)
+    try:
+        variants = ([parse_variant(v) for v in args.variant] if args.variant
+                    else list(VARIANTS))
+    except InputError as exc:
+        ap.error(exc.one_line())
+    if DEFAULTS in {name for name, _ in variants}:
+        ap.error(f"--variant: {DEFAULTS!r} names the runs with no knob moved; pick another name")
+    tasks: list[tuple[Case, str, str, int, Mapping[str, object]]] = []
+    for s in args.seed_base:
+        cases = suite(s, args.jobs_scale)
+        if args.only:
+            cases = named(cases, args.only)
+            if not cases:
+                ap.error(f"no trace matches {args.only}")
+        tasks += [(c, p, "baselines", s, {}) for c in cases for p in BASELINES]
+        for name, knobs in [(DEFAULTS, {}), *variants]:
+            tasks += [(c, p, name, s, knobs) for c in cases for p in JUDGED]
+    t0 = time.perf_counter()
+    rows: list[Row] = []
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        for k, row in enumerate(pool.map(_task, tasks)):
+            rows.append(row)
+            progress(k + 1, len(tasks), time.perf_counter() - t0)
+    judged = [judge(rows, name, s) for s in args.seed_base
+              for name in [DEFAULTS, *(n for n, _ in variants)]]
+    print(table(judged, args.seed_base))
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summary": judged, "rows": rows}, indent=2) + "\n")
+    print(f"\nsummary and rows written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""``bench.knobs``: variants parsed and checked, knobs reaching the policies they name, the
+figures per variant, and a small sweep end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import knobs
+from bench.robustness import with_knobs
+from hadar_slurm.errors import InputError
+from hadar_slurm.policy.hadar import HadarPolicy
+from hadar_slurm.policy.hadare import HadarEPolicy
+
+
+def test_variants_parse_numbers_and_switches() -> None:
+    assert knobs.parse_variant(["v", "hadar.horizon=4", "hadar.chain_factor=1.0",
+                                "hadare.pin_binding=false"]) == (
+        "v", {"hadar.horizon": 4, "hadar.chain_factor": 1.0, "hadare.pin_binding": False})
+
+
+@pytest.mark.parametrize(("words", "says"), [
+    (["v"], "NAME KNOB=VALUE"),
+    (["v", "hadar.horizon"], "is not KNOB=VALUE"),
+    (["v", "hadar.horizon=many"], "is no number"),
+    (["v", "hadar.nope=1"], "policy 'hadar' has no knob 'nope'"),
+    (["v", "gavel.x=1"], "is not POLICY.NAME"),
+    (["v", "hadare.hadar=1"], "policy 'hadare' has no knob 'hadar'"),
+])
+def test_bad_variants_are_refused_with_the_field(words: list[str], says: str) -> None:
+    with pytest.raises(InputError, match=says):
+        knobs.parse_variant(words)
+
+
+def test_knobs_reach_the_policies_they_name() -> None:
+    set_ = {"hadar.chain_factor": 1.0, "hadare.replans": 3}
+    hadar = with_knobs("hadar", set_)
+    assert isinstance(hadar, HadarPolicy) and hadar.chain_factor == 1.0
+    hadare = with_knobs("hadare", set_, pin_binding=False)
+    assert isinstance(hadare, HadarEPolicy)
+    assert hadare.replans == 3 and not hadare.pin_binding
+    assert hadare.hadar.chain_factor == 1.0  # the Hadar that HadarE plans with
+    assert with_knobs("fifo", set_).name == "fifo"  # not its knobs: ignored
+    plain = with_knobs("hadare")
+    assert isinstance(plain, HadarEPolicy) and plain.hadar.chain_factor == 0.95
+
+
+def _row(trace: str, policy: str, variant: str, mk: float, jct: float) -> dict:
+    return {"trace": trace, "policy": policy, "variant": variant, "seed_base": 0,
+            "regime": "r", "cluster": "c", "makespan_s": mk, "avg_jct_s": jct,
+            "makespan_over_gang_bound": mk / 100, "makespan_over_fork_bound": mk / 100,
+            "completed": 2, "jobs": 2}
+
+
+def test_a_variant_is_judged_against_the_defaults_and_the_baselines() -> None:
+    rows = [_row("t", "gavel-las", "baselines", 150, 100),
+            _row("t", "fifo-perf", "baselines", 150, 120),
+            _row("t", "fifo", "baselines", 150, 130),
+            _row("t", "hadar", "defaults", 102, 90), _row("t", "hadare", "defaults", 100, 80),
+            # the variant: Hadar 4% past the bound and its JCT past gavel-las's
+            _row("t", "hadar", "v", 104, 110), _row("t", "hadare", "v", 100, 80)]
+    got = knobs.judge(rows, "v", 0)
+    assert got["missed"] == 2 and got["misses"] == [
+        "t: hadar makespan 1.040x the gang bound", "t: hadar avg JCT 1.100x the best baseline's"]
+    assert got["hadar_makespan_s"] == pytest.approx(104 / 102, abs=1e-4)
+    assert got["hadar_avg_jct_s"] == pytest.approx(110 / 90, abs=1e-4)
+    assert got["hadare_makespan_s"] == 1.0 and got["hadare_avg_jct_s"] == 1.0
+    assert knobs.judge(rows, knobs.DEFAULTS, 0)["missed"] == 0
+    text = knobs.table([knobs.judge(rows, knobs.DEFAULTS, 0), got], [0])
+    assert "defaults" in text and "1.0196/1.2222" in text
+
+
+def test_a_small_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "k.json"
+    assert knobs.main(["--seed-base", "0", "--only", "dgx/poisson-0.5", "--jobs-scale", "0.3",
+                       "--workers", "1", "--variant", "one", "hadare.max_copies=1",
+                       "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [(s["variant"], s["seed_base"]) for s in data["summary"]] == [
+        ("defaults", 0), ("one", 0)]
+    one = {r["policy"]: r for r in data["rows"] if r["variant"] == "one"}
+    assert one["hadare"]["settings"] == {"hadare.max_copies": 1}
+    assert one["hadar"]["settings"] == {}  # a HadarE knob: Hadar ran as by default
+    # one copy a job is Hadar's schedule, not HadarE's forked one
+    assert data["summary"][1]["hadare_makespan_s"] != 1.0
+    assert data["summary"][1]["hadar_makespan_s"] == 1.0
+    assert "one" in capsys.readouterr().out
+
+
+def test_the_defaults_name_is_reserved(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        knobs.main(["--variant", "defaults", "hadar.horizon=4"])
+    assert "'defaults' names the runs with no knob moved" in capsys.readouterr().err
