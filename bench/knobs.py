@@ -18,8 +18,8 @@ against each other is noise ("How much of a ratio is noise", docs/algorithm.md).
 
 Each seed base takes about a minute for the baselines and 40 s a variant on 2 cores once the
 traces' bounds are in ``bench/results/.cache``; the default sweep of three seed bases about
-35 minutes.  ``--json`` gets ``{"summary": [...], "rows": [...]}``: the figures per variant
-and seed base, and every run's row with its ``variant`` and ``seed_base``.
+35 minutes.  ``--json`` gets ``{"summary": [...]}``, the figures per variant and seed base, and
+with ``--with-rows`` also ``"rows"``, every run's row with its ``variant`` and ``seed_base``.
 """
 
 from __future__ import annotations
@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs-scale", type=float, default=1.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default="bench/results/knobs.json")
+    ap.add_argument("--with-rows", action="store_true",
+                    help="also write every run's row (about 4 MB for the default sweep)")
     args = ap.parse_args(argv)
     try:
         variants = ([parse_variant(v) for v in args.variant] if args.variant
@@ -190,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(judged, args.seed_base))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"summary": judged, "rows": rows}, indent=2) + "\n")
-    print(f"\nsummary and rows written to {out}")
+    data: dict[str, Any] = {"summary": judged}
+    if args.with_rows:
+        data["rows"] = rows
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nsummary{' and rows' if args.with_rows else ''} written to {out}")
     return 0
 
 

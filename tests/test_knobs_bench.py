@@ -76,7 +76,7 @@ def test_a_small_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     out = tmp_path / "k.json"
     assert knobs.main(["--seed-base", "0", "--only", "dgx/poisson-0.5", "--jobs-scale", "0.3",
                        "--workers", "1", "--variant", "one", "hadare.max_copies=1",
-                       "--json", str(out)]) == 0
+                       "--json", str(out), "--with-rows"]) == 0
     data = json.loads(out.read_text())
     assert [(s["variant"], s["seed_base"]) for s in data["summary"]] == [
         ("defaults", 0), ("one", 0)]
