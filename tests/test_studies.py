@@ -13,11 +13,12 @@ import pytest
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import ClusterSpec, Job
 from hadar_slurm.policy import make_policy
+from hadar_slurm.policy.base import Decision, Snapshot
 from hadar_slurm.rates.table import ThroughputTable, default_table
 from hadar_slurm.studies.curves import LearningCurves
 from hadar_slurm.studies.halving import Verdict, best_trial, cohorts, verdicts
 from hadar_slurm.studies.sim import StudyCluster, StudyRun, simulate_studies
-from hadar_slurm.studies.spec import Rule, StudySpec
+from hadar_slurm.studies.spec import Rule, StudySpec, trial_weight
 from hadar_slurm.studies.static import StaticTrialsPolicy
 
 MODEL = "toy"
@@ -328,6 +329,39 @@ def test_few_live_trials_may_fork_over_the_cluster() -> None:
     res = simulate_studies([], [StudyRun(spec(Rule.NONE, trials=1), LearningCurves(1),
                                          first_job_id=1)], cl, table(), make_policy("hadare"))
     assert res.result.max_copies > 1  # one trial, six GPUs: HadarE forks it
+
+
+def test_a_study_keeps_its_weight_as_its_trials_are_stopped() -> None:
+    # 48 trials, 12 left after two halvings by 2: each weighs 4; a study of fewer trials than
+    # are offered (never: the offered are its trials) weighs 1 a trial, never less.
+    assert [trial_weight(48, k) for k in (48, 24, 12, 3, 1)] == [1.0, 2.0, 4.0, 16.0, 48.0]
+    assert trial_weight(4, 8) == 1.0 and trial_weight(4, 0) == 4.0
+
+
+def test_the_trials_a_halving_keeps_weigh_what_the_stopped_ones_did() -> None:
+    # sh, 4 trials, rungs of 400 and 800 steps, eta 2, on 5 equal GPUs beside one other job
+    # (weight 3, work that outlasts the study): the four trials report rung 0 at once, the
+    # rule keeps 2, and each of those weighs 4 / 2 = 2 (times its own 1); the other job keeps
+    # its 3 throughout.
+    seen: list[tuple[list[int], list[float]]] = []
+    inner = make_policy("hadar")
+
+    class Recording:
+        name = "recording"
+
+        def allocate(self, snapshot: Snapshot) -> Decision:
+            seen.append((snapshot.job_ids.tolist(), snapshot.weight.tolist()))
+            return inner.allocate(snapshot)
+
+    cl = ClusterSpec.uniform([("fast", 5)])
+    run = StudyRun(spec(Rule.SH, trials=4, rungs=2), LearningCurves(4), first_job_id=1)
+    other = Job(9, MODEL, 1, 40_000.0, 0.0, weight=3.0)
+    simulate_studies([other], [run], cl, table(), Recording())
+    assert seen[0] == ([1, 2, 3, 4, 9], [1.0, 1.0, 1.0, 1.0, 3.0])
+    # (the epoch the reports bring forward offers the jobs without GPUs: the two promoted)
+    promoted = [(ids, w) for ids, w in seen if 9 not in ids and ids]
+    assert promoted and len(promoted[0][0]) == 2 and promoted[0][1] == [2.0, 2.0], seen
+    assert all(w[ids.index(9)] == 3.0 for ids, w in seen if 9 in ids)
 
 
 def test_trial_ids_must_not_collide() -> None:

@@ -351,6 +351,9 @@ def test_the_backend_stops_requeues_and_cancels_trials_as_their_study_says(
     assert sorted(snap.job_ids.tolist()) == [42, 43]
     # trials: HadarE offers them their water-filling cap of copies whatever their length
     assert snap.spread is not None and snap.spread.tolist() == [True, True]
+    # and, 2 of the study's 4 trials offered, each weighs 4 / 2 (trial_weight): the study's
+    # weight is kept as its trials wait or are stopped
+    assert snap.weight.tolist() == [2.0, 2.0]
     kinds = {c.job_id: c.kind for c in changes}
     assert (kinds[40], kinds[41], kinds[42], kinds[43]) == (
         ChangeKind.STOP, ChangeKind.STOP, ChangeKind.KEEP, ChangeKind.WAIT)

@@ -31,7 +31,7 @@ import numpy as np
 from hadar_slurm.errors import InputError
 from hadar_slurm.hints import Hints, ModelCatalog, is_hadar_comment, parse_hints
 from hadar_slurm.logs import log_event
-from hadar_slurm.policy.base import Placement, Snapshot, remaining_seen
+from hadar_slurm.policy.base import FloatArray, Placement, Snapshot, remaining_seen
 from hadar_slurm.rates.learn import Knowledge, SlurmRun
 from hadar_slurm.rates.store import StoreDamagedError
 from hadar_slurm.rates.table import ThroughputTable
@@ -49,7 +49,7 @@ from hadar_slurm.slurm.parse import (
     RUNNING_STATES,
 )
 from hadar_slurm.slurm.version import SlurmVersion
-from hadar_slurm.studies.spec import copies_cap
+from hadar_slurm.studies.spec import copies_cap, trial_weight
 
 #: Node states (base) whose GPUs may be handed out, and flags that take a node out.
 NODE_USABLE = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
@@ -576,7 +576,7 @@ class SlurmObserver:
             arrival=np.array([v.arrival(now) for v in ordered], dtype=np.float64),
             total=total, remaining=remaining,
             scale=np.array([v.gpus for v in ordered], dtype=np.int64),
-            weight=np.array([v.hints.weight for v in ordered], dtype=np.float64),
+            weight=self._weights(ordered),
             sync=np.array([v.hints.sync for v in ordered], dtype=np.bool_),
             rate=rate, attained=attained,
             current=Placement(np.array(cur_job, dtype=np.int64),
@@ -747,6 +747,18 @@ class SlurmObserver:
             view = views.get(job_id)
             if view is not None:
                 view.study = st
+
+    @staticmethod
+    def _weights(ordered: Sequence[JobView]) -> FloatArray:
+        """Per job, its hint's weight; a trial's times :func:`trial_weight`, its study's
+        trials over those offered this epoch (the study's weight is kept as its halving stops
+        trials, as in the simulator)."""
+        live: dict[int, int] = {}
+        for v in ordered:
+            if v.study is not None:
+                live[v.study.array] = live.get(v.study.array, 0) + 1
+        return np.array([v.hints.weight * (1.0 if v.study is None else trial_weight(
+            v.study.trials, live[v.study.array])) for v in ordered], dtype=np.float64)
 
     def _cap_trial_copies(self, ordered: Sequence[JobView], gpus: int) -> None:
         """Water-filling (issue #17): a trial may run as at most as many copies as the

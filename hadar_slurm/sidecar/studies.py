@@ -206,6 +206,7 @@ class TrialStatus:
     detail: str  # for explain
     cancel: bool = False  # stopped: cancel its job this epoch
     full: int = 0  # the steps of the study's last rung (its full budget); 0: not told
+    trials: int = 1  # the study's trials (its array's tasks seen), for its weight
 
     @property
     def after(self) -> int:
@@ -545,7 +546,7 @@ class StudyBook:
             detail = (f"{head}: trains to rung {rung} ({targets[rung]} steps)"
                       + (f"; {trial.why}" if trial.why else ""))
         return TrialStatus(study.array, trial.task, study.name, "train", rung, targets[rung],
-                           detail, full=targets[last])
+                           detail, full=targets[last], trials=max(1, len(study.trials)))
 
     def reported_since(self, live: Iterable[int]) -> list[int]:
         """Jobs (of ``live``) whose trial has written the report of the rung it trains toward

@@ -41,7 +41,7 @@ from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.run import SimResult, run_backend
 from hadar_slurm.studies.curves import LearningCurves
 from hadar_slurm.studies.halving import Verdict, best_trial, verdicts
-from hadar_slurm.studies.spec import StudySpec, copies_cap
+from hadar_slurm.studies.spec import StudySpec, copies_cap, trial_weight
 
 #: The copies cap of the jobs that are not trials (HadarE's default ``max_copies``).
 OTHER_COPIES = 4
@@ -146,7 +146,18 @@ class StudyCluster(SimulatedCluster):
         trials = np.isin(snap.job_ids, np.fromiter(self.trial_ids, dtype=np.int64))
         pos = {int(j): k for k, j in enumerate(snap.job_ids.tolist())}
         return replace(snap, max_copies=self._copies_cap(snap, pos), spread=trials,
-                       after=self._after(snap, pos))
+                       after=self._after(snap, pos), weight=self._weights(snap, pos))
+
+    def _weights(self, snap: Snapshot, pos: dict[int, int]) -> np.ndarray:
+        """Per job, its weight: a trial's times :func:`trial_weight` (its study's trials
+        over those live now: the study's weight is kept as its halving stops trials); the
+        other jobs' as they are.  ``pos``: each job id's index in ``snap``."""
+        weight = snap.weight.astype(np.float64, copy=True)
+        for study in self.studies:
+            live = [pos[j] for j in study.ids if j in pos]
+            if live:
+                weight[live] *= trial_weight(study.spec.trials, len(live))
+        return weight
 
     def _copies_cap(self, snap: Snapshot, pos: dict[int, int]) -> np.ndarray:
         """How many copies each job may run as (HadarE): a trial, the cluster's GPUs over its

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from hadar_slurm.errors import InputError
 
-__all__ = ["Rule", "StudySpec", "copies_cap"]
+__all__ = ["Rule", "StudySpec", "copies_cap", "trial_weight"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -174,3 +174,15 @@ def copies_cap(gpus: int, live_trials: int) -> int:
     few remain, they may spread over the GPUs the stopped ones left.  The simulator's and the
     sidecar's rule."""
     return max(1, -(-gpus // max(1, live_trials)))
+
+
+def trial_weight(trials: int, live_trials: int) -> float:
+    """A study's weight is kept as its halving stops trials (issue #17): each of its
+    ``live_trials`` (those the policy is offered now) weighs its study's ``trials`` over them,
+    at least 1, times its own weight.  Each trial of a study that starts weighs what a job
+    does; once the rule has stopped three quarters of them, each that goes on weighs four.  The
+    study is one piece of work whose end (its best configuration known) follows its last
+    trials, and in Hadar's order (weighted shortest remaining time first) and its utility those
+    few trials would otherwise count for no more than any other job, however much of the study
+    rests on them.  The simulator's and the sidecar's rule."""
+    return max(1.0, float(trials) / float(max(1, live_trials)))
