@@ -25,6 +25,7 @@ from hadar_slurm.hints import parse_hints
 from hadar_slurm.loop import ChangeKind
 from hadar_slurm.sidecar.config import default_config
 from hadar_slurm.sidecar.controller import epoch_state
+from hadar_slurm.sidecar.status import explain
 from hadar_slurm.sidecar.studies import STUDIES_FILE, StudyBook, study_summary
 from hadar_slurm.slurm import SlurmJob
 from hadar_slurm.studies.halving import Verdict
@@ -364,6 +365,13 @@ def test_the_backend_stops_requeues_and_cancels_trials_as_their_study_says(
     info = state["jobs"]["40"]  # type: ignore[index]
     assert info["reason"] == "STUDY_WAIT" and info["study"]["state"] == "wait"
     assert state["studies"][0]["by_rung"][0]["wait"] == 2  # type: ignore[index]
+    # explain says what a trial the policy was offered weighs, and why
+    trial42 = state["jobs"]["42"]["study"]  # type: ignore[index]
+    assert (trial42["weight"], trial42["trials"], trial42["offered"]) == (2.0, 4, 2)
+    said = explain(42, list(api.jobs.values()), state)
+    assert ("weighs 2 in the policy's order: its study's 4 trial(s) over the 2 offered this "
+            "epoch") in said
+    assert "weighs" not in explain(40, list(api.jobs.values()), state)  # (it waits)
     # 42 and 43 report (43 ran meanwhile): cohort 4, keep 2: 41 (0.9), 43 (0.8) go on
     api.jobs[43] = replace(api.jobs[43], state="RUNNING", node_names=("node1",),
                            nodes="node1", state_reason="None", start_time=1000)

@@ -629,13 +629,22 @@ def epoch_state(
         info.update(max_copies=1, fork_blocked="", copies=0, placed_copies=[],
                     shares_with=None)
         jobs[str(job_id)] = info
+    # a trial's weight for the policy: its study's trials over those offered (trial_weight)
+    offered: dict[int, int] = {}
+    for job_id in in_snapshot:
+        seen = backend.views.get(int(job_id))
+        if seen is not None and seen.study is not None:
+            offered[seen.study.array] = offered.get(seen.study.array, 0) + 1
+    weight_of = dict(zip(snapshot.job_ids.tolist(), snapshot.weight.tolist(), strict=True))
     for job_id_s, entry in jobs.items():
         seen = backend.views.get(int(job_id_s))
         if seen is not None and seen.study is not None and isinstance(entry, dict):
             st = seen.study
             entry["study"] = {"name": st.study, "array": st.array, "task": st.task,
                              "state": st.state, "rung": st.rung, "target": st.target,
-                             "detail": st.detail}
+                             "detail": st.detail, "trials": st.trials,
+                             "offered": offered.get(st.array, 0),
+                             "weight": weight_of.get(int(job_id_s))}
     for job_id, view in sorted(backend.pinned.items()):
         # running jobs hadar may not stop: not the policy's, but explain tells about them
         info = _job_info(

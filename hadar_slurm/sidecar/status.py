@@ -413,6 +413,11 @@ def explain(job_id: int, jobs: Sequence[SlurmJob], state: Mapping[str, Any] | No
         study = info.get("study")
         if isinstance(study, Mapping) and study.get("detail"):
             out.append(f"study: {study['detail']}")
+            if study.get("weight") is not None and int(study.get("offered") or 0) > 0:
+                out.append(f"  weighs {float(study['weight']):g} in the policy's order: its "
+                           f"study's {int(study.get('trials') or 0)} trial(s) over the "
+                           f"{int(study['offered'])} offered this epoch (a study keeps its "
+                           "weight as its trials are stopped)")
         if info.get("pinned") or _pinned(job, state):
             out.append("  " + PINNED_TEXT.format(epoch=rec.epoch))
         rates: Mapping[str, float] = info.get("rates", {})
