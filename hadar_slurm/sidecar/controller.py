@@ -630,11 +630,6 @@ def epoch_state(
                     shares_with=None)
         jobs[str(job_id)] = info
     # a trial's weight for the policy: its study's trials over those offered (trial_weight)
-    offered: dict[int, int] = {}
-    for job_id in in_snapshot:
-        seen = backend.views.get(int(job_id))
-        if seen is not None and seen.study is not None:
-            offered[seen.study.array] = offered.get(seen.study.array, 0) + 1
     weight_of = dict(zip(snapshot.job_ids.tolist(), snapshot.weight.tolist(), strict=True))
     for job_id_s, entry in jobs.items():
         seen = backend.views.get(int(job_id_s))
@@ -643,7 +638,7 @@ def epoch_state(
             entry["study"] = {"name": st.study, "array": st.array, "task": st.task,
                              "state": st.state, "rung": st.rung, "target": st.target,
                              "detail": st.detail, "trials": st.trials,
-                             "offered": offered.get(st.array, 0),
+                             "offered": backend.trials_offered.get(st.array, 0),
                              "weight": weight_of.get(int(job_id_s))}
     for job_id, view in sorted(backend.pinned.items()):
         # running jobs hadar may not stop: not the policy's, but explain tells about them

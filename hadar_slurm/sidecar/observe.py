@@ -351,6 +351,9 @@ class SlurmObserver:
         self.partition = partition
         self.tracker_root = tracker_root
         self.views: dict[int, JobView] = {}
+        #: Per study (its array's job id), how many of its trials the last snapshot offered
+        #: the policy: their water-filling cap and their weight follow from it.
+        self.trials_offered: dict[int, int] = {}
         self.unsteered: list[Unsteered] = []
         self.groups: dict[int, list[CopyGroup]] = {}  # every fork in the last read, by job
         self.orphans: list[GroupEnd] = []  # forks whose job is gone (or has a newer fork)
@@ -542,6 +545,11 @@ class SlurmObserver:
         # policy's: the changes stop it or keep it held (reconcile)
         ordered = [v for v in views.values() if v.study is None or v.study.offered]
         ordered += [self.pinned[j] for j in sorted(self.pinned)]
+        self.trials_offered = {}
+        for v in ordered:
+            if v.study is not None:
+                arr = v.study.array
+                self.trials_offered[arr] = self.trials_offered.get(arr, 0) + 1
         self._cap_trial_copies(ordered, int(gpus.sum()))
         sharing = self._sharing(nodes, ordered)
         if self.knowledge.store is not None and self.knowledge.learn:
@@ -748,29 +756,23 @@ class SlurmObserver:
             if view is not None:
                 view.study = st
 
-    @staticmethod
-    def _weights(ordered: Sequence[JobView]) -> FloatArray:
+    def _weights(self, ordered: Sequence[JobView]) -> FloatArray:
         """Per job, its hint's weight; a trial's times :func:`trial_weight`, its study's
-        trials over those offered this epoch (the study's weight is kept as its halving stops
-        trials, as in the simulator)."""
-        live: dict[int, int] = {}
-        for v in ordered:
-            if v.study is not None:
-                live[v.study.array] = live.get(v.study.array, 0) + 1
+        trials over those offered this epoch (``trials_offered``: the study's weight is kept
+        as its halving stops trials, as in the simulator)."""
         return np.array([v.hints.weight * (1.0 if v.study is None else trial_weight(
-            v.study.trials, live[v.study.array])) for v in ordered], dtype=np.float64)
+            v.study.trials, self.trials_offered[v.study.array])) for v in ordered],
+            dtype=np.float64)
 
     def _cap_trial_copies(self, ordered: Sequence[JobView], gpus: int) -> None:
         """Water-filling (issue #17): a trial may run as at most as many copies as the
-        cluster's GPUs over its study's trials offered this epoch (:func:`copies_cap`, as in
-        the simulator), and never more than its ``fork`` hint allows."""
-        live: dict[int, int] = {}
-        for v in ordered:
-            if v.study is not None:
-                live[v.study.array] = live.get(v.study.array, 0) + 1
+        cluster's GPUs over its study's trials offered this epoch (``trials_offered``,
+        :func:`copies_cap`, as in the simulator), and never more than its ``fork`` hint
+        allows."""
         for v in ordered:
             if v.study is not None and v.max_copies > 1:
-                v.max_copies = min(v.max_copies, copies_cap(gpus, live[v.study.array]))
+                v.max_copies = min(v.max_copies,
+                                   copies_cap(gpus, self.trials_offered[v.study.array]))
 
     def _sort_groups(self) -> dict[int, CopyGroup]:
         """The forks of the last read that the sidecar made (:meth:`_made_here`; a job that

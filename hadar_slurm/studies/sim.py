@@ -154,10 +154,16 @@ class StudyCluster(SimulatedCluster):
         other jobs' as they are.  ``pos``: each job id's index in ``snap``."""
         weight = snap.weight.astype(np.float64, copy=True)
         for study in self.studies:
-            live = [pos[j] for j in study.ids if j in pos]
+            live = self._live(study, pos)
             if live:
                 weight[live] *= trial_weight(study.spec.trials, len(live))
         return weight
+
+    @staticmethod
+    def _live(study: _Study, pos: dict[int, int]) -> list[int]:
+        """The indices in the snapshot (``pos``: each job id's) of ``study``'s trials offered
+        in it: their water-filling cap and their weight follow from how many they are."""
+        return [pos[j] for j in study.ids if j in pos]
 
     def _copies_cap(self, snap: Snapshot, pos: dict[int, int]) -> np.ndarray:
         """How many copies each job may run as (HadarE): a trial, the cluster's GPUs over its
@@ -167,7 +173,7 @@ class StudyCluster(SimulatedCluster):
         cap = np.full(snap.num_jobs, OTHER_COPIES, dtype=np.int64)
         gpus = int(self.node_gpus.sum())
         for study in self.studies:
-            live = [pos[j] for j in study.ids if j in pos]
+            live = self._live(study, pos)
             if live:
                 cap[live] = copies_cap(gpus, len(live))
         return cap
