@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -49,7 +50,17 @@ _SLURM_OUTCOMES: Counter[str] = Counter()
 _SLURM_SECONDS = [0.0]
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    """SIGTERM or SIGHUP ends the session as Ctrl-C does: pytest then tears its fixtures down,
+    so that the dev cluster's daemons (munged, slurmctld, slurmd) and any warm-start server
+    stop with it instead of outliving a killed run (``timeout``, a CI job cancelled)."""
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _interrupt)
     config.addinivalue_line(
         "markers", "slurm: runs against the real Slurm dev cluster (set on every test that uses "
         "the dev_cluster fixture)")
