@@ -454,12 +454,14 @@ def test_a_pair_must_end_by_the_target_the_job_left_alone_after_included() -> No
     assert pairs == ((0, 1),) and guests.tolist() == [False, True]
 
 
-def test_no_pair_forms_on_a_type_a_waiting_gang_ahead_of_the_guest_can_use() -> None:
+def test_no_pair_forms_on_a_type_a_waiting_gang_can_use() -> None:
     """One node of two v100s at t = 0: x (1 GPU, placed), g (2 GPUs, waiting: one GPU is
-    free) and y (1 GPU, waiting).  y joining x would pay (the pair test above), but where g is
-    ahead of y in the queue order the pair would keep x on its GPU longer while g waits for
-    both GPUs whole: no pair.  With y ahead of g, y joins x; and a pair that ran in the last
-    epoch may always form again."""
+    free) and y (1 GPU, waiting).  y joining x would pay (the pair test above), but the pair
+    would keep x on its GPU longer while g waits for both GPUs whole: no pair, whether g is
+    ahead of y in the queue order or behind it (a gang behind jumps the queue once it is
+    critical, and under load it waited for types that pairs kept busy: bench.sharing,
+    gavel/bursty-1.5).  Without g, y joins x; and a pair that ran in the last epoch may always
+    form again."""
     table = parse_gavel_json(json.dumps({"v100": {
         "('x', 1)": {"null": 1.0, "('y', 1)": [0.8, 0.8]},
         "('y', 1)": {"null": 1.0, "('x', 1)": [0.8, 0.8]},
@@ -468,13 +470,35 @@ def test_no_pair_forms_on_a_type_a_waiting_gang_ahead_of_the_guest_can_use() -> 
             make_job(2, 720, 0, "y")]
     snap = SimulatedCluster(jobs, parse_counts("v100=1x2"), table).snapshot(0, 0.0, 360.0, None)
     placed = Placement(np.array([0]), np.array([0]), np.array([1]))
-    _p, pairs, guests, _d = pack_waiting(snap, placed, np.array([0, 1, 2], dtype=np.int64))
-    assert pairs == () and not guests.any()
-    _p, pairs, guests, _d = pack_waiting(snap, placed, np.array([0, 2, 1], dtype=np.int64))
-    assert pairs == ((0, 2),) and guests.tolist() == [False, False, True]
+    for order in ([0, 1, 2], [0, 2, 1]):
+        _p, pairs, guests, _d = pack_waiting(snap, placed, np.array(order, dtype=np.int64))
+        assert pairs == () and not guests.any()
+    alone = SimulatedCluster([jobs[0], jobs[2]], parse_counts("v100=1x2"), table).snapshot(
+        0, 0.0, 360.0, None)
+    _p, pairs, guests, _d = pack_waiting(alone, placed, np.array([0, 1], dtype=np.int64))
+    assert pairs == ((0, 2),) and guests.tolist() == [False, True]
     again = dataclasses.replace(snap, packed=((0, 2),))
     _p, pairs, _g, _d = pack_waiting(again, placed, np.array([0, 1, 2], dtype=np.int64))
     assert pairs == ((0, 2),)
+
+
+def test_a_waiting_gang_may_join_a_gang_of_its_width() -> None:
+    """Two 2-GPU jobs on a node of two v100s: a (placed) and b (waiting).  b is itself the only
+    gang that waits for the type, so it does not block its own pair: b joins a where the table
+    says the pair gains.  A second waiting 2-GPU job c blocks it."""
+    table = parse_gavel_json(json.dumps({"v100": {
+        "('a', 2)": {"null": 2.0, "('b', 2)": [1.6, 1.6]},
+        "('b', 2)": {"null": 2.0, "('a', 2)": [1.6, 1.6]},
+        "('c', 2)": {"null": 2.0}}}), "gangs.json")
+    jobs = [make_job(0, 720, 0, "a", scale=2), make_job(1, 720, 0, "b", scale=2)]
+    placed = Placement(np.array([0]), np.array([0]), np.array([2]))
+    snap = SimulatedCluster(jobs, parse_counts("v100=1x2"), table).snapshot(0, 0.0, 360.0, None)
+    _p, pairs, guests, _d = pack_waiting(snap, placed, np.array([0, 1], dtype=np.int64))
+    assert pairs == ((0, 1),) and guests.tolist() == [False, True]
+    three = SimulatedCluster([*jobs, make_job(2, 720, 0, "c", scale=2)], parse_counts("v100=1x2"),
+                             table).snapshot(0, 0.0, 360.0, None)
+    _p, pairs, guests, _d = pack_waiting(three, placed, np.array([0, 1, 2], dtype=np.int64))
+    assert pairs == () and not guests.any()
 
 
 def test_simulate_cli_takes_share(tmp_path: Path) -> None:

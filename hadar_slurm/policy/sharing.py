@@ -39,14 +39,20 @@ waiting jobs in queue order, each with the host where it pays most, a host takin
    out: a guest stays on GPUs the plan did not choose for it, and checking the host alone let
    guests hold GPUs that gang chains needed (``bench.sharing``: Hadar's worst makespan with
    sharing, over without, went from 1.028 to 1.006).
-4. **The queue.**  No new pair forms on a GPU type that a multi-GPU job ahead of the guest in
-   the queue order, left waiting, can use.  Such a gang needs whole GPUs of one type at once;
-   a pair keeps its host on its GPUs longer and the guest may stay after, while step 2 counts
-   only the jobs behind the guest.  On the regime suite (``bench.sharing --draws 4``) pairs
-   formed ahead of waiting gangs were where sharing lost most: the traces whose average JCT
-   or makespan is worse with sharing on the mean of five draws went from 10 to 5 (Hadar) and
-   from 9 to 7 (HadarE).  (Holding every waiting job ahead so, one-GPU jobs too, took both to
-   6 but cost HadarE 2.7% of makespan on Gavel's static_32, which single-GPU pairs help.)
+4. **The queue.**  No new pair forms on a GPU type that a multi-GPU job left waiting (other
+   than the guest itself), anywhere in the queue order, can use.  Such a gang needs whole GPUs
+   of one type at once; a pair keeps its host on its GPUs longer and the guest may stay after,
+   while step 2 counts only the two jobs and, per GPU, those behind the guest.  Until
+   2026-12-05 only a gang *ahead* of the guest blocked the type; but a gang behind it jumps
+   the queue once it is critical, and under load it waited for types that pairs kept busy: on
+   ``bench.sharing --draws 4`` the traces whose average JCT or utilization was worse with
+   sharing on the mean of five draws went from 4 to 1 (Hadar) and from 6 to 2 (HadarE),
+   gavel/bursty-1.5 (Hadar 1.056) and gavel/bursty-0.8 (HadarE 1.065) among them, at the cost
+   of Gavel's static_48_multigpu, where a 2- or 4-GPU job always waits and sharing no longer
+   shortens the average JCT by 3.2% (docs/sharing.md).  (The rule before, gangs ahead only,
+   took those counts from 10 to 5 and from 9 to 7; holding every waiting job ahead so, one-GPU
+   jobs too, took both to 6 but cost HadarE 2.7% of makespan on Gavel's static_32, which
+   single-GPU pairs help.)
 5. **Never** a pair the table forbids (a co-located rate of 0), of unequal scale factors, a
    job whose user said ``share=no`` (``Snapshot.may_share``), a forked job (HadarE's copies),
    or a host spread over several GPU types; and, where the world says so (the Slurm sidecar),
@@ -323,23 +329,22 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     node: list[int] = []
     count: list[int] = []
     detail: dict[int, str] = {}
-    # 4: the GPU types that a multi-GPU job ahead in the queue order, left waiting, can use.
-    gang_types = np.zeros(rate.shape[1], dtype=np.bool_)
+    # 4: per GPU type, the multi-GPU jobs left waiting that can use it (anywhere in the queue).
+    gangs = ~placed & (remaining > 0) & (scale > 1)
+    gangs_on = (gangs[:, None] & (rate > 0)).sum(axis=0)
     # Waiting jobs in queue order, each with the host where it gains most.
     for x in order.tolist():
         if not hosts:
             break
-        if placed[x] or guests[x] or remaining[x] <= 0:
-            continue
         if not waiting[x]:
-            if scale[x] > 1:
-                gang_types |= rate[x] > 0
             continue
+        # (the gangs that wait for each type, the guest itself aside)
+        blocked = gangs_on - (gangs[x] & (rate[x] > 0)) > 0
         best: tuple[float, int] | None = None
         no_cpu: tuple[float, int, int] | None = None  # (gain, host, node) short of CPUs
         for p, (h, rows) in hosts.items():
-            if gang_types[h] and before.get(ids[x]) != ids[p]:
-                continue  # 4: a gang ahead waits for this type's GPUs whole
+            if blocked[h] and before.get(ids[x]) != ids[p]:
+                continue  # 4: a gang waits for this type's GPUs whole
             gain = gain_with(x, p, h)
             if gain is None or gain <= 0.0:
                 continue
@@ -352,8 +357,6 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
             if best is None or gain > best[0]:
                 best = (gain, p)
         if best is None:
-            if scale[x] > 1:
-                gang_types |= rate[x] > 0
             if no_cpu is not None:
                 _g, p, nd = no_cpu
                 left = 0 if cpus_left is None else max(int(cpus_left[nd]), 0)
