@@ -43,7 +43,10 @@ def test_a_killed_session_tears_its_session_fixtures_down(tmp_path: Path,
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
          "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # (the signal as a fresh shell has it: under nohup, as on CI, SIGHUP is ignored, and
+        # conftest leaves an ignored signal ignored)
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "started").exists():
