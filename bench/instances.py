@@ -19,16 +19,20 @@ from hadar_slurm.policy.hadar import job_speed
 from hadar_slurm.rates.table import default_table
 
 SCALE_MIX = ((1, 0.7), (2, 0.1), (4, 0.15), (8, 0.05))
+#: 1-GPU jobs only.
+ONE_GPU = ((1, 1.0),)
 
 
-def snapshot(num_jobs: int, cluster: ClusterSpec, seed: int = 0) -> Snapshot:
-    """A mid-run snapshot: ``num_jobs`` jobs with random progress and ages, none placed."""
+def snapshot(num_jobs: int, cluster: ClusterSpec, seed: int = 0,
+             scale_mix: tuple[tuple[int, float], ...] = SCALE_MIX) -> Snapshot:
+    """A mid-run snapshot: ``num_jobs`` jobs with random progress and ages, none placed, their
+    scale factors drawn from ``scale_mix`` (``(scale factor, probability)`` pairs)."""
     rng = np.random.default_rng(seed)
     table = default_table()
     types = cluster.gpu_types
     keys = sorted(table.job_keys())
-    sfs = np.array([s for s, _ in SCALE_MIX])
-    probs = np.array([p for _, p in SCALE_MIX])
+    sfs = np.array([s for s, _ in scale_mix])
+    probs = np.array([p for _, p in scale_mix])
     rows: list[list[float]] = []
     scale: list[int] = []
     names: list[str] = []
@@ -68,17 +72,19 @@ def snapshot(num_jobs: int, cluster: ClusterSpec, seed: int = 0) -> Snapshot:
     )
 
 
-def steady(snap: Snapshot, policy_name: str, seed: int = 0) -> Snapshot:
+def steady(snap: Snapshot, policy_name: str, seed: int = 0,
+           settings: dict[str, object] | None = None) -> Snapshot:
     """The epoch after ``snap``: ``policy_name`` placed the jobs of ``snap``, they ran one round
     (each placed job's progress drawn between a half and a whole round at the rate of the GPUs
     it holds, as estimates of live progress differ), and a move costs what it costs live
     (:data:`hadar_slurm.costs.DEFAULT`).  The decision on it is a sidecar's steady epoch, where
-    a policy weighs moving running jobs (Hadar's "moves must pay" plans twice there)."""
+    a policy weighs moving running jobs (Hadar's "moves must pay" plans twice there).
+    ``settings``: the policy's, as in the epoch after (its pairs, where it shares, run on)."""
     rng = np.random.default_rng(seed)
-    first = make_policy(policy_name).allocate(snap)
+    first = make_policy(policy_name, **(settings or {})).allocate(snap)
     after = replace(snap, epoch=snap.epoch + 1, now=snap.now + float(snap.round_s),
                     current=first.placement, policy_state=first.policy_state,
-                    migration_s=LIVE_COSTS.move_s)
+                    migration_s=LIVE_COSTS.move_s, packed=first.packed)
     worker = snap.rate / np.maximum(snap.scale, 1)[:, None]
     speed = job_speed(after.held(), worker, snap.sync)  # (a gang at its slowest worker)
     run_s = float(snap.round_s) * rng.uniform(0.5, 1.0, snap.num_jobs)

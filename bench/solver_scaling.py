@@ -2,7 +2,7 @@
 
     python -m bench.solver_scaling [--sizes 32 128 512 2048] [--large 10000]
                                    [--policies hadar,gavel-las,gavel-makespan] [--repeats 7]
-                                   [--steady] [--no-pin-binding]
+                                   [--steady] [--no-pin-binding] [--share] [--one-gpu]
                                    [--json bench/results/solver_scaling.json]
 
 Instances (:mod:`bench.instances`): ``n`` jobs of Gavel's job mix with random progress, on a
@@ -18,7 +18,11 @@ memory so far (ru_maxrss, an upper bound that includes everything loaded).
 GPUs, and a move costs what it costs live, so that the policy weighs moving running jobs (Hadar
 plans the epoch twice where its plan moves any, step 9 "moves must pay").  ``--no-pin-binding``
 runs ``hadare`` without its step 0 (the jobs that bind the fork makespan, on by default; rows
-carry ``settings``).  ``moved``: running
+carry ``settings``).  ``--share`` offers GPU sharing (Gavel's co-located rates) and runs
+``hadar`` and ``hadare`` with ``share=True`` (issue #16: each waiting job is weighed against
+every placed one); ``--one-gpu`` draws 1-GPU jobs only, so that no waiting gang holds a type
+back from pairs and every waiting job is weighed against every host, the most there is to
+weigh (rows carry ``jobs_mix``).  ``moved``: running
 jobs the decision gives other GPUs, ``kept``: jobs Hadar kept on their GPUs because the moving
 plan did not pay (their ``explain`` detail).  Goals for
 ``hadar`` (issue #2): <= 10 ms at 2,048 jobs, <= 1 s at 10,000 jobs, peak memory < 1 GB.
@@ -32,23 +36,28 @@ import statistics
 import sys
 import time
 import tracemalloc
+from dataclasses import replace
 
-from bench.instances import gavel_cluster, large_cluster, snapshot, steady
+from bench.instances import ONE_GPU, SCALE_MIX, gavel_cluster, large_cluster, snapshot, steady
 from bench.report import write_rows
 from hadar_slurm.core import COMPILED
 from hadar_slurm.model import ClusterSpec
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Placement, Snapshot
 from hadar_slurm.policy.hadar import KEPT_DETAIL
+from hadar_slurm.rates.table import default_table
 
 
 def measure(policy_name: str, num_jobs: int, cluster: ClusterSpec, repeats: int,
             max_seconds: float, steady_state: bool = False,
-            settings: dict[str, object] | None = None) -> dict[str, object]:
+            settings: dict[str, object] | None = None, one_gpu: bool = False,
+            ) -> dict[str, object]:
     given = settings or {}
-    snap = snapshot(num_jobs, cluster, seed=num_jobs)
+    snap = snapshot(num_jobs, cluster, seed=num_jobs, scale_mix=ONE_GPU if one_gpu else SCALE_MIX)
+    if given.get("share"):
+        snap = replace(snap, colocated=default_table().colocated)
     if steady_state:
-        snap = steady(snap, policy_name, seed=num_jobs)
+        snap = steady(snap, policy_name, seed=num_jobs, settings=given)
     times: list[float] = []
     spent = 0.0
     for _ in range(repeats):
@@ -67,6 +76,7 @@ def measure(policy_name: str, num_jobs: int, cluster: ClusterSpec, repeats: int,
     moved, kept = moves(snap, decision.placement, decision.detail)
     return {
         "policy": policy_name, "settings": dict(given),
+        "jobs_mix": "1-GPU" if one_gpu else "Gavel's",
         "state": "steady" if steady_state else "fresh",
         "moved": moved, "kept": kept,
         "jobs": num_jobs, "gpus": cluster.total_gpus,
@@ -104,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pin-binding", dest="pin_binding", action="store_false",
                     help="hadare without pin_binding (step 0: the jobs that bind the makespan; "
                     "on by default)")
+    ap.add_argument("--share", action="store_true",
+                    help="offer GPU sharing and run hadar and hadare with share=True")
+    ap.add_argument("--one-gpu", action="store_true",
+                    help="1-GPU jobs only (every waiting job weighed against every host)")
     ap.add_argument("--json", default="bench/results/solver_scaling.json")
     args = ap.parse_args(argv)
     cases: list[tuple[int, ClusterSpec]] = [(n, gavel_cluster(max(n // 4, 1))) for n in args.sizes]
@@ -120,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                 settings: dict[str, object] = (
                     {"pin_binding": False} if not args.pin_binding and policy == "hadare"
                     else {})
+                if args.share and policy in ("hadar", "hadare"):
+                    settings["share"] = True
                 row = measure(policy, n, cluster, args.repeats, args.max_seconds, state,
-                              settings)
+                              settings, args.one_gpu)
                 rows.append(row)
                 print(f"{policy:15s} {row['state']:6s} {n:6d} {cluster.total_gpus:6d} "
                       f"{row['median_ms']:10.2f} {row['min_ms']:9.2f} {row['runs']:4d} "

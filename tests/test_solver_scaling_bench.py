@@ -1,4 +1,4 @@
-"""bench.solver_scaling's steady epoch (``--steady``) and its move counter."""
+"""bench.solver_scaling's steady epoch (``--steady``), its move counter and ``--share``."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench.instances import gavel_cluster, snapshot, steady
+from bench.instances import ONE_GPU, gavel_cluster, snapshot, steady
 from bench.solver_scaling import measure, moves
 from hadar_slurm.costs import DEFAULT
 from hadar_slurm.policy import make_policy
-from hadar_slurm.policy.base import Placement, Policy
+from hadar_slurm.policy.base import Decision, Placement, Policy, Snapshot
 from hadar_slurm.policy.hadare import HadarEPolicy
+from hadar_slurm.rates.table import default_table
 
 
 def test_steady_is_the_epoch_after_with_the_placed_jobs_running() -> None:
@@ -87,3 +88,32 @@ def test_measure_passes_the_settings_to_the_policy(monkeypatch: pytest.MonkeyPat
                        settings={"pin_binding": False})
     assert unpinned["settings"] == {"pin_binding": False} and unpinned["runs"] == 1
     assert [p.pin_binding for p in built if isinstance(p, HadarEPolicy)] == [False, False]
+
+
+def test_measure_with_share_times_decisions_that_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --share --one-gpu: the snapshot offers Gavel's co-located rates, the policy is built with
+    # share=True, the jobs are 1-GPU ones, and the decision timed makes pairs.
+    import bench.solver_scaling as bench
+
+    decided: list[Decision] = []
+
+    class Spy:
+        def __init__(self, policy: Policy) -> None:
+            self.policy = policy
+
+        def allocate(self, snap: Snapshot) -> Decision:
+            assert snap.colocated is not None and (snap.scale == 1).all()
+            decided.append(self.policy.allocate(snap))
+            return decided[-1]
+
+    monkeypatch.setattr(bench, "make_policy",
+                        lambda name, **settings: Spy(make_policy(name, **settings)))
+    row = measure("hadar", 64, gavel_cluster(8), repeats=1, max_seconds=5.0,
+                  settings={"share": True}, one_gpu=True)
+    assert row["settings"] == {"share": True} and row["jobs_mix"] == "1-GPU"
+    assert decided and all(d.packed for d in decided)
+    # The steady epoch: the first decision's pairs run on into it.
+    after = steady(replace(snapshot(64, gavel_cluster(8), seed=64, scale_mix=ONE_GPU),
+                           colocated=default_table().colocated), "hadar", seed=64,
+                   settings={"share": True})
+    assert after.packed

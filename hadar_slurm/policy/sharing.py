@@ -78,6 +78,8 @@ from hadar_slurm.model import GpuType
 from hadar_slurm.policy.base import BoolArray, FloatArray, IntArray, PairRates, Placement, Snapshot
 
 Pairs = tuple[tuple[int, int], ...]
+#: A number, or an array of them (one per pair).
+Floats = float | FloatArray
 
 
 
@@ -94,9 +96,23 @@ class SharingRates:
     kind: IntArray
     keys: list[tuple[str, int]]
     seen: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
+    rows: dict[int, tuple[FloatArray, FloatArray]] = field(default_factory=dict)
 
     def rates(self, i: int, j: int, h: int) -> tuple[float, float]:
-        x, y = int(self.kind[i]), int(self.kind[j])
+        return self.by_kind(int(self.kind[i]), int(self.kind[j]), h)
+
+    def against(self, y: int) -> tuple[FloatArray, FloatArray]:
+        """:meth:`by_kind` of every kind with kind ``y``, on every type: two ``[kinds, types]``
+        arrays (the first kind's rate, ``y``'s), made once per ``y``."""
+        got = self.rows.get(y)
+        if got is None:
+            both = np.array([[self.by_kind(x, y, h) for h in range(len(self.gpu_types))]
+                             for x in range(len(self.keys))], dtype=np.float64)
+            got = self.rows[y] = (both[:, :, 0], both[:, :, 1])
+        return got
+
+    def by_kind(self, x: int, y: int, h: int) -> tuple[float, float]:
+        """The co-located rates of kinds ``x`` and ``y`` sharing GPUs of type ``h``."""
         got = self.seen.get((x, y, h))
         if got is None:
             (tx, sx), (ty, sy) = self.keys[x], self.keys[y]
@@ -121,20 +137,20 @@ def sharing_rates(snapshot: Snapshot) -> SharingRates | None:
     return SharingRates(table, snapshot.gpu_types, kind, list(kinds))
 
 
-def shared_finish(t1: float, t2: float, s1: float, s2: float) -> tuple[float, float]:
+def shared_finish(t1: Floats, t2: Floats, s1: Floats, s2: Floats,
+                  ) -> tuple[FloatArray, FloatArray]:
     """When two jobs end that share GPUs until one of them ends, the other alone after:
     ``t1``/``t2`` their remaining times alone on those GPUs, ``s1``/``s2`` the share of its own
-    speed each keeps while they share."""
-    if t1 / s1 <= t2 / s2:
-        b1 = t1 / s1
-        return b1, b1 + t2 - s2 * b1
-    b2 = t2 / s2
-    return b2 + t1 - s1 * b2, b2
+    speed each keeps while they share (numbers, or arrays of many pairs)."""
+    b1, b2 = np.divide(t1, s1), np.divide(t2, s2)
+    first = b1 <= b2  # (the first ends first)
+    return (np.where(first, b1, b2 + t1 - np.multiply(s1, b2)),
+            np.where(first, b1 + t2 - np.multiply(s2, b1), b2))
 
 
-def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
-              behind: float = 0.0, wait: float | None = None,
-              elsewhere: float | None = None) -> float:
+def pair_gain(t1: Floats, t2: Floats, s1: Floats, s2: Floats, w1: Floats, w2: Floats,
+              behind: Floats = 0.0, wait: Floats | None = None,
+              elsewhere: Floats | None = None) -> FloatArray:
     """How much sharing lowers weighted completion times, two jobs on one set of GPUs.
 
     ``t1``/``t2``: the remaining times alone of the job that holds the GPUs (the host) and of
@@ -146,13 +162,16 @@ def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
     sooner on other GPUs (``elsewhere``: when it would end there, from now), there, the
     first's GPUs then free at ``t1``.  ``B``: together until one ends, the other alone after
     (:func:`shared_finish`).  Returns ``A - B`` of the weighted completion times (> 0: the
-    pair pays)."""
+    pair pays); every argument may be an array of many pairs."""
     b1, b2 = shared_finish(t1, t2, s1, s2)
-    start = t1 if wait is None else max(wait, 0.0)
-    end2, free = start + t2, max(t1, start + t2)
-    if elsewhere is not None and elsewhere < end2:
-        end2, free = elsewhere, t1
-    return w1 * (t1 - b1) + w2 * (end2 - b2) + behind * (free - max(b1, b2))
+    start = np.asarray(t1) if wait is None else np.maximum(wait, 0.0)
+    end2, free = start + t2, np.maximum(t1, start + t2)
+    if elsewhere is not None:
+        sooner = np.less(elsewhere, end2)
+        end2, free = np.where(sooner, elsewhere, end2), np.where(sooner, t1, free)
+    gain: FloatArray = (np.multiply(w1, np.subtract(t1, b1)) + np.multiply(w2, end2 - b2)
+                        + np.multiply(behind, free - np.maximum(b1, b2)))
+    return gain
 
 
 def job_cpus(snapshot: Snapshot) -> IntArray:
@@ -243,32 +262,44 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     its end.  Returns the placement with the guests' rows (the same as their
     hosts'), the pairs ``(lower id, higher id)``, the mask of the guests, and a detail line per
     job of a pair and per waiting job whose pair would have paid on a node without a CPU for
-    it."""
+    it.
+
+    Each waiting job is weighed against every host left at once, as arrays (a queue of
+    thousands of jobs with thousands of hosts is millions of pairs); of the hosts where it
+    gains most, the first in the placement's order."""
     n = snapshot.num_jobs
     guests = np.zeros(n, dtype=np.bool_)
-    rates = sharing_rates(snapshot)
-    if rates is None or n < 2 or len(placement) == 0:
+    if snapshot.colocated is None or n < 2 or len(placement) == 0:
         return placement, (), guests, {}
     ids = [int(j) for j in snapshot.job_ids.tolist()]
     index_of = {j: i for i, j in enumerate(ids)}
     rate = snapshot.rate
     scale = snapshot.scale
-    weight = snapshot.weight
-    remaining = snapshot.remaining
+    weight = snapshot.weight.astype(np.float64)
+    remaining = snapshot.remaining.astype(np.float64)
     ok = snapshot.sharing_allowed() & (remaining > 0)
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(order.shape[0])
-    placed = np.zeros(n, dtype=np.bool_)
+    placed = np.isin(snapshot.job_ids, placement.job)
+    waiting = ~placed & ok & (rate.max(axis=1) > 0)
+    runs = rate > 0
+    # 4: per GPU type, the multi-GPU jobs left waiting that can use it (anywhere in the queue);
+    # a waiting job may join a host on a type no gang but itself waits for, where the world
+    # lets it join (``open_to``), or the host it shared with in the last epoch (``before``).
+    gangs = ~placed & (remaining > 0) & (scale > 1)
+    gangs_on = (gangs[:, None] & runs).sum(axis=0)
+    open_to = runs & (gangs_on[None, :] - (gangs[:, None] & runs) <= 0)
+    open_to &= snapshot.joining_allowed()[:, None]
+    before = {a: b for p in snapshot.packed for a, b in (p, p[::-1])}
+    had = np.array([j in before for j in ids], dtype=np.bool_)
+    if not (waiting & (open_to.any(axis=1) | had)).any():
+        return placement, (), guests, {}
     shares_on = snapshot.sharing_nodes()
     may_host = snapshot.hosting_allowed()
-    may_join = snapshot.joining_allowed()
-    hosts: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # index -> (type, rows)
+    host_list: list[int] = []  # job indices, in the placement's order
+    host_type: list[int] = []
+    host_rows: list[list[tuple[int, int]]] = []
     for job_id, copies in placement.by_job_copies().items():
         i = index_of.get(int(job_id))
-        if i is None:
-            continue
-        placed[i] = True
-        if len(copies) != 1 or not ok[i]:
+        if i is None or len(copies) != 1 or not ok[i]:
             continue  # (a forked job's copies, or a job that may not share)
         rows = sorted(next(iter(copies.values())))
         if not all(shares_on[nd] for nd, _c in rows):
@@ -276,97 +307,119 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
         types = {int(snapshot.node_type[nd]) for nd, _c in rows}
         h = types.pop()
         if not types and rate[i, h] > 0 and sum(c for _nd, c in rows) == int(scale[i]):
-            hosts[i] = (h, rows)
-    waiting = np.array([not placed[i] and bool(ok[i]) and rate[i].max() > 0
-                        for i in range(n)], dtype=np.bool_)
-    if not hosts or not waiting.any():
+            host_list.append(i)
+            host_type.append(h)
+            host_rows.append(rows)
+    rates = sharing_rates(snapshot)
+    if not host_list or rates is None:
         return placement, (), guests, {}
+    hp = np.array(host_list, dtype=np.int64)  # host k's job index
+    ht = np.array(host_type, dtype=np.int64)  # host k's GPU type
+    host_of = {i: k for k, i in enumerate(host_list)}
+    alive = np.ones(hp.shape[0], dtype=np.bool_)
+    rp_all = rate[hp, ht].astype(np.float64)
+    tp_all = remaining[hp] / rp_all
+    wp_all = weight[hp]
     per_gpu = 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
     start_s = float(snapshot.migration_s)
-    before = {a: b for p in snapshot.packed for a, b in (p, p[::-1])}
     cpus = job_cpus(snapshot)
     cpus_left = cpus_after(snapshot, placement, cpus)
-    starts = waiting_starts(snapshot, placement, order, placed)
+    made: list[Callable[[int, int], float]] = []  # (waiting_starts, made when first needed)
 
-    def elsewhere(x: int, h: int) -> float:
-        """When waiting job ``x`` would end apart on a type other than ``h``, at the soonest
-        (``inf``: on none)."""
-        return min((starts(x, g) + float(remaining[x]) / float(rate[x, g])
-                    for g in range(rate.shape[1]) if g != h and rate[x, g] > 0),
-                   default=np.inf)
+    def starts(x: int, h: int) -> float:
+        if not made:
+            made.append(waiting_starts(snapshot, placement, order, placed))
+        return made[0](x, h)
 
-    def gain_with(x: int, p: int, h: int) -> float | None:
-        """What waiting job ``x`` joining host ``p`` on type ``h`` gains (None: not allowed)."""
-        if scale[p] != scale[x] or rate[x, h] <= 0:
-            return None
-        again = before.get(ids[x]) == ids[p]  # (the pair ran in the last epoch)
-        if not again and not (may_host[p] and may_join[x]):
-            return None  # the world cannot put these two together now
-        cp, cx = rates.rates(p, x, h)
-        if cp <= 0 or cx <= 0:
-            return None  # the table forbids the pair there
-        rp, rx = float(rate[p, h]), float(rate[x, h])
-        sp, sx = cp / rp, cx / rx
-        if sp + sx <= 1.0:
-            return None  # 1: the pair does no more than taking turns
-        tp, tx = float(remaining[p]) / rp, float(remaining[x]) / rx
-        if max(shared_finish(tp, tx, sp, sx)) > window:
-            return None  # 3: the pair (the one left alone after) would end after the target
-        # 2: the completion times, the waiting jobs behind the guest included (per GPU).
-        behind = float(weight[waiting & (pos > pos[x])].sum()) * per_gpu * float(scale[x])
-        wait = min(starts(x, h), tp)
-        gain = pair_gain(tp, tx, sp, sx, float(weight[p]), float(weight[x]), behind, wait,
-                         elsewhere(x, h))
-        if not again:
-            # A guest that starts on the host's GPUs pays a start it would not pay waiting
-            # (``migration_s``, once now and at most once when the pair ends), and the host
-            # shares at its co-located rate while the guest starts.
-            gain -= start_s * (float(weight[x]) + float(weight[p]) * (1.0 - sp))
-        return gain
+    num_types = rate.shape[1]
+    # 2: the weight of the waiting jobs behind each one in the queue order (per GPU below).
+    # (the guests taken so far are all ahead of the one weighed, so those behind it wait)
+    in_order = order.astype(np.int64)
+    w_wait = np.where(waiting[in_order], weight[in_order], 0.0)
+    behind_at = np.zeros(n, dtype=np.float64)
+    behind_at[in_order] = np.cumsum(w_wait[::-1])[::-1] - w_wait
 
     pairs: list[tuple[int, int]] = []
     job: list[int] = []
     node: list[int] = []
     count: list[int] = []
     detail: dict[int, str] = {}
-    # 4: per GPU type, the multi-GPU jobs left waiting that can use it (anywhere in the queue).
-    gangs = ~placed & (remaining > 0) & (scale > 1)
-    gangs_on = (gangs[:, None] & (rate > 0)).sum(axis=0)
     # Waiting jobs in queue order, each with the host where it gains most.
-    for x in order.tolist():
-        if not hosts:
+    host_kind = rates.kind[hp]
+    host_scale = scale[hp]
+    host_may = may_host[hp]
+    hosts_left = int(hp.shape[0])
+    for x in in_order.tolist():
+        if hosts_left == 0:
             break
         if not waiting[x]:
             continue
-        # (the gangs that wait for each type, the guest itself aside)
-        blocked = gangs_on - (gangs[x] & (rate[x] > 0)) > 0
-        best: tuple[float, int] | None = None
-        no_cpu: tuple[float, int, int] | None = None  # (gain, host, node) short of CPUs
-        for p, (h, rows) in hosts.items():
-            if blocked[h] and before.get(ids[x]) != ids[p]:
-                continue  # 4: a gang waits for this type's GPUs whole
-            gain = gain_with(x, p, h)
-            if gain is None or gain <= 0.0:
-                continue
-            if cpus_left is not None and before.get(ids[x]) != ids[p]:
-                tight = [nd for nd, _c in rows if cpus_left[nd] < cpus[x]]
-                if tight:  # (it would wait for a CPU, and then the pair split)
-                    if no_cpu is None or gain > no_cpu[0]:
-                        no_cpu = (gain, p, tight[0])
-                    continue
-            if best is None or gain > best[0]:
-                best = (gain, p)
-        if best is None:
-            if no_cpu is not None:
-                _g, p, nd = no_cpu
-                left = 0 if cpus_left is None else max(int(cpus_left[nd]), 0)
-                detail[ids[x]] = (
-                    f"would share a GPU with job {ids[p]} on {snapshot.node_names[nd]}, but "
-                    f"the node has {left} free CPU(s) for the "
-                    f"{int(cpus[x])} it asks, this epoch's placements counted")
+        partner = before.get(ids[x])
+        again_k = host_of.get(index_of.get(partner, -1), -1) if partner is not None else -1
+        if again_k < 0 and not open_to[x].any():
             continue
-        p = best[1]
-        _h, rows = hosts.pop(p)
+        rx_by = rate[x].astype(np.float64)
+        cand = alive & (host_scale == scale[x]) & open_to[x][ht] & host_may
+        if again_k >= 0:
+            cand[again_k] = (alive[again_k] and host_scale[again_k] == scale[x]
+                             and rx_by[ht[again_k]] > 0)
+        k = np.flatnonzero(cand)
+        if k.shape[0] == 0:
+            continue
+        again = k == again_k
+        hk = ht[k]
+        cp_of, cx_of = rates.against(int(rates.kind[x]))
+        cp, cx = cp_of[host_kind[k], hk], cx_of[host_kind[k], hk]
+        keep = (cp > 0) & (cx > 0)  # (else the table forbids the pair there)
+        rp, rx = rp_all[k], rx_by[hk]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sp, sx = cp / rp, cx / rx
+            keep &= ~(sp + sx <= 1.0)  # 1: the pair does more than taking turns
+            tp, tx = tp_all[k], float(remaining[x]) / rx
+            b1, b2 = shared_finish(tp, tx, sp, sx)
+            keep &= ~(np.maximum(b1, b2) > window)  # 3: both end by the target
+        k, hk, sp, sx, tp, tx = k[keep], hk[keep], sp[keep], sx[keep], tp[keep], tx[keep]
+        again = again[keep]
+        if k.shape[0] == 0:
+            continue
+        # 2: the completion times, the waiting jobs behind the guest included (per GPU).
+        start_by = np.array([starts(x, g) if rx_by[g] > 0 else np.inf
+                             for g in range(num_types)])
+        end_by = np.where(rx_by > 0, start_by + float(remaining[x]) / np.where(
+            rx_by > 0, rx_by, 1.0), np.inf)
+        behind = float(behind_at[x]) * per_gpu * float(scale[x])
+        others = np.array([min((float(end_by[g]) for g in range(num_types) if g != t),
+                               default=np.inf) for t in range(num_types)])
+        gain = pair_gain(tp, tx, sp, sx, wp_all[k], float(weight[x]), behind,
+                         np.minimum(start_by[hk], tp), others[hk])
+        # A guest that starts on the host's GPUs pays a start it would not pay waiting
+        # (``migration_s``, once now and at most once when the pair ends), and the host
+        # shares at its co-located rate while the guest starts.
+        cost = start_s * (float(weight[x]) + wp_all[k] * (1.0 - sp))
+        gain = np.where(again, gain, gain - cost)
+        good = gain > 0.0
+        k, gain, again = k[good], gain[good], again[good]
+        if k.shape[0] == 0:
+            continue
+        tight = np.zeros(k.shape[0], dtype=np.bool_)
+        if cpus_left is not None:
+            # (it would wait for a CPU, and then the pair split)
+            tight = np.array([any(cpus_left[nd] < cpus[x] for nd, _c in host_rows[j])
+                              for j in k.tolist()], dtype=np.bool_) & ~again
+        if tight.all() and cpus_left is not None:
+            # (the best of them, for the detail)
+            j = int(k[int(np.argmax(gain))])
+            nd = next(nd for nd, _c in host_rows[j] if cpus_left[nd] < cpus[x])
+            detail[ids[x]] = (
+                f"would share a GPU with job {ids[int(hp[j])]} on {snapshot.node_names[nd]}, "
+                f"but the node has {max(int(cpus_left[nd]), 0)} free CPU(s) for the "
+                f"{int(cpus[x])} it asks, this epoch's placements counted")
+            continue
+        j = int(k[~tight][int(np.argmax(gain[~tight]))])
+        p = int(hp[j])
+        alive[j] = False
+        hosts_left -= 1
+        rows = host_rows[j]
         if cpus_left is not None:
             for nd, _c in rows:
                 cpus_left[nd] -= cpus[x]
@@ -381,12 +434,12 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
             count.append(c)
     if not pairs:
         return placement, (), guests, detail
-    k = len(job)
+    k_rows = len(job)
     out = Placement(np.concatenate([placement.job, np.array(job, dtype=np.int64)]),
                     np.concatenate([placement.node, np.array(node, dtype=np.int64)]),
                     np.concatenate([placement.count, np.array(count, dtype=np.int64)]),
                     None if placement.copy is None else np.concatenate(
-                        [placement.copy, np.zeros(k, dtype=np.int64)]))
+                        [placement.copy, np.zeros(k_rows, dtype=np.int64)]))
     return out, tuple(sorted(pairs)), guests, detail
 
 

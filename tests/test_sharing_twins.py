@@ -1,0 +1,303 @@
+"""GPU sharing's pairing made faster (each waiting job weighed against every host at once, as
+arrays) against the loop it replaces, kept here as the reference: the same pairs, guests,
+rows and explanations on random queues, clusters, CPU counts and worlds that allow pairs only
+in part.  The cases worked by hand are in test_hadar_sharing.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hadar_slurm.model import ClusterSpec
+from hadar_slurm.policy.base import BoolArray, IntArray, Placement, Snapshot
+from hadar_slurm.policy.hadar import HadarPolicy
+from hadar_slurm.policy.sharing import (
+    Pairs,
+    cpus_after,
+    job_cpus,
+    pack_waiting,
+    pair_gain,
+    shared_finish,
+    sharing_rates,
+    waiting_starts,
+)
+from hadar_slurm.rates.table import default_table
+
+
+def shared_finish_reference(t1: float, t2: float, s1: float, s2: float) -> tuple[float, float]:
+    """The scalar :func:`shared_finish` (the reference)."""
+    if t1 / s1 <= t2 / s2:
+        b1 = t1 / s1
+        return b1, b1 + t2 - s2 * b1
+    b2 = t2 / s2
+    return b2 + t1 - s1 * b2, b2
+
+
+def pair_gain_reference(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
+                        behind: float = 0.0, wait: float | None = None,
+                        elsewhere: float | None = None) -> float:
+    """The scalar :func:`pair_gain` (the reference)."""
+    b1, b2 = shared_finish_reference(t1, t2, s1, s2)
+    start = t1 if wait is None else max(wait, 0.0)
+    end2, free = start + t2, max(t1, start + t2)
+    if elsewhere is not None and elsewhere < end2:
+        end2, free = elsewhere, t1
+    return w1 * (t1 - b1) + w2 * (end2 - b2) + behind * (free - max(b1, b2))
+
+
+def pack_waiting_reference(snapshot: Snapshot, placement: Placement, order: IntArray,
+                 window: float = np.inf
+                 ) -> tuple[Placement, Pairs, BoolArray, dict[int, str]]:
+    """The loop :func:`pack_waiting` was, one pair of jobs at a time (the reference).
+
+    ``placement``: the decision so far (no pairs); ``order``: the queue order (job indices);
+    ``window``: seconds to the drain target, by which a host must still end if it shares to
+    its end.  Returns the placement with the guests' rows (the same as their
+    hosts'), the pairs ``(lower id, higher id)``, the mask of the guests, and a detail line per
+    job of a pair and per waiting job whose pair would have paid on a node without a CPU for
+    it."""
+    n = snapshot.num_jobs
+    guests = np.zeros(n, dtype=np.bool_)
+    rates = sharing_rates(snapshot)
+    if rates is None or n < 2 or len(placement) == 0:
+        return placement, (), guests, {}
+    ids = [int(j) for j in snapshot.job_ids.tolist()]
+    index_of = {j: i for i, j in enumerate(ids)}
+    rate = snapshot.rate
+    scale = snapshot.scale
+    weight = snapshot.weight
+    remaining = snapshot.remaining
+    ok = snapshot.sharing_allowed() & (remaining > 0)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(order.shape[0])
+    placed = np.zeros(n, dtype=np.bool_)
+    shares_on = snapshot.sharing_nodes()
+    may_host = snapshot.hosting_allowed()
+    may_join = snapshot.joining_allowed()
+    hosts: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # index -> (type, rows)
+    for job_id, copies in placement.by_job_copies().items():
+        i = index_of.get(int(job_id))
+        if i is None:
+            continue
+        placed[i] = True
+        if len(copies) != 1 or not ok[i]:
+            continue  # (a forked job's copies, or a job that may not share)
+        rows = sorted(next(iter(copies.values())))
+        if not all(shares_on[nd] for nd, _c in rows):
+            continue  # (its GPUs may not be shared: the node has no shards)
+        types = {int(snapshot.node_type[nd]) for nd, _c in rows}
+        h = types.pop()
+        if not types and rate[i, h] > 0 and sum(c for _nd, c in rows) == int(scale[i]):
+            hosts[i] = (h, rows)
+    waiting = np.array([not placed[i] and bool(ok[i]) and rate[i].max() > 0
+                        for i in range(n)], dtype=np.bool_)
+    if not hosts or not waiting.any():
+        return placement, (), guests, {}
+    per_gpu = 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
+    start_s = float(snapshot.migration_s)
+    before = {a: b for p in snapshot.packed for a, b in (p, p[::-1])}
+    cpus = job_cpus(snapshot)
+    cpus_left = cpus_after(snapshot, placement, cpus)
+    starts = waiting_starts(snapshot, placement, order, placed)
+
+    def elsewhere(x: int, h: int) -> float:
+        """When waiting job ``x`` would end apart on a type other than ``h``, at the soonest
+        (``inf``: on none)."""
+        return min((starts(x, g) + float(remaining[x]) / float(rate[x, g])
+                    for g in range(rate.shape[1]) if g != h and rate[x, g] > 0),
+                   default=np.inf)
+
+    def gain_with(x: int, p: int, h: int) -> float | None:
+        """What waiting job ``x`` joining host ``p`` on type ``h`` gains (None: not allowed)."""
+        if scale[p] != scale[x] or rate[x, h] <= 0:
+            return None
+        again = before.get(ids[x]) == ids[p]  # (the pair ran in the last epoch)
+        if not again and not (may_host[p] and may_join[x]):
+            return None  # the world cannot put these two together now
+        cp, cx = rates.rates(p, x, h)
+        if cp <= 0 or cx <= 0:
+            return None  # the table forbids the pair there
+        rp, rx = float(rate[p, h]), float(rate[x, h])
+        sp, sx = cp / rp, cx / rx
+        if sp + sx <= 1.0:
+            return None  # 1: the pair does no more than taking turns
+        tp, tx = float(remaining[p]) / rp, float(remaining[x]) / rx
+        if max(shared_finish_reference(tp, tx, sp, sx)) > window:
+            return None  # 3: the pair (the one left alone after) would end after the target
+        # 2: the completion times, the waiting jobs behind the guest included (per GPU).
+        behind = float(weight[waiting & (pos > pos[x])].sum()) * per_gpu * float(scale[x])
+        wait = min(starts(x, h), tp)
+        gain = pair_gain_reference(tp, tx, sp, sx, float(weight[p]), float(weight[x]), behind, wait,
+                         elsewhere(x, h))
+        if not again:
+            # A guest that starts on the host's GPUs pays a start it would not pay waiting
+            # (``migration_s``, once now and at most once when the pair ends), and the host
+            # shares at its co-located rate while the guest starts.
+            gain -= start_s * (float(weight[x]) + float(weight[p]) * (1.0 - sp))
+        return gain
+
+    pairs: list[tuple[int, int]] = []
+    job: list[int] = []
+    node: list[int] = []
+    count: list[int] = []
+    detail: dict[int, str] = {}
+    # 4: per GPU type, the multi-GPU jobs left waiting that can use it (anywhere in the queue).
+    gangs = ~placed & (remaining > 0) & (scale > 1)
+    gangs_on = (gangs[:, None] & (rate > 0)).sum(axis=0)
+    # Waiting jobs in queue order, each with the host where it gains most.
+    for x in order.tolist():
+        if not hosts:
+            break
+        if not waiting[x]:
+            continue
+        # (the gangs that wait for each type, the guest itself aside)
+        blocked = gangs_on - (gangs[x] & (rate[x] > 0)) > 0
+        best: tuple[float, int] | None = None
+        no_cpu: tuple[float, int, int] | None = None  # (gain, host, node) short of CPUs
+        for p, (h, rows) in hosts.items():
+            if blocked[h] and before.get(ids[x]) != ids[p]:
+                continue  # 4: a gang waits for this type's GPUs whole
+            gain = gain_with(x, p, h)
+            if gain is None or gain <= 0.0:
+                continue
+            if cpus_left is not None and before.get(ids[x]) != ids[p]:
+                tight = [nd for nd, _c in rows if cpus_left[nd] < cpus[x]]
+                if tight:  # (it would wait for a CPU, and then the pair split)
+                    if no_cpu is None or gain > no_cpu[0]:
+                        no_cpu = (gain, p, tight[0])
+                    continue
+            if best is None or gain > best[0]:
+                best = (gain, p)
+        if best is None:
+            if no_cpu is not None:
+                _g, p, nd = no_cpu
+                left = 0 if cpus_left is None else max(int(cpus_left[nd]), 0)
+                detail[ids[x]] = (
+                    f"would share a GPU with job {ids[p]} on {snapshot.node_names[nd]}, but "
+                    f"the node has {left} free CPU(s) for the "
+                    f"{int(cpus[x])} it asks, this epoch's placements counted")
+            continue
+        p = best[1]
+        _h, rows = hosts.pop(p)
+        if cpus_left is not None:
+            for nd, _c in rows:
+                cpus_left[nd] -= cpus[x]
+        guests[x] = True
+        waiting[x] = False
+        pairs.append((min(ids[p], ids[x]), max(ids[p], ids[x])))
+        detail[ids[p]] = f"shares its GPUs with job {ids[x]}"
+        detail[ids[x]] = f"shares its GPUs with job {ids[p]} (joined it)"
+        for nd, c in rows:
+            job.append(ids[x])
+            node.append(nd)
+            count.append(c)
+    if not pairs:
+        return placement, (), guests, detail
+    k = len(job)
+    out = Placement(np.concatenate([placement.job, np.array(job, dtype=np.int64)]),
+                    np.concatenate([placement.node, np.array(node, dtype=np.int64)]),
+                    np.concatenate([placement.count, np.array(count, dtype=np.int64)]),
+                    None if placement.copy is None else np.concatenate(
+                        [placement.copy, np.zeros(k, dtype=np.int64)]))
+    return out, tuple(sorted(pairs)), guests, detail
+
+
+def random_case(seed: int) -> tuple[Snapshot, Placement, IntArray, float]:
+    """A queue of Gavel's job types on a cluster of v100, p100 and k80 nodes of 1 to 4 GPUs,
+    placed by Hadar without sharing, in a world that allows pairs in part: some jobs may not
+    share, host or join, some nodes have no shards or few CPUs, some pairs ran last epoch."""
+    rng = np.random.default_rng(seed)
+    table = default_table()
+    types = ("v100", "p100", "k80")
+    per_node = int(rng.choice([1, 2, 4]))
+    cluster = ClusterSpec.uniform([(g, per_node * int(rng.integers(1, 4))) for g in types],
+                                  per_node)
+    keys = sorted(k for k in table.job_keys() if k[1] <= per_node)
+    n = int(rng.integers(4, 40))
+    picked = [keys[int(i)] for i in rng.integers(0, len(keys), n)]
+    rate = np.array([[table.rate(t, s, g) for g in types] for t, s in picked])
+    scale = np.array([s for _t, s in picked], dtype=np.int64)
+    best = rate.max(axis=1)
+    total = best * rng.uniform(600.0, 20_000.0, n)
+    remaining = total * rng.uniform(0.05, 1.0, n)
+    nodes = cluster.nodes
+    num_nodes = len(nodes)
+    ids = np.arange(100, 100 + n, dtype=np.int64)
+
+    def maybe(mask: BoolArray) -> BoolArray | None:
+        return mask if rng.random() < 0.6 else None
+
+    snap = Snapshot(
+        epoch=1, now=0.0, round_s=360.0, gpu_types=types,
+        node_names=tuple(nd.name for nd in nodes),
+        node_type=np.array([types.index(nd.gpu_type) for nd in nodes], dtype=np.int64),
+        node_gpus=np.array([nd.gpus for nd in nodes], dtype=np.int64),
+        job_ids=ids, job_types=tuple(t for t, _s in picked),
+        arrival=-rng.uniform(0.0, 3600.0, n), total=total, remaining=remaining, scale=scale,
+        weight=rng.choice([0.5, 1.0, 2.0], n), sync=np.ones(n, dtype=np.bool_), rate=rate,
+        attained=np.zeros_like(rate), current=Placement.empty(),
+        migration_s=float(rng.choice([0.0, 32.4])), colocated=table.colocated,
+        may_share=maybe(rng.random(n) < 0.9), may_host=maybe(rng.random(n) < 0.8),
+        may_join=maybe(rng.random(n) < 0.8), share_nodes=maybe(rng.random(num_nodes) < 0.85),
+        node_free_cpus=(rng.integers(0, 6, num_nodes).astype(np.int64)
+                        if rng.random() < 0.5 else None),
+        cpus=rng.integers(1, 3, n).astype(np.int64) if rng.random() < 0.5 else None,
+    )
+    pairs = set()  # (of jobs of one scale factor, as a pair that ran is)
+    for _ in range(int(rng.integers(0, n // 2 + 1))):
+        a = int(rng.integers(n))
+        mates = np.flatnonzero((scale == scale[a]) & (np.arange(n) != a))
+        if mates.shape[0]:
+            pairs.add(tuple(sorted((int(ids[a]), int(ids[int(rng.choice(mates))])))))
+    snap = dataclasses.replace(snap, packed=tuple(sorted(
+        (a, b) for a, b in pairs if not any(a in q or b in q for q in pairs - {(a, b)}))))
+    placement = HadarPolicy().allocate(snap).placement
+    order = rng.permutation(n).astype(np.int64)
+    window = float(rng.choice([np.inf, float(np.median(remaining / best)) * 2.0]))
+    return snap, placement, order, window
+
+
+def same(a: tuple[Placement, Pairs, BoolArray, dict[int, str]],
+         b: tuple[Placement, Pairs, BoolArray, dict[int, str]]) -> bool:
+    for x, y in ((a[0].job, b[0].job), (a[0].node, b[0].node), (a[0].count, b[0].count)):
+        if not np.array_equal(x, y):
+            return False
+    return a[1] == b[1] and np.array_equal(a[2], b[2]) and a[3] == b[3]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_pack_waiting_is_what_it_was(seed: int) -> None:
+    snap, placement, order, window = random_case(seed)
+    assert same(pack_waiting(snap, placement, order, window),
+                pack_waiting_reference(snap, placement, order, window))
+
+
+def test_the_random_cases_exercise_every_branch() -> None:
+    """Pairs formed, pairs formed again (a pair that ran), guests kept off by a node's CPUs,
+    and cases with none: else the comparison above would prove little."""
+    formed = again = no_cpu = empty = 0
+    for seed in range(200):
+        snap, placement, order, window = random_case(seed)
+        _out, pairs, _guests, detail = pack_waiting(snap, placement, order, window)
+        formed += bool(pairs)
+        again += bool(set(pairs) & set(snap.packed))
+        no_cpu += any("free CPU(s)" in text for text in detail.values())
+        empty += not pairs
+    assert min(formed, again, no_cpu, empty) >= 10, (formed, again, no_cpu, empty)
+
+
+def test_shared_finish_and_pair_gain_take_arrays_as_numbers() -> None:
+    rng = np.random.default_rng(0)
+    t1, t2 = rng.uniform(10, 1000, 50), rng.uniform(10, 1000, 50)
+    s1, s2 = rng.uniform(0.3, 1.0, 50), rng.uniform(0.3, 1.0, 50)
+    w1, wait = rng.choice([0.5, 1.0, 2.0], 50), rng.uniform(0, 900, 50)
+    els = rng.uniform(0, 2e3, 50)
+    b1, b2 = shared_finish(t1, t2, s1, s2)
+    gains = pair_gain(t1, t2, s1, s2, w1, 1.0, 0.25, wait, els)
+    for k in range(50):
+        args = (float(t1[k]), float(t2[k]), float(s1[k]), float(s2[k]))
+        assert (b1[k], b2[k]) == shared_finish_reference(*args)
+        assert gains[k] == pair_gain_reference(*args, float(w1[k]), 1.0, 0.25, float(wait[k]),
+                                               float(els[k]))
