@@ -3,12 +3,12 @@
 # distutils: extra_compile_args = -ffp-contract=off
 """The compiled Hadar core: the twin of :mod:`hadar_slurm.core.reference`.
 
-Same functions (``plan``, ``balance_split``, ``drain_prices``, ``match``), same signatures,
-same arrays in and out, and the same floating-point operations in the same order, so that both
-return identical decisions (``tests/test_core_twins.py`` compares them on random instances).
-Each private helper mirrors the reference helper of the same name line by line
-(``_epoch_option``, ``_best_schedule``, ``_fastest_option``, ``_movable``, ``_MoveIndex``,
-``_level``, ``_exchange``); read the reference for the *why*.
+Same functions (``plan``, ``balance_split``, ``drain_prices``, ``match``, ``pair_guests``),
+same signatures, same arrays in and out, and the same floating-point operations in the same
+order, so that both return identical decisions (``tests/test_core_twins.py`` compares them on
+random instances).  Each private helper mirrors the reference helper of the same name line by
+line (``_epoch_option``, ``_best_schedule``, ``_fastest_option``, ``_movable``, ``_MoveIndex``,
+``_level``, ``_exchange``, ``_shared_finish``); read the reference for the *why*.
 
 How the twin stays exact:
 
@@ -1233,3 +1233,163 @@ def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
                     n_rows += 1
                 took[k] = 0
     return out_job_a[:n_rows], out_node_a[:n_rows], out_count_a[:n_rows], placed_a
+
+
+cdef inline void _shared_finish(double t1, double t2, double s1, double s2,
+                                double* b1, double* b2) noexcept nogil:
+    cdef double f1 = t1 / s1
+    cdef double f2 = t2 / s2
+    if f1 <= f2:
+        b1[0] = f1
+        b2[0] = f1 + t2 - s2 * f1
+    else:
+        b1[0] = f2 + t1 - s1 * f2
+        b2[0] = f2
+
+
+def pair_guests(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partner, g_start,
+                g_else, g_behind, g_cpus, h_kind, h_type, h_scale, h_may, h_rp, h_tp, h_wp,
+                row_ptr, row_node, pair_host, pair_guest, cpus_left, count_cpus, window,
+                start_s):
+    """GPU sharing's pairing: twin of ``reference.pair_guests`` (read it for the arguments and
+    the rules).  ``cpus_left`` is updated in place, as there; it must be a C-contiguous int64
+    array for that (``ValueError`` otherwise)."""
+    cdef const i64[::1] order_v = np.ascontiguousarray(order, dtype=np.int64)
+    cdef const i64[::1] gs = np.ascontiguousarray(g_scale, dtype=np.int64)
+    cdef const i64[::1] gk = np.ascontiguousarray(g_kind, dtype=np.int64)
+    cdef const double[::1] grem = np.ascontiguousarray(g_rem, dtype=np.float64)
+    cdef const double[::1] gw = np.ascontiguousarray(g_weight, dtype=np.float64)
+    cdef const double[:, ::1] grate = np.ascontiguousarray(g_rate, dtype=np.float64)
+    cdef const i64[:, ::1] gopen = np.ascontiguousarray(g_open, dtype=np.int64)
+    cdef const i64[::1] gpart = np.ascontiguousarray(g_partner, dtype=np.int64)
+    cdef const double[:, ::1] gstart = np.ascontiguousarray(g_start, dtype=np.float64)
+    cdef const double[:, ::1] gelse = np.ascontiguousarray(g_else, dtype=np.float64)
+    cdef const double[::1] gbehind = np.ascontiguousarray(g_behind, dtype=np.float64)
+    cdef const i64[::1] gcpus = np.ascontiguousarray(g_cpus, dtype=np.int64)
+    cdef const i64[::1] hk = np.ascontiguousarray(h_kind, dtype=np.int64)
+    cdef const i64[::1] ht = np.ascontiguousarray(h_type, dtype=np.int64)
+    cdef const i64[::1] hs = np.ascontiguousarray(h_scale, dtype=np.int64)
+    cdef const i64[::1] hmay = np.ascontiguousarray(h_may, dtype=np.int64)
+    cdef const double[::1] hrp = np.ascontiguousarray(h_rp, dtype=np.float64)
+    cdef const double[::1] htp = np.ascontiguousarray(h_tp, dtype=np.float64)
+    cdef const double[::1] hwp = np.ascontiguousarray(h_wp, dtype=np.float64)
+    cdef const i64[::1] rptr = np.ascontiguousarray(row_ptr, dtype=np.int64)
+    cdef const i64[::1] rnode = np.ascontiguousarray(row_node, dtype=np.int64)
+    cdef const double[:, :, ::1] ph = np.ascontiguousarray(pair_host, dtype=np.float64)
+    cdef const double[:, :, ::1] pg = np.ascontiguousarray(pair_guest, dtype=np.float64)
+    if not (isinstance(cpus_left, np.ndarray) and cpus_left.dtype == np.int64
+            and cpus_left.flags.c_contiguous):
+        raise ValueError("cpus_left must be a C-contiguous int64 array (updated in place)")
+    cdef i64[::1] cleft = cpus_left
+    cdef bint count = bool(count_cpus)
+    cdef double win = window
+    cdef double cost_s = start_s
+    cdef Py_ssize_t n = gs.shape[0]
+    cdef Py_ssize_t num_hosts = hk.shape[0]
+    cdef Py_ssize_t num_types = grate.shape[1]
+    host_for_a = np.full(n, -1, dtype=np.int64)
+    tight_host_a = np.full(n, -1, dtype=np.int64)
+    tight_node_a = np.full(n, -1, dtype=np.int64)
+    tight_left_a = np.full(n, -1, dtype=np.int64)
+    cdef i64[::1] host_for = host_for_a
+    cdef i64[::1] tight_host = tight_host_a
+    cdef i64[::1] tight_node = tight_node_a
+    cdef i64[::1] tight_left = tight_left_a
+    cdef i64[::1] alive = np.ones(num_hosts, dtype=np.int64)
+    cdef Py_ssize_t hosts_left = num_hosts
+    cdef Py_ssize_t q, x, k, h, r, best, tight
+    cdef i64 again_k
+    cdef bint again, any_open, short
+    cdef double rem_x, w_x, rx, rp, cp, cx, sp, sx, tp, tx, b1, b2, bmax, start, end2, free
+    cdef double sooner, wp, gain, best_gain, tight_gain, waiting_start
+    with nogil:
+        for q in range(order_v.shape[0]):
+            if hosts_left == 0:
+                break
+            x = order_v[q]
+            again_k = gpart[x]
+            if again_k < 0:
+                any_open = False
+                for h in range(num_types):
+                    if gopen[x, h]:
+                        any_open = True
+                        break
+                if not any_open:
+                    continue
+            rem_x = grem[x]
+            w_x = gw[x]
+            best = -1
+            best_gain = 0.0
+            tight = -1
+            tight_gain = 0.0
+            for k in range(num_hosts):
+                if not alive[k] or hs[k] != gs[x]:
+                    continue
+                h = ht[k]
+                rx = grate[x, h]
+                rp = hrp[k]
+                if not (rx > 0.0 and rp > 0.0):
+                    continue
+                again = k == again_k
+                if not again and not (gopen[x, h] and hmay[k]):
+                    continue
+                cp = ph[hk[k], gk[x], h]
+                cx = pg[hk[k], gk[x], h]
+                if not (cp > 0.0 and cx > 0.0):
+                    continue
+                sp = cp / rp
+                sx = cx / rx
+                if sp + sx <= 1.0:
+                    continue
+                tp = htp[k]
+                tx = rem_x / rx
+                _shared_finish(tp, tx, sp, sx, &b1, &b2)
+                bmax = b2 if b2 > b1 else b1
+                if bmax > win:
+                    continue
+                waiting_start = gstart[x, h]
+                if tp < waiting_start:
+                    waiting_start = tp
+                start = waiting_start if not (0.0 > waiting_start) else 0.0
+                end2 = start + tx
+                free = (start + tx) if (start + tx) > tp else tp
+                sooner = gelse[x, h]
+                if sooner < end2:
+                    end2 = sooner
+                    free = tp
+                wp = hwp[k]
+                gain = wp * (tp - b1) + w_x * (end2 - b2) + gbehind[x] * (free - bmax)
+                if not again:
+                    gain -= cost_s * (w_x + wp * (1.0 - sp))
+                if not gain > 0.0:
+                    continue
+                if count and not again:
+                    short = False
+                    for r in range(rptr[k], rptr[k + 1]):
+                        if cleft[rnode[r]] < gcpus[x]:
+                            short = True
+                            break
+                    if short:
+                        if tight < 0 or gain > tight_gain:
+                            tight = k
+                            tight_gain = gain
+                        continue
+                if best < 0 or gain > best_gain:
+                    best = k
+                    best_gain = gain
+            if best < 0:
+                if tight >= 0:
+                    tight_host[x] = tight
+                    for r in range(rptr[tight], rptr[tight + 1]):
+                        if cleft[rnode[r]] < gcpus[x]:
+                            tight_node[x] = rnode[r]
+                            tight_left[x] = cleft[rnode[r]]
+                            break
+                continue
+            host_for[x] = best
+            alive[best] = 0
+            hosts_left -= 1
+            if count:
+                for r in range(rptr[best], rptr[best + 1]):
+                    cleft[rnode[r]] -= gcpus[x]
+    return host_for_a, tight_host_a, tight_node_a, tight_left_a

@@ -26,3 +26,10 @@ def match(
     node_type: I64, node_gpus: I64, counts: I64, order: I64,
     cur_job: I64, cur_node: I64, cur_count: I64,
 ) -> tuple[I64, I64, I64, I64]: ...
+def pair_guests(
+    order: I64, g_scale: I64, g_kind: I64, g_rem: F64, g_weight: F64, g_rate: F64,
+    g_open: I64, g_partner: I64, g_start: F64, g_else: F64, g_behind: F64, g_cpus: I64,
+    h_kind: I64, h_type: I64, h_scale: I64, h_may: I64, h_rp: F64, h_tp: F64, h_wp: F64,
+    row_ptr: I64, row_node: I64, pair_host: F64, pair_guest: F64, cpus_left: I64,
+    count_cpus: int, window: float, start_s: float,
+) -> tuple[I64, I64, I64, I64]: ...

@@ -91,9 +91,9 @@ def test_waiting_starts_serves_the_jobs_ahead_first() -> None:
     placed = Placement(np.array([0, 1, 2]), np.array([0, 1, 2]), np.array([1, 1, 1]))
     ran = np.array([True, True, True, False, False])
     starts = waiting_starts(snap, placed, np.arange(5, dtype=np.int64), ran)
-    assert (starts(3, 0), starts(4, 0)) == (100.0, 300.0)
+    assert (starts[3, 0], starts[4, 0]) == (100.0, 300.0)
     starts = waiting_starts(snap, placed, np.array([0, 1, 2, 4, 3], dtype=np.int64), ran)
-    assert (starts(3, 0), starts(4, 0)) == (300.0, 100.0)
+    assert (starts[3, 0], starts[4, 0]) == (300.0, 100.0)
 
 
 def test_a_guest_joins_the_host_whose_end_it_would_wait_for() -> None:

@@ -1,17 +1,23 @@
-"""GPU sharing's pairing made faster (each waiting job weighed against every host at once, as
-arrays) against the loop it replaces, kept here as the reference: the same pairs, guests,
-rows and explanations on random queues, clusters, CPU counts and worlds that allow pairs only
-in part.  The cases worked by hand are in test_hadar_sharing.py."""
+"""GPU sharing's pairing made faster (the pairs weighed in the compiled core,
+``core.pair_guests``, from arrays made once per decision) against the loop it replaces, kept
+here as the reference: the same pairs, guests, rows and explanations on random queues,
+clusters, CPU counts and worlds that allow pairs only in part, with the compiled core and with
+its plain-Python twin (``core.reference.pair_guests``).  The cases worked by hand are in
+test_hadar_sharing.py."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
+import hadar_slurm.policy.sharing as sharing
+from hadar_slurm import core
+from hadar_slurm.core import reference
 from hadar_slurm.model import ClusterSpec
-from hadar_slurm.policy.base import BoolArray, IntArray, Placement, Snapshot
+from hadar_slurm.policy.base import BoolArray, FloatArray, IntArray, Placement, Snapshot
 from hadar_slurm.policy.hadar import HadarPolicy
 from hadar_slurm.policy.sharing import (
     Pairs,
@@ -45,6 +51,55 @@ def pair_gain_reference(t1: float, t2: float, s1: float, s2: float, w1: float, w
     if elsewhere is not None and elsewhere < end2:
         end2, free = elsewhere, t1
     return w1 * (t1 - b1) + w2 * (end2 - b2) + behind * (free - max(b1, b2))
+
+
+def waiting_starts_reference(snapshot: Snapshot, placement: Placement, order: IntArray,
+                   placed: BoolArray) -> Callable[[int, int], float]:
+    """The closure :func:`waiting_starts` was (the reference): ``starts(x, h)``,
+    the seconds until the placed jobs on type ``h`` (each ending after its remaining work over
+    the summed rates of its copies) have freed as many GPUs as job ``x`` and the waiting jobs
+    ahead of it in ``order`` that can run on ``h`` ask (``inf`` if they never do).  A waiting
+    job's other chance is that, not only its host's end."""
+    rate = snapshot.rate
+    scale = snapshot.scale.astype(np.int64)
+    n_types = rate.shape[1]
+    index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
+    ends: list[list[tuple[float, int]]] = [[] for _ in range(n_types)]
+    for job_id, copies in placement.by_job_copies().items():
+        i = index_of.get(int(job_id))
+        if i is None:
+            continue
+        speed = sum(min(float(rate[i, int(snapshot.node_type[nd])]) for nd, _c in rows)
+                    for rows in copies.values())
+        end = float(snapshot.remaining[i]) / speed if speed > 0 else np.inf
+        for rows in copies.values():
+            for nd, c in rows:
+                ends[int(snapshot.node_type[nd])].append((end, int(c)))
+    times: list[FloatArray] = []
+    freed: list[IntArray] = []
+    for h in range(n_types):
+        got = sorted(ends[h])
+        times.append(np.array([t for t, _c in got], dtype=np.float64))
+        freed.append(np.cumsum(np.array([c for _t, c in got], dtype=np.int64)))
+    # per type, the GPUs that the waiting jobs before each position in the queue ask
+    waits = ~placed & (snapshot.remaining > 0)
+    in_order = order.astype(np.int64)
+    asked = np.where(waits[in_order, None] & (rate[in_order] > 0), scale[in_order, None], 0)
+    ahead = np.cumsum(asked, axis=0) - asked  # (position, type)
+    pos = np.empty(snapshot.num_jobs, dtype=np.int64)
+    pos[in_order] = np.arange(in_order.shape[0])
+
+    seen: dict[tuple[int, int], float] = {}  # (a guest is weighed against many hosts of a type)
+
+    def starts(x: int, h: int) -> float:
+        got = seen.get((x, h))
+        if got is None:
+            need = int(scale[x]) + int(ahead[pos[x], h])
+            k = int(np.searchsorted(freed[h], need, side="left"))
+            got = seen[(x, h)] = float(times[h][k]) if k < times[h].shape[0] else np.inf
+        return got
+
+    return starts
 
 
 def pack_waiting_reference(snapshot: Snapshot, placement: Placement, order: IntArray,
@@ -100,7 +155,7 @@ def pack_waiting_reference(snapshot: Snapshot, placement: Placement, order: IntA
     before = {a: b for p in snapshot.packed for a, b in (p, p[::-1])}
     cpus = job_cpus(snapshot)
     cpus_left = cpus_after(snapshot, placement, cpus)
-    starts = waiting_starts(snapshot, placement, order, placed)
+    starts = waiting_starts_reference(snapshot, placement, order, placed)
 
     def elsewhere(x: int, h: int) -> float:
         """When waiting job ``x`` would end apart on a type other than ``h``, at the soonest
@@ -267,8 +322,15 @@ def same(a: tuple[Placement, Pairs, BoolArray, dict[int, str]],
     return a[1] == b[1] and np.array_equal(a[2], b[2]) and a[3] == b[3]
 
 
+@pytest.mark.parametrize("impl", ["compiled", "reference"])
 @pytest.mark.parametrize("seed", range(200))
-def test_pack_waiting_is_what_it_was(seed: int) -> None:
+def test_pack_waiting_is_what_it_was(seed: int, impl: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # (with the compiled core's pairing, and with its plain-Python twin)
+    if impl == "reference":
+        monkeypatch.setattr(sharing.core, "pair_guests", reference.pair_guests)
+    elif not core.COMPILED:
+        pytest.skip("the compiled core is not built (run `make venv`)")
     snap, placement, order, window = random_case(seed)
     assert same(pack_waiting(snap, placement, order, window),
                 pack_waiting_reference(snap, placement, order, window))
@@ -301,3 +363,15 @@ def test_shared_finish_and_pair_gain_take_arrays_as_numbers() -> None:
         assert (b1[k], b2[k]) == shared_finish_reference(*args)
         assert gains[k] == pair_gain_reference(*args, float(w1[k]), 1.0, 0.25, float(wait[k]),
                                                float(els[k]))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_waiting_starts_is_what_it_was(seed: int) -> None:
+    snap, placement, order, _window = random_case(seed)
+    placed = np.isin(snap.job_ids, placement.job)
+    starts = waiting_starts_reference(snap, placement, order, placed)
+    got = waiting_starts(snap, placement, order, placed)
+    waiting = np.flatnonzero(~placed & (snap.remaining > 0))
+    for x in waiting.tolist():
+        for h in range(snap.rate.shape[1]):
+            assert got[x, h] == starts(x, h)

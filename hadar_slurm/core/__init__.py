@@ -2,7 +2,8 @@
 
 Both expose the same functions with the same results (see :mod:`hadar_slurm.core.reference`):
 ``plan`` (one epoch of the primal-dual planner), ``balance_split`` (the type split),
-``drain_prices`` (the drain bound and its type prices) and ``match`` (resource matching).
+``drain_prices`` (the drain bound and its type prices), ``match`` (resource matching) and
+``pair_guests`` (GPU sharing's pairing of waiting jobs with placed ones).
 The algorithm they implement: docs/algorithm.md.
 """
 
@@ -17,12 +18,15 @@ try:
     balance_split = _compiled.balance_split
     drain_prices = _compiled.drain_prices
     match = _compiled.match
+    pair_guests = _compiled.pair_guests
     COMPILED = True
 except (ImportError, AttributeError):  # not built (e.g. a bare source tree)
     plan = reference.plan
     balance_split = reference.balance_split
     drain_prices = reference.drain_prices
     match = reference.match
+    pair_guests = reference.pair_guests
     COMPILED = False
 
-__all__ = ["COMPILED", "balance_split", "drain_prices", "match", "plan", "reference"]
+__all__ = ["COMPILED", "balance_split", "drain_prices", "match", "pair_guests", "plan",
+           "reference"]

@@ -40,8 +40,9 @@ Utility: ``f(T) = k / (T + age)`` with ``T`` the finish time from now and ``k = 
 (weight times the job's runtime alone on its best type), as in the Hadar papers.
 
 Also here, with their compiled twins: :func:`balance_split` (the type split),
-:func:`drain_prices` (the drain bound and the type prices that certify it) and :func:`match`
-(resource matching: per-type GPU counts to nodes).
+:func:`drain_prices` (the drain bound and the type prices that certify it), :func:`match`
+(resource matching: per-type GPU counts to nodes) and :func:`pair_guests` (GPU sharing: which
+waiting job joins which placed one).
 
 The algorithm, step by step with pointers into the code: docs/algorithm.md.
 """
@@ -1054,3 +1055,129 @@ def match(
     out_node = np.asarray(nodes_out, dtype=np.int64)
     out_count = np.asarray(counts_out, dtype=np.int64)
     return out_job, out_node, out_count, placed
+
+
+def _shared_finish(t1: float, t2: float, s1: float, s2: float) -> tuple[float, float]:
+    """When two jobs sharing GPUs end (:func:`hadar_slurm.policy.sharing.shared_finish`)."""
+    b1 = t1 / s1
+    b2 = t2 / s2
+    if b1 <= b2:
+        return b1, b1 + t2 - s2 * b1
+    return b2 + t1 - s1 * b2, b2
+
+
+def pair_guests(
+    order: I64, g_scale: I64, g_kind: I64, g_rem: F64, g_weight: F64, g_rate: F64,
+    g_open: I64, g_partner: I64, g_start: F64, g_else: F64, g_behind: F64, g_cpus: I64,
+    h_kind: I64, h_type: I64, h_scale: I64, h_may: I64, h_rp: F64, h_tp: F64, h_wp: F64,
+    row_ptr: I64, row_node: I64, pair_host: F64, pair_guest: F64, cpus_left: I64,
+    count_cpus: int, window: float, start_s: float,
+) -> tuple[I64, I64, I64, I64]:
+    """GPU sharing's pairing (:func:`hadar_slurm.policy.sharing.pack_waiting`, whose docstring
+    has the rules): waiting jobs in ``order``, each weighed against every host left, joining
+    the one where its pair gains most (the first of equal gains).
+
+    Per job ``x`` (indices into the ``g_`` arrays; types ``h``): ``g_open[x, h]`` whether it
+    may join a new host on type ``h`` (rule 4 and the world's leave), ``g_partner[x]`` the host
+    it shared with in the last epoch (``-1``: none; that pair may always form again),
+    ``g_start[x, h]`` when it would start on ``h`` apart, ``g_else[x, h]`` when it would end
+    apart on another type than ``h`` at the soonest, ``g_behind[x]`` the weight per GPU of
+    the waiting jobs behind it, times its GPUs.  Per host ``k``: its kind, type, scale factor,
+    whether a new partner may join it, its rate, remaining time and weight, and its nodes
+    ``row_node[row_ptr[k]:row_ptr[k + 1]]``.  ``pair_host[a, b, h]`` and ``pair_guest[a, b, h]``:
+    the co-located rates of a host of kind ``a`` and a guest of kind ``b`` on type ``h`` (0:
+    forbidden).  ``cpus_left``: per node, the CPUs a guest may still take (counted where
+    ``count_cpus``; updated in place as guests join).  Returns, per job, the host it joins
+    (``-1``: none), and for a job whose best pairs all lack a CPU the best of them, its first
+    node without one and that node's free CPUs (``-1`` where not)."""
+    n = g_scale.shape[0]
+    num_hosts = h_kind.shape[0]
+    num_types = g_rate.shape[1] if g_rate.ndim == 2 else 0
+    host_for = np.full(n, -1, dtype=np.int64)
+    tight_host = np.full(n, -1, dtype=np.int64)
+    tight_node = np.full(n, -1, dtype=np.int64)
+    tight_left = np.full(n, -1, dtype=np.int64)
+    alive = np.ones(num_hosts, dtype=np.int64)
+    hosts_left = num_hosts
+    for q in range(order.shape[0]):
+        if hosts_left == 0:
+            break
+        x = int(order[q])
+        again_k = int(g_partner[x])
+        if again_k < 0 and not any(g_open[x, h] for h in range(num_types)):
+            continue
+        rem_x = float(g_rem[x])
+        w_x = float(g_weight[x])
+        best = -1
+        best_gain = 0.0
+        tight = -1
+        tight_gain = 0.0
+        for k in range(num_hosts):
+            if not alive[k] or h_scale[k] != g_scale[x]:
+                continue
+            h = int(h_type[k])
+            rx = float(g_rate[x, h])
+            rp = float(h_rp[k])
+            if not (rx > 0.0 and rp > 0.0):
+                continue
+            again = k == again_k
+            if not again and not (g_open[x, h] and h_may[k]):
+                continue
+            cp = float(pair_host[h_kind[k], g_kind[x], h])
+            cx = float(pair_guest[h_kind[k], g_kind[x], h])
+            if not (cp > 0.0 and cx > 0.0):
+                continue  # the table forbids the pair there
+            sp = cp / rp
+            sx = cx / rx
+            if sp + sx <= 1.0:
+                continue  # 1: the pair does no more than taking turns
+            tp = float(h_tp[k])
+            tx = rem_x / rx
+            b1, b2 = _shared_finish(tp, tx, sp, sx)
+            if max(b1, b2) > window:
+                continue  # 3: the pair (the one left alone after) would end after the target
+            # 2: apart, the guest from when it would start (the host's end at the latest), or
+            # on another type where it would end sooner.
+            start = max(min(float(g_start[x, h]), tp), 0.0)
+            end2 = start + tx
+            free = max(tp, start + tx)
+            sooner = float(g_else[x, h])
+            if sooner < end2:
+                end2 = sooner
+                free = tp
+            wp = float(h_wp[k])
+            gain = wp * (tp - b1) + w_x * (end2 - b2) + float(g_behind[x]) * (free - max(b1, b2))
+            if not again:
+                gain -= start_s * (w_x + wp * (1.0 - sp))
+            if not gain > 0.0:
+                continue
+            if count_cpus and not again:
+                short = False
+                for r in range(row_ptr[k], row_ptr[k + 1]):
+                    if cpus_left[row_node[r]] < g_cpus[x]:
+                        short = True
+                        break
+                if short:  # (it would wait for a CPU, and then the pair split)
+                    if tight < 0 or gain > tight_gain:
+                        tight = k
+                        tight_gain = gain
+                    continue
+            if best < 0 or gain > best_gain:
+                best = k
+                best_gain = gain
+        if best < 0:
+            if tight >= 0:
+                tight_host[x] = tight
+                for r in range(row_ptr[tight], row_ptr[tight + 1]):
+                    if cpus_left[row_node[r]] < g_cpus[x]:
+                        tight_node[x] = row_node[r]
+                        tight_left[x] = cpus_left[row_node[r]]
+                        break
+            continue
+        host_for[x] = best
+        alive[best] = 0
+        hosts_left -= 1
+        if count_cpus:
+            for r in range(row_ptr[best], row_ptr[best + 1]):
+                cpus_left[row_node[r]] -= g_cpus[x]
+    return host_for, tight_host, tight_node, tight_left

@@ -69,11 +69,11 @@ sidecar with sharing off): Hadar then decides exactly as without sharing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from hadar_slurm import core
 from hadar_slurm.model import GpuType
 from hadar_slurm.policy.base import BoolArray, FloatArray, IntArray, PairRates, Placement, Snapshot
 
@@ -204,12 +204,12 @@ def cpus_after(snapshot: Snapshot, placement: Placement, cpus: IntArray) -> IntA
 
 
 def waiting_starts(snapshot: Snapshot, placement: Placement, order: IntArray,
-                   placed: BoolArray) -> Callable[[int, int], float]:
-    """When a waiting job would start on GPUs of a type if it shared none: ``starts(x, h)``,
+                   placed: BoolArray) -> FloatArray:
+    """When each waiting job would start on GPUs of each type if it shared none: ``[x, h]``,
     the seconds until the placed jobs on type ``h`` (each ending after its remaining work over
     the summed rates of its copies) have freed as many GPUs as job ``x`` and the waiting jobs
     ahead of it in ``order`` that can run on ``h`` ask (``inf`` if they never do).  A waiting
-    job's other chance is that, not only its host's end."""
+    job's other chance is that, not only its host's end.  (Read for waiting jobs only.)"""
     rate = snapshot.rate
     scale = snapshot.scale.astype(np.int64)
     n_types = rate.shape[1]
@@ -225,31 +225,20 @@ def waiting_starts(snapshot: Snapshot, placement: Placement, order: IntArray,
         for rows in copies.values():
             for nd, c in rows:
                 ends[int(snapshot.node_type[nd])].append((end, int(c)))
-    times: list[FloatArray] = []
-    freed: list[IntArray] = []
-    for h in range(n_types):
-        got = sorted(ends[h])
-        times.append(np.array([t for t, _c in got], dtype=np.float64))
-        freed.append(np.cumsum(np.array([c for _t, c in got], dtype=np.int64)))
     # per type, the GPUs that the waiting jobs before each position in the queue ask
     waits = ~placed & (snapshot.remaining > 0)
     in_order = order.astype(np.int64)
     asked = np.where(waits[in_order, None] & (rate[in_order] > 0), scale[in_order, None], 0)
     ahead = np.cumsum(asked, axis=0) - asked  # (position, type)
-    pos = np.empty(snapshot.num_jobs, dtype=np.int64)
-    pos[in_order] = np.arange(in_order.shape[0])
-
-    seen: dict[tuple[int, int], float] = {}  # (a guest is weighed against many hosts of a type)
-
-    def starts(x: int, h: int) -> float:
-        got = seen.get((x, h))
-        if got is None:
-            need = int(scale[x]) + int(ahead[pos[x], h])
-            k = int(np.searchsorted(freed[h], need, side="left"))
-            got = seen[(x, h)] = float(times[h][k]) if k < times[h].shape[0] else np.inf
-        return got
-
-    return starts
+    need = np.zeros((snapshot.num_jobs, n_types), dtype=np.int64)
+    need[in_order] = scale[in_order, None] + ahead
+    out = np.full((snapshot.num_jobs, n_types), np.inf)
+    for h in range(n_types):
+        got = sorted(ends[h])
+        times = np.array([t for t, _c in got] + [np.inf], dtype=np.float64)
+        freed = np.cumsum(np.array([c for _t, c in got], dtype=np.int64))
+        out[:, h] = times[np.searchsorted(freed, need[:, h], side="left")]
+    return out
 
 
 def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
@@ -316,119 +305,73 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     hp = np.array(host_list, dtype=np.int64)  # host k's job index
     ht = np.array(host_type, dtype=np.int64)  # host k's GPU type
     host_of = {i: k for k, i in enumerate(host_list)}
-    alive = np.ones(hp.shape[0], dtype=np.bool_)
-    rp_all = rate[hp, ht].astype(np.float64)
-    tp_all = remaining[hp] / rp_all
-    wp_all = weight[hp]
-    per_gpu = 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
-    start_s = float(snapshot.migration_s)
     cpus = job_cpus(snapshot)
     cpus_left = cpus_after(snapshot, placement, cpus)
-    made: list[Callable[[int, int], float]] = []  # (waiting_starts, made when first needed)
-
-    def starts(x: int, h: int) -> float:
-        if not made:
-            made.append(waiting_starts(snapshot, placement, order, placed))
-        return made[0](x, h)
-
     num_types = rate.shape[1]
-    # 2: the weight of the waiting jobs behind each one in the queue order (per GPU below).
-    # (the guests taken so far are all ahead of the one weighed, so those behind it wait)
+    # 2: when and where each waiting job would start and end apart, and the weight of the
+    # waiting jobs behind it in the queue order (per GPU); the guests taken as the queue goes
+    # are all ahead of the one weighed, so those behind it still wait.
+    start = waiting_starts(snapshot, placement, order, placed)
+    with np.errstate(divide="ignore"):
+        end = np.where(runs, start + remaining[:, None] / np.where(runs, rate, 1.0), np.inf)
+    if num_types > 1:
+        lowest = np.argmin(end, axis=1)
+        two = np.sort(end, axis=1)
+        elsewhere = np.where(np.arange(num_types)[None, :] == lowest[:, None],
+                             two[:, 1:2], two[:, 0:1])
+    else:
+        elsewhere = np.full_like(end, np.inf)
     in_order = order.astype(np.int64)
     w_wait = np.where(waiting[in_order], weight[in_order], 0.0)
-    behind_at = np.zeros(n, dtype=np.float64)
-    behind_at[in_order] = np.cumsum(w_wait[::-1])[::-1] - w_wait
+    behind = np.zeros(n, dtype=np.float64)
+    behind[in_order] = np.cumsum(w_wait[::-1])[::-1] - w_wait
+    behind *= 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
+    behind *= scale
+    partner = np.array([host_of.get(index_of.get(before.get(j, -1), -1), -1) for j in ids],
+                       dtype=np.int64)
+    # The co-located rates of every host kind with every guest kind, on every type.
+    kinds = len(rates.keys)
+    pair_host = np.zeros((kinds, kinds, num_types))
+    pair_guest = np.zeros((kinds, kinds, num_types))
+    for a in np.unique(rates.kind[hp]).tolist():
+        for b in np.unique(rates.kind[waiting]).tolist():
+            for h in range(num_types):
+                pair_host[a, b, h], pair_guest[a, b, h] = rates.by_kind(a, b, h)
+    row_ptr = np.cumsum([0] + [len(rows) for rows in host_rows]).astype(np.int64)
+    row_node = np.array([nd for rows in host_rows for nd, _c in rows], dtype=np.int64)
+    left = (np.zeros(snapshot.node_gpus.shape[0], dtype=np.int64) if cpus_left is None
+            else np.ascontiguousarray(cpus_left, dtype=np.int64))
+    host_for, tight_host, tight_node, tight_left = core.pair_guests(
+        in_order[waiting[in_order]], scale.astype(np.int64), rates.kind,
+        remaining, weight, rate.astype(np.float64), open_to.astype(np.int64), partner, start,
+        elsewhere, behind, cpus.astype(np.int64), rates.kind[hp], ht,
+        scale[hp].astype(np.int64), may_host[hp].astype(np.int64), rate[hp, ht].astype(
+            np.float64), remaining[hp] / rate[hp, ht], weight[hp], row_ptr, row_node,
+        pair_host, pair_guest, left, cpus_left is not None, float(window),
+        float(snapshot.migration_s))
 
     pairs: list[tuple[int, int]] = []
     job: list[int] = []
     node: list[int] = []
     count: list[int] = []
     detail: dict[int, str] = {}
-    # Waiting jobs in queue order, each with the host where it gains most.
-    host_kind = rates.kind[hp]
-    host_scale = scale[hp]
-    host_may = may_host[hp]
-    hosts_left = int(hp.shape[0])
     for x in in_order.tolist():
-        if hosts_left == 0:
-            break
-        if not waiting[x]:
+        k = int(host_for[x])
+        if k < 0:
+            t = int(tight_host[x])
+            if t >= 0:
+                detail[ids[x]] = (
+                    f"would share a GPU with job {ids[int(hp[t])]} on "
+                    f"{snapshot.node_names[int(tight_node[x])]}, but the node has "
+                    f"{max(int(tight_left[x]), 0)} free CPU(s) for the {int(cpus[x])} it "
+                    f"asks, this epoch's placements counted")
             continue
-        partner = before.get(ids[x])
-        again_k = host_of.get(index_of.get(partner, -1), -1) if partner is not None else -1
-        if again_k < 0 and not open_to[x].any():
-            continue
-        rx_by = rate[x].astype(np.float64)
-        cand = alive & (host_scale == scale[x]) & open_to[x][ht] & host_may
-        if again_k >= 0:
-            cand[again_k] = (alive[again_k] and host_scale[again_k] == scale[x]
-                             and rx_by[ht[again_k]] > 0)
-        k = np.flatnonzero(cand)
-        if k.shape[0] == 0:
-            continue
-        again = k == again_k
-        hk = ht[k]
-        cp_of, cx_of = rates.against(int(rates.kind[x]))
-        cp, cx = cp_of[host_kind[k], hk], cx_of[host_kind[k], hk]
-        keep = (cp > 0) & (cx > 0)  # (else the table forbids the pair there)
-        rp, rx = rp_all[k], rx_by[hk]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            sp, sx = cp / rp, cx / rx
-            keep &= ~(sp + sx <= 1.0)  # 1: the pair does more than taking turns
-            tp, tx = tp_all[k], float(remaining[x]) / rx
-            b1, b2 = shared_finish(tp, tx, sp, sx)
-            keep &= ~(np.maximum(b1, b2) > window)  # 3: both end by the target
-        k, hk, sp, sx, tp, tx = k[keep], hk[keep], sp[keep], sx[keep], tp[keep], tx[keep]
-        again = again[keep]
-        if k.shape[0] == 0:
-            continue
-        # 2: the completion times, the waiting jobs behind the guest included (per GPU).
-        start_by = np.array([starts(x, g) if rx_by[g] > 0 else np.inf
-                             for g in range(num_types)])
-        end_by = np.where(rx_by > 0, start_by + float(remaining[x]) / np.where(
-            rx_by > 0, rx_by, 1.0), np.inf)
-        behind = float(behind_at[x]) * per_gpu * float(scale[x])
-        others = np.array([min((float(end_by[g]) for g in range(num_types) if g != t),
-                               default=np.inf) for t in range(num_types)])
-        gain = pair_gain(tp, tx, sp, sx, wp_all[k], float(weight[x]), behind,
-                         np.minimum(start_by[hk], tp), others[hk])
-        # A guest that starts on the host's GPUs pays a start it would not pay waiting
-        # (``migration_s``, once now and at most once when the pair ends), and the host
-        # shares at its co-located rate while the guest starts.
-        cost = start_s * (float(weight[x]) + wp_all[k] * (1.0 - sp))
-        gain = np.where(again, gain, gain - cost)
-        good = gain > 0.0
-        k, gain, again = k[good], gain[good], again[good]
-        if k.shape[0] == 0:
-            continue
-        tight = np.zeros(k.shape[0], dtype=np.bool_)
-        if cpus_left is not None:
-            # (it would wait for a CPU, and then the pair split)
-            tight = np.array([any(cpus_left[nd] < cpus[x] for nd, _c in host_rows[j])
-                              for j in k.tolist()], dtype=np.bool_) & ~again
-        if tight.all() and cpus_left is not None:
-            # (the best of them, for the detail)
-            j = int(k[int(np.argmax(gain))])
-            nd = next(nd for nd, _c in host_rows[j] if cpus_left[nd] < cpus[x])
-            detail[ids[x]] = (
-                f"would share a GPU with job {ids[int(hp[j])]} on {snapshot.node_names[nd]}, "
-                f"but the node has {max(int(cpus_left[nd]), 0)} free CPU(s) for the "
-                f"{int(cpus[x])} it asks, this epoch's placements counted")
-            continue
-        j = int(k[~tight][int(np.argmax(gain[~tight]))])
-        p = int(hp[j])
-        alive[j] = False
-        hosts_left -= 1
-        rows = host_rows[j]
-        if cpus_left is not None:
-            for nd, _c in rows:
-                cpus_left[nd] -= cpus[x]
+        p = int(hp[k])
         guests[x] = True
-        waiting[x] = False
         pairs.append((min(ids[p], ids[x]), max(ids[p], ids[x])))
         detail[ids[p]] = f"shares its GPUs with job {ids[x]}"
         detail[ids[x]] = f"shares its GPUs with job {ids[p]} (joined it)"
-        for nd, c in rows:
+        for nd, c in host_rows[k]:
             job.append(ids[x])
             node.append(nd)
             count.append(c)
