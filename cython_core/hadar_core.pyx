@@ -6,9 +6,10 @@
 Same functions (``plan``, ``balance_split``, ``drain_prices``, ``match``, ``pair_guests``),
 same signatures, same arrays in and out, and the same floating-point operations in the same
 order, so that both return identical decisions (``tests/test_core_twins.py`` compares them on
-random instances).  Each private helper mirrors the reference helper of the same name line by
+random instances; ``pair_guests`` ``tests/test_sharing_twins.py``).  Each private helper mirrors the reference helper of the same name line by
 line (``_epoch_option``, ``_best_schedule``, ``_fastest_option``, ``_movable``, ``_MoveIndex``,
-``_level``, ``_exchange``, ``_shared_finish``); read the reference for the *why*.
+``_level``, ``_exchange``; ``_shared_finish`` is its ``shared_finish``, and ``pair_guests``
+inlines its ``pair_gain``); read the reference for the *why*.
 
 How the twin stays exact:
 

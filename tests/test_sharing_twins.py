@@ -32,27 +32,6 @@ from hadar_slurm.policy.sharing import (
 from hadar_slurm.rates.table import default_table
 
 
-def shared_finish_reference(t1: float, t2: float, s1: float, s2: float) -> tuple[float, float]:
-    """The scalar :func:`shared_finish` (the reference)."""
-    if t1 / s1 <= t2 / s2:
-        b1 = t1 / s1
-        return b1, b1 + t2 - s2 * b1
-    b2 = t2 / s2
-    return b2 + t1 - s1 * b2, b2
-
-
-def pair_gain_reference(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
-                        behind: float = 0.0, wait: float | None = None,
-                        elsewhere: float | None = None) -> float:
-    """The scalar :func:`pair_gain` (the reference)."""
-    b1, b2 = shared_finish_reference(t1, t2, s1, s2)
-    start = t1 if wait is None else max(wait, 0.0)
-    end2, free = start + t2, max(t1, start + t2)
-    if elsewhere is not None and elsewhere < end2:
-        end2, free = elsewhere, t1
-    return w1 * (t1 - b1) + w2 * (end2 - b2) + behind * (free - max(b1, b2))
-
-
 def waiting_starts_reference(snapshot: Snapshot, placement: Placement, order: IntArray,
                    placed: BoolArray) -> Callable[[int, int], float]:
     """The closure :func:`waiting_starts` was (the reference): ``starts(x, h)``,
@@ -179,12 +158,12 @@ def pack_waiting_reference(snapshot: Snapshot, placement: Placement, order: IntA
         if sp + sx <= 1.0:
             return None  # 1: the pair does no more than taking turns
         tp, tx = float(remaining[p]) / rp, float(remaining[x]) / rx
-        if max(shared_finish_reference(tp, tx, sp, sx)) > window:
+        if max(shared_finish(tp, tx, sp, sx)) > window:
             return None  # 3: the pair (the one left alone after) would end after the target
         # 2: the completion times, the waiting jobs behind the guest included (per GPU).
         behind = float(weight[waiting & (pos > pos[x])].sum()) * per_gpu * float(scale[x])
         wait = min(starts(x, h), tp)
-        gain = pair_gain_reference(tp, tx, sp, sx, float(weight[p]), float(weight[x]), behind, wait,
+        gain = pair_gain(tp, tx, sp, sx, float(weight[p]), float(weight[x]), behind, wait,
                          elsewhere(x, h))
         if not again:
             # A guest that starts on the host's GPUs pays a start it would not pay waiting
@@ -348,21 +327,6 @@ def test_the_random_cases_exercise_every_branch() -> None:
         no_cpu += any("free CPU(s)" in text for text in detail.values())
         empty += not pairs
     assert min(formed, again, no_cpu, empty) >= 10, (formed, again, no_cpu, empty)
-
-
-def test_shared_finish_and_pair_gain_take_arrays_as_numbers() -> None:
-    rng = np.random.default_rng(0)
-    t1, t2 = rng.uniform(10, 1000, 50), rng.uniform(10, 1000, 50)
-    s1, s2 = rng.uniform(0.3, 1.0, 50), rng.uniform(0.3, 1.0, 50)
-    w1, wait = rng.choice([0.5, 1.0, 2.0], 50), rng.uniform(0, 900, 50)
-    els = rng.uniform(0, 2e3, 50)
-    b1, b2 = shared_finish(t1, t2, s1, s2)
-    gains = pair_gain(t1, t2, s1, s2, w1, 1.0, 0.25, wait, els)
-    for k in range(50):
-        args = (float(t1[k]), float(t2[k]), float(s1[k]), float(s2[k]))
-        assert (b1[k], b2[k]) == shared_finish_reference(*args)
-        assert gains[k] == pair_gain_reference(*args, float(w1[k]), 1.0, 0.25, float(wait[k]),
-                                               float(els[k]))
 
 
 @pytest.mark.parametrize("seed", range(40))

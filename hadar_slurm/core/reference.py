@@ -1057,13 +1057,38 @@ def match(
     return out_job, out_node, out_count, placed
 
 
-def _shared_finish(t1: float, t2: float, s1: float, s2: float) -> tuple[float, float]:
-    """When two jobs sharing GPUs end (:func:`hadar_slurm.policy.sharing.shared_finish`)."""
-    b1 = t1 / s1
-    b2 = t2 / s2
-    if b1 <= b2:
+def shared_finish(t1: float, t2: float, s1: float, s2: float) -> tuple[float, float]:
+    """When two jobs end that share GPUs until one of them ends, the other alone after:
+    ``t1``/``t2`` their remaining times alone on those GPUs, ``s1``/``s2`` the share of its own
+    speed each keeps while they share."""
+    if t1 / s1 <= t2 / s2:
+        b1 = t1 / s1
         return b1, b1 + t2 - s2 * b1
+    b2 = t2 / s2
     return b2 + t1 - s1 * b2, b2
+
+
+def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
+              behind: float = 0.0, wait: float | None = None,
+              elsewhere: float | None = None) -> float:
+    """How much sharing lowers weighted completion times, two jobs on one set of GPUs.
+
+    ``t1``/``t2``: the remaining times alone of the job that holds the GPUs (the host) and of
+    the one that would join it; ``s1``/``s2``: the share of its own speed each keeps while they
+    share; ``w1``/``w2`` their weights; ``behind``: the weight of jobs that start on these GPUs
+    only once both are done; ``wait``: when the second would start if it did not share (by
+    default ``t1``, when the first ends: the two one after the other).  ``A``: apart, the
+    first alone, the second from ``wait`` (ends ``t1`` and ``wait + t2``), or, where it ends
+    sooner on other GPUs (``elsewhere``: when it would end there, from now), there, the
+    first's GPUs then free at ``t1``.  ``B``: together until one ends, the other alone after
+    (:func:`shared_finish`).  Returns ``A - B`` of the weighted completion times (> 0: the
+    pair pays)."""
+    b1, b2 = shared_finish(t1, t2, s1, s2)
+    start = t1 if wait is None else max(wait, 0.0)
+    end2, free = start + t2, max(t1, start + t2)
+    if elsewhere is not None and elsewhere < end2:
+        end2, free = elsewhere, t1
+    return w1 * (t1 - b1) + w2 * (end2 - b2) + behind * (free - max(b1, b2))
 
 
 def pair_guests(
@@ -1133,22 +1158,14 @@ def pair_guests(
                 continue  # 1: the pair does no more than taking turns
             tp = float(h_tp[k])
             tx = rem_x / rx
-            b1, b2 = _shared_finish(tp, tx, sp, sx)
-            if max(b1, b2) > window:
+            if max(shared_finish(tp, tx, sp, sx)) > window:
                 continue  # 3: the pair (the one left alone after) would end after the target
             # 2: apart, the guest from when it would start (the host's end at the latest), or
             # on another type where it would end sooner.
-            start = max(min(float(g_start[x, h]), tp), 0.0)
-            end2 = start + tx
-            free = max(tp, start + tx)
-            sooner = float(g_else[x, h])
-            if sooner < end2:
-                end2 = sooner
-                free = tp
-            wp = float(h_wp[k])
-            gain = wp * (tp - b1) + w_x * (end2 - b2) + float(g_behind[x]) * (free - max(b1, b2))
+            gain = pair_gain(tp, tx, sp, sx, float(h_wp[k]), w_x, float(g_behind[x]),
+                             min(float(g_start[x, h]), tp), float(g_else[x, h]))
             if not again:
-                gain -= start_s * (w_x + wp * (1.0 - sp))
+                gain -= start_s * (w_x + float(h_wp[k]) * (1.0 - sp))
             if not gain > 0.0:
                 continue
             if count_cpus and not again:

@@ -74,12 +74,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hadar_slurm import core
+from hadar_slurm.core.reference import pair_gain, shared_finish
 from hadar_slurm.model import GpuType
 from hadar_slurm.policy.base import BoolArray, FloatArray, IntArray, PairRates, Placement, Snapshot
 
 Pairs = tuple[tuple[int, int], ...]
-#: A number, or an array of them (one per pair).
-Floats = float | FloatArray
 
 
 
@@ -96,20 +95,9 @@ class SharingRates:
     kind: IntArray
     keys: list[tuple[str, int]]
     seen: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
-    rows: dict[int, tuple[FloatArray, FloatArray]] = field(default_factory=dict)
 
     def rates(self, i: int, j: int, h: int) -> tuple[float, float]:
         return self.by_kind(int(self.kind[i]), int(self.kind[j]), h)
-
-    def against(self, y: int) -> tuple[FloatArray, FloatArray]:
-        """:meth:`by_kind` of every kind with kind ``y``, on every type: two ``[kinds, types]``
-        arrays (the first kind's rate, ``y``'s), made once per ``y``."""
-        got = self.rows.get(y)
-        if got is None:
-            both = np.array([[self.by_kind(x, y, h) for h in range(len(self.gpu_types))]
-                             for x in range(len(self.keys))], dtype=np.float64)
-            got = self.rows[y] = (both[:, :, 0], both[:, :, 1])
-        return got
 
     def by_kind(self, x: int, y: int, h: int) -> tuple[float, float]:
         """The co-located rates of kinds ``x`` and ``y`` sharing GPUs of type ``h``."""
@@ -135,43 +123,6 @@ def sharing_rates(snapshot: Snapshot) -> SharingRates | None:
                      zip(snapshot.job_types, snapshot.scale.tolist(), strict=True)],
                     dtype=np.int64)
     return SharingRates(table, snapshot.gpu_types, kind, list(kinds))
-
-
-def shared_finish(t1: Floats, t2: Floats, s1: Floats, s2: Floats,
-                  ) -> tuple[FloatArray, FloatArray]:
-    """When two jobs end that share GPUs until one of them ends, the other alone after:
-    ``t1``/``t2`` their remaining times alone on those GPUs, ``s1``/``s2`` the share of its own
-    speed each keeps while they share (numbers, or arrays of many pairs)."""
-    b1, b2 = np.divide(t1, s1), np.divide(t2, s2)
-    first = b1 <= b2  # (the first ends first)
-    return (np.where(first, b1, b2 + t1 - np.multiply(s1, b2)),
-            np.where(first, b1 + t2 - np.multiply(s2, b1), b2))
-
-
-def pair_gain(t1: Floats, t2: Floats, s1: Floats, s2: Floats, w1: Floats, w2: Floats,
-              behind: Floats = 0.0, wait: Floats | None = None,
-              elsewhere: Floats | None = None) -> FloatArray:
-    """How much sharing lowers weighted completion times, two jobs on one set of GPUs.
-
-    ``t1``/``t2``: the remaining times alone of the job that holds the GPUs (the host) and of
-    the one that would join it; ``s1``/``s2``: the share of its own speed each keeps while they
-    share; ``w1``/``w2`` their weights; ``behind``: the weight of jobs that start on these GPUs
-    only once both are done; ``wait``: when the second would start if it did not share (by
-    default ``t1``, when the first ends: the two one after the other).  ``A``: apart, the
-    first alone, the second from ``wait`` (ends ``t1`` and ``wait + t2``), or, where it ends
-    sooner on other GPUs (``elsewhere``: when it would end there, from now), there, the
-    first's GPUs then free at ``t1``.  ``B``: together until one ends, the other alone after
-    (:func:`shared_finish`).  Returns ``A - B`` of the weighted completion times (> 0: the
-    pair pays); every argument may be an array of many pairs."""
-    b1, b2 = shared_finish(t1, t2, s1, s2)
-    start = np.asarray(t1) if wait is None else np.maximum(wait, 0.0)
-    end2, free = start + t2, np.maximum(t1, start + t2)
-    if elsewhere is not None:
-        sooner = np.less(elsewhere, end2)
-        end2, free = np.where(sooner, elsewhere, end2), np.where(sooner, t1, free)
-    gain: FloatArray = (np.multiply(w1, np.subtract(t1, b1)) + np.multiply(w2, end2 - b2)
-                        + np.multiply(behind, free - np.maximum(b1, b2)))
-    return gain
 
 
 def job_cpus(snapshot: Snapshot) -> IntArray:
@@ -253,9 +204,10 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     job of a pair and per waiting job whose pair would have paid on a node without a CPU for
     it.
 
-    Each waiting job is weighed against every host left at once, as arrays (a queue of
-    thousands of jobs with thousands of hosts is millions of pairs); of the hosts where it
-    gains most, the first in the placement's order."""
+    The pairs are weighed in the compiled core (:func:`hadar_slurm.core.pair_guests`: a queue
+    of thousands of jobs with thousands of hosts is millions of pairs) from arrays made here
+    once; of the hosts where a waiting job gains most, it joins the first in the placement's
+    order."""
     n = snapshot.num_jobs
     guests = np.zeros(n, dtype=np.bool_)
     if snapshot.colocated is None or n < 2 or len(placement) == 0:
