@@ -238,25 +238,26 @@ def any_copy(pool: IntArray, mask: BoolArray) -> BoolArray:
     return out
 
 
-def restarted(snapshot: Snapshot, alloc: IntArray) -> BoolArray:
+def restarted(snapshot: Snapshot, alloc: IntArray, held: IntArray | None = None) -> BoolArray:
     """Per job, whether ``alloc`` (GPUs per job and type) starts it anew: its GPUs there differ
-    from those it holds (``snapshot.held()``).  The copies of one job (``Snapshot.pool``:
-    HadarE's) restart together, since the job runs as one set of copies: a copy added, stopped
-    or moved restarts the others too."""
-    out: BoolArray = (alloc != snapshot.held()).any(axis=1)
+    from those it holds (``held``: ``snapshot.held()``, where the caller has it).  The copies
+    of one job (``Snapshot.pool``: HadarE's) restart together, since the job runs as one set of
+    copies: a copy added, stopped or moved restarts the others too."""
+    out: BoolArray = (alloc != (snapshot.held() if held is None else held)).any(axis=1)
     if snapshot.pool is not None and out.any():
         out = any_copy(snapshot.pool, out)
     return out
 
 
-def round_progress(snapshot: Snapshot, alloc: IntArray) -> FloatArray:
+def round_progress(snapshot: Snapshot, alloc: IntArray, held: IntArray | None = None,
+                   ) -> FloatArray:
     """The steps each job makes in a round of ``alloc`` (GPUs per job and type), at most what
-    it has left: a job that ``alloc`` starts anew (:func:`restarted`) works the round less a
-    move's cost (``migration_s``; a waiting job's start costs as much), at its
+    it has left: a job that ``alloc`` starts anew (:func:`restarted`; ``held`` as there) works
+    the round less a move's cost (``migration_s``; a waiting job's start costs as much), at its
     :func:`job_speed` on them."""
     round_s = float(snapshot.round_s)
     worker_rate = snapshot.rate / np.maximum(snapshot.scale, 1)[:, None]
-    run_s = np.where(restarted(snapshot, alloc),
+    run_s = np.where(restarted(snapshot, alloc, held),
                      max(round_s - float(snapshot.migration_s), 0.0), round_s)
     speed = job_speed(alloc, worker_rate, snapshot.sync)
     out: FloatArray = np.minimum(speed * run_s, np.maximum(snapshot.remaining, 0.0))
@@ -283,7 +284,7 @@ def drain_at(remaining: FloatArray, scale: IntArray, rate: FloatArray, capacity:
 
 
 def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray,
-                      pi: FloatArray) -> float:
+                      pi: FloatArray, done: FloatArray | None = None) -> float:
     """The drain bound at the type prices ``pi`` (:func:`drain_at`; the caller's, so that
     plans compare by their priced work) of the work left after a round of ``alloc``
     (:func:`round_progress`), lower when ``alloc`` drains the workload sooner.
@@ -291,8 +292,11 @@ def drain_after_round(snapshot: Snapshot, alloc: IntArray, capacity: IntArray,
     After the round, a job that holds GPUs in ``alloc`` pays a move's cost again to run on a
     type it does not hold there: staying on a type where its work is dear only puts a move
     off, and the bound says so (without it, the fluid bound takes every later move as free
-    and prefers to stay)."""
-    rem = np.maximum(snapshot.remaining - round_progress(snapshot, alloc), 0.0)
+    and prefers to stay).  ``done``: :func:`round_progress` of ``alloc``, where the caller has
+    it."""
+    if done is None:
+        done = round_progress(snapshot, alloc)
+    rem = np.maximum(snapshot.remaining - done, 0.0)
     rate = snapshot.rate
     runs = rate > 0
     # (a move's cost on the types it does not hold, as a lower whole-job rate there)
@@ -368,13 +372,15 @@ def blocked_types(main: BoolArray, worker_rate: FloatArray, scale: IntArray,
     return out
 
 
-def ideal_seconds(snapshot: Snapshot, alloc: IntArray) -> float:
-    """The work of a round of ``alloc`` (:func:`round_progress`) in seconds of each job alone
-    on its fastest type, summed over the jobs: higher when ``alloc`` puts jobs where they
-    progress faster, which shortens their completions even where the drain bound (set by the
-    longest work) does not move."""
+def ideal_seconds(snapshot: Snapshot, alloc: IntArray, done: FloatArray | None = None,
+                  ) -> float:
+    """The work of a round of ``alloc`` (:func:`round_progress`, or ``done`` where the caller
+    has it) in seconds of each job alone on its fastest type, summed over the jobs: higher when
+    ``alloc`` puts jobs where they progress faster, which shortens their completions even where
+    the drain bound (set by the longest work) does not move."""
     best = snapshot.rate.max(axis=1)
-    done = round_progress(snapshot, alloc)
+    if done is None:
+        done = round_progress(snapshot, alloc)
     return float(np.divide(done, best, out=np.zeros_like(done), where=best > 0).sum())
 
 
@@ -411,6 +417,7 @@ def repack_gangs(alloc: IntArray, scale: IntArray, main: BoolArray, rate: FloatA
     if not waiting.any():
         return out
     displaced: list[int] = []
+    row = held.copy()  # (GPUs per job, as ``out`` changes)
     for h in range(num_types):
         cands = np.nonzero(waiting & main[:, h] & (scale <= capacity[h]))[0]
         if cands.shape[0] == 0:
@@ -419,7 +426,7 @@ def repack_gangs(alloc: IntArray, scale: IntArray, main: BoolArray, rate: FloatA
         idle = int(capacity[h] - out[:, h].sum())
         need = int(scale[g]) - idle
         if need > 0:
-            on_h = np.nonzero((out[:, h] > 0) & (out[:, h] == out.sum(axis=1))
+            on_h = np.nonzero((out[:, h] > 0) & (out[:, h] == row)
                               & (scale < scale[g]) & (pos > pos[g]))[0]
             victims = on_h[np.argsort(-pos[on_h], kind="stable")]
             freed = np.cumsum(out[victims, h])
@@ -427,16 +434,19 @@ def repack_gangs(alloc: IntArray, scale: IntArray, main: BoolArray, rate: FloatA
             if enough.shape[0] == 0:
                 continue
             chosen = victims[: int(enough[0]) + 1]
+            row[chosen] -= out[chosen, h]
             out[chosen, h] = 0
             displaced.extend(chosen.tolist())
         out[g, h] = scale[g]
+        row[g] += scale[g]
         waiting[g] = False
+    free = capacity - out.sum(axis=0)
     for v in sorted(displaced, key=lambda i: int(pos[i])):
-        free = capacity - out.sum(axis=0)
         fits = (rate[v] > 0) & (free >= scale[v])
         if fits.any():
             h = int(np.argmax(np.where(fits, rate[v], -1.0)))
             out[v, h] = scale[v]
+            free[h] -= scale[v]
     return out
 
 
@@ -634,7 +644,7 @@ class HadarPolicy:
         withheld: list[int] = []
         if self.move_margin >= 0.0 and snapshot.migration_s > 0.0:
             running = current.sum(axis=1) > 0
-            moved = running & (alloc.sum(axis=1) > 0) & restarted(snapshot, alloc)
+            moved = running & (alloc.sum(axis=1) > 0) & restarted(snapshot, alloc, current)
             if moved.any():
                 keep = np.where(running[:, None], (current > 0) & (worker_rate > 0), main)
                 if snapshot.pool is not None:
@@ -646,9 +656,12 @@ class HadarPolicy:
                 # (the drain bounds at this epoch's prices, not fitted anew: two fits differed
                 # by thousands of seconds where one round could move the bound by at most its
                 # length, and the moves their noise let through went back and forth)
-                more = ideal_seconds(snapshot, alloc) - ideal_seconds(snapshot, stay[0])
-                sooner = (drain_after_round(snapshot, stay[0], capacity, pi)
-                          - drain_after_round(snapshot, alloc, capacity, pi))
+                done = round_progress(snapshot, alloc, current)
+                done_stay = round_progress(snapshot, stay[0], current)
+                more = (ideal_seconds(snapshot, alloc, done)
+                        - ideal_seconds(snapshot, stay[0], done_stay))
+                sooner = (drain_after_round(snapshot, stay[0], capacity, pi, done_stay)
+                          - drain_after_round(snapshot, alloc, capacity, pi, done))
                 if not moves_pay(more, sooner, margin):
                     alloc, payoff, status, planned, packed = stay
                     main = keep
