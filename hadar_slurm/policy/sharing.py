@@ -192,6 +192,47 @@ def waiting_starts(snapshot: Snapshot, placement: Placement, order: IntArray,
     return out
 
 
+def sharing_hosts(snapshot: Snapshot, placement: Placement, ok: BoolArray,
+                  ) -> tuple[IntArray, IntArray, list[list[tuple[int, int]]]]:
+    """The placed jobs another may join: per host, in the placement's order, its job index,
+    its GPU type and its rows ``(node, GPUs)``, nodes ascending.  A host is a job that ``ok``
+    lets share, unforked, on GPUs of one type that may be shared (nodes with shards), as many
+    as its scale factor."""
+    index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
+    shares_on = snapshot.sharing_nodes()
+    jobs: list[int] = []
+    types: list[int] = []
+    host_rows: list[list[tuple[int, int]]] = []
+    for job_id, copies in placement.by_job_copies().items():
+        i = index_of.get(int(job_id))
+        if i is None or len(copies) != 1 or not ok[i]:
+            continue  # (a forked job's copies, or a job that may not share)
+        rows = sorted(next(iter(copies.values())))
+        if not all(shares_on[nd] for nd, _c in rows):
+            continue  # (its GPUs may not be shared: the node has no shards)
+        on = {int(snapshot.node_type[nd]) for nd, _c in rows}
+        h = on.pop()
+        if (not on and snapshot.rate[i, h] > 0
+                and sum(c for _nd, c in rows) == int(snapshot.scale[i])):
+            jobs.append(i)
+            types.append(h)
+            host_rows.append(rows)
+    return (np.array(jobs, dtype=np.int64), np.array(types, dtype=np.int64), host_rows)
+
+
+def sooner_elsewhere(end: FloatArray) -> FloatArray:
+    """``[x, h]``: the soonest of job ``x``'s ends ``end[x, g]`` on the types ``g`` other than
+    ``h`` (``inf`` where there is none)."""
+    num_types = end.shape[1]
+    if num_types < 2:
+        return np.full_like(end, np.inf)
+    lowest = np.argmin(end, axis=1)
+    two = np.sort(end, axis=1)
+    out: FloatArray = np.where(np.arange(num_types)[None, :] == lowest[:, None],
+                               two[:, 1:2], two[:, 0:1])
+    return out
+
+
 def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
                  window: float = np.inf
                  ) -> tuple[Placement, Pairs, BoolArray, dict[int, str]]:
@@ -233,30 +274,11 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     had = np.array([j in before for j in ids], dtype=np.bool_)
     if not (waiting & (open_to.any(axis=1) | had)).any():
         return placement, (), guests, {}
-    shares_on = snapshot.sharing_nodes()
-    may_host = snapshot.hosting_allowed()
-    host_list: list[int] = []  # job indices, in the placement's order
-    host_type: list[int] = []
-    host_rows: list[list[tuple[int, int]]] = []
-    for job_id, copies in placement.by_job_copies().items():
-        i = index_of.get(int(job_id))
-        if i is None or len(copies) != 1 or not ok[i]:
-            continue  # (a forked job's copies, or a job that may not share)
-        rows = sorted(next(iter(copies.values())))
-        if not all(shares_on[nd] for nd, _c in rows):
-            continue  # (its GPUs may not be shared: the node has no shards)
-        types = {int(snapshot.node_type[nd]) for nd, _c in rows}
-        h = types.pop()
-        if not types and rate[i, h] > 0 and sum(c for _nd, c in rows) == int(scale[i]):
-            host_list.append(i)
-            host_type.append(h)
-            host_rows.append(rows)
+    hp, ht, host_rows = sharing_hosts(snapshot, placement, ok)
     rates = sharing_rates(snapshot)
-    if not host_list or rates is None:
+    if hp.shape[0] == 0 or rates is None:
         return placement, (), guests, {}
-    hp = np.array(host_list, dtype=np.int64)  # host k's job index
-    ht = np.array(host_type, dtype=np.int64)  # host k's GPU type
-    host_of = {i: k for k, i in enumerate(host_list)}
+    host_of = {int(i): k for k, i in enumerate(hp.tolist())}
     cpus = job_cpus(snapshot)
     cpus_left = cpus_after(snapshot, placement, cpus)
     num_types = rate.shape[1]
@@ -264,15 +286,8 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     # waiting jobs behind it in the queue order (per GPU); the guests taken as the queue goes
     # are all ahead of the one weighed, so those behind it still wait.
     start = waiting_starts(snapshot, placement, order, placed)
-    with np.errstate(divide="ignore"):
-        end = np.where(runs, start + remaining[:, None] / np.where(runs, rate, 1.0), np.inf)
-    if num_types > 1:
-        lowest = np.argmin(end, axis=1)
-        two = np.sort(end, axis=1)
-        elsewhere = np.where(np.arange(num_types)[None, :] == lowest[:, None],
-                             two[:, 1:2], two[:, 0:1])
-    else:
-        elsewhere = np.full_like(end, np.inf)
+    elsewhere = sooner_elsewhere(
+        np.where(runs, start + remaining[:, None] / np.where(runs, rate, 1.0), np.inf))
     in_order = order.astype(np.int64)
     w_wait = np.where(waiting[in_order], weight[in_order], 0.0)
     behind = np.zeros(n, dtype=np.float64)
@@ -293,12 +308,13 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     row_node = np.array([nd for rows in host_rows for nd, _c in rows], dtype=np.int64)
     left = (np.zeros(snapshot.node_gpus.shape[0], dtype=np.int64) if cpus_left is None
             else np.ascontiguousarray(cpus_left, dtype=np.int64))
+    host_rate = rate[hp, ht].astype(np.float64)
     host_for, tight_host, tight_node, tight_left = core.pair_guests(
         in_order[waiting[in_order]], scale.astype(np.int64), rates.kind,
         remaining, weight, rate.astype(np.float64), open_to.astype(np.int64), partner, start,
         elsewhere, behind, cpus.astype(np.int64), rates.kind[hp], ht,
-        scale[hp].astype(np.int64), may_host[hp].astype(np.int64), rate[hp, ht].astype(
-            np.float64), remaining[hp] / rate[hp, ht], weight[hp], row_ptr, row_node,
+        scale[hp].astype(np.int64), snapshot.hosting_allowed()[hp].astype(np.int64),
+        host_rate, remaining[hp] / host_rate, weight[hp], row_ptr, row_node,
         pair_host, pair_guest, left, cpus_left is not None, float(window),
         float(snapshot.migration_s))
 
@@ -339,4 +355,5 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
 
 
 __all__ = ["SharingRates", "cpus_after", "job_cpus", "pack_waiting", "pair_gain",
-           "shared_finish", "sharing_rates", "waiting_starts"]
+           "shared_finish", "sharing_hosts", "sharing_rates", "sooner_elsewhere",
+           "waiting_starts"]
