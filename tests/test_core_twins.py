@@ -51,6 +51,7 @@ def test_compiled_core_is_built() -> None:
     assert core.COMPILED, "hadar_slurm.core fell back to the NumPy reference"
     assert core.plan is compiled.plan and core.balance_split is compiled.balance_split
     assert core.drain_prices is compiled.drain_prices and core.match is compiled.match
+    assert core.pair_guests is compiled.pair_guests
 
 
 # -- random instances ----------------------------------------------------------------------------
@@ -957,3 +958,61 @@ def test_match_nodes_places_what_the_numpy_matcher_placed() -> None:
         assert placed_new.dtype == np.bool_ and np.array_equal(placed_new, placed_old)
         for a, b in ((new.job, old.job), (new.node, old.node), (new.count, old.count)):
             assert a.dtype == np.int64 and np.array_equal(a, b)
+
+
+# -- pair_guests (GPU sharing; random worlds in test_sharing_twins.py) ---------------------------
+
+
+def pair_case(hosts: int = 3, guests: int = 2, cpus: int = 8) -> dict[str, Any]:
+    """``hosts`` identical 1-GPU hosts (one kind, one type, one node each) and ``guests``
+    identical waiting jobs of another kind: rates 1 step/s alone, 0.8 each while sharing, 720 s
+    left each, nothing behind them; the arguments of ``pair_guests`` by name."""
+    n = hosts + guests
+    f = np.float64
+    return dict(
+        order=np.arange(hosts, n, dtype=np.int64), g_scale=np.ones(n, dtype=np.int64),
+        g_kind=np.array([0] * hosts + [1] * guests, dtype=np.int64),
+        g_rem=np.full(n, 720.0), g_weight=np.ones(n), g_rate=np.ones((n, 1)),
+        g_open=np.ones((n, 1), dtype=np.int64), g_partner=np.full(n, -1, dtype=np.int64),
+        g_start=np.full((n, 1), 720.0), g_else=np.full((n, 1), INF), g_behind=np.zeros(n),
+        g_cpus=np.ones(n, dtype=np.int64), h_kind=np.zeros(hosts, dtype=np.int64),
+        h_type=np.zeros(hosts, dtype=np.int64), h_scale=np.ones(hosts, dtype=np.int64),
+        h_may=np.ones(hosts, dtype=np.int64), h_rp=np.ones(hosts, dtype=f),
+        h_tp=np.full(hosts, 720.0), h_wp=np.ones(hosts, dtype=f),
+        row_ptr=np.arange(hosts + 1, dtype=np.int64), row_node=np.arange(hosts, dtype=np.int64),
+        pair_host=np.full((2, 2, 1), 0.8), pair_guest=np.full((2, 2, 1), 0.8),
+        cpus_left=np.full(hosts, cpus, dtype=np.int64), count_cpus=1, window=INF, start_s=0.0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_pair_guests_by_hand(impl: Any) -> None:
+    # Each pair gains 360 s (test_hadar_sharing.py::test_pair_gain_by_hand): equal gains, so
+    # the first guest takes the first host and the second the next; the third host is left.
+    got = impl.pair_guests(**pair_case())
+    assert [a.tolist() for a in got] == [[-1, -1, -1, 0, 1], [-1] * 5, [-1] * 5, [-1] * 5]
+    # A guest that shared with host 2 in the last epoch goes on there, whatever rule 4 says.
+    case = pair_case()
+    case["g_partner"][4] = 2
+    case["g_open"][4] = 0
+    assert impl.pair_guests(**case)[0].tolist() == [-1, -1, -1, 0, 2]
+    # A host's node without a CPU for the guest: the guest takes the next host; with none
+    # left, the best it missed, its node and that node's free CPUs are returned.
+    case = pair_case(hosts=2, guests=2, cpus=1)
+    case["cpus_left"][0] = 0
+    host_for, tight_host, tight_node, tight_left = impl.pair_guests(**case)
+    assert host_for.tolist() == [-1, -1, 1, -1]
+    assert (tight_host.tolist(), tight_node.tolist(), tight_left.tolist()) == (
+        [-1, -1, -1, 0], [-1, -1, -1, 0], [-1, -1, -1, 0])
+    assert case["cpus_left"].tolist() == [0, 0]  # (taken in place by the guest that joined)
+    # The window (rule 3): a pair that would end at 900 s does not form before a 899 s target.
+    case = pair_case()
+    case["window"] = 899.0
+    assert impl.pair_guests(**case)[0].tolist() == [-1] * 5
+
+
+@needs_compiled
+def test_pair_guests_takes_the_cpus_it_updates_as_int64_only() -> None:
+    case = pair_case()
+    case["cpus_left"] = case["cpus_left"].astype(np.int32)
+    with pytest.raises(ValueError, match="cpus_left"):
+        compiled.pair_guests(**case)
