@@ -1016,3 +1016,30 @@ def test_pair_guests_takes_the_cpus_it_updates_as_int64_only() -> None:
     case["cpus_left"] = case["cpus_left"].astype(np.int32)
     with pytest.raises(ValueError, match="cpus_left"):
         compiled.pair_guests(**case)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("name", "value", "error"), [
+    ("order", np.array([3, 5], dtype=np.int64), IndexError),          # (5 jobs: 0..4)
+    ("order", np.array([-1], dtype=np.int64), IndexError),
+    ("g_partner", np.array([-1, -1, -1, 3, -1], dtype=np.int64), IndexError),  # (3 hosts)
+    ("g_partner", np.array([-2, -1, -1, -1, -1], dtype=np.int64), IndexError),
+    ("g_kind", np.array([0, 0, 0, 2, 1], dtype=np.int64), IndexError),  # (2 kinds)
+    ("h_kind", np.array([0, 0, 2], dtype=np.int64), IndexError),
+    ("h_type", np.array([0, 1, 0], dtype=np.int64), IndexError),       # (1 GPU type)
+    ("row_node", np.array([0, 1, 3], dtype=np.int64), IndexError),     # (3 nodes)
+    ("row_ptr", np.array([0, 2, 1, 3], dtype=np.int64), IndexError),
+    ("row_ptr", np.array([0, 1, 2, 4], dtype=np.int64), IndexError),
+    ("g_rem", np.full(4, 720.0), ValueError),
+    ("g_start", np.full((5, 2), 720.0), ValueError),
+    ("h_tp", np.full(2, 720.0), ValueError),
+    ("row_ptr", np.arange(3, dtype=np.int64), ValueError),
+    ("pair_guest", np.full((2, 2, 2), 0.8), ValueError),
+])
+def test_pair_guests_refuses_arguments_out_of_range(impl: Any, name: str, value: Any,
+                                                    error: type[Exception]) -> None:
+    # (the compiled loop reads them unchecked: out of range, it would read past its arrays)
+    case = pair_case()
+    case[name] = value
+    with pytest.raises(error, match=name):
+        impl.pair_guests(**case)

@@ -339,3 +339,92 @@ def test_waiting_starts_is_what_it_was(seed: int) -> None:
     for x in waiting.tolist():
         for h in range(snap.rate.shape[1]):
             assert got[x, h] == starts(x, h)
+
+
+def sharing_hosts_reference(snapshot: Snapshot, placement: Placement, ok: BoolArray,
+                            ) -> tuple[list[int], list[int], list[list[tuple[int, int]]]]:
+    """The loop :func:`sharing_hosts` was (the reference): per host, in the placement's order,
+    its job index, its GPU type and its rows ``(node, GPUs)``, nodes ascending."""
+    index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
+    shares_on = snapshot.sharing_nodes()
+    jobs: list[int] = []
+    types: list[int] = []
+    host_rows: list[list[tuple[int, int]]] = []
+    for job_id, copies in placement.by_job_copies().items():
+        i = index_of.get(int(job_id))
+        if i is None or len(copies) != 1 or not ok[i]:
+            continue
+        rows = sorted(next(iter(copies.values())))
+        if not all(shares_on[nd] for nd, _c in rows):
+            continue
+        on = {int(snapshot.node_type[nd]) for nd, _c in rows}
+        h = on.pop()
+        if (not on and snapshot.rate[i, h] > 0
+                and sum(c for _nd, c in rows) == int(snapshot.scale[i])):
+            jobs.append(i)
+            types.append(h)
+            host_rows.append(rows)
+    return jobs, types, host_rows
+
+
+def scrambled(snap: Snapshot, seed: int) -> Placement:
+    """Rows no policy would make, to reach every branch of the array versions: jobs forked
+    into copies (on one type or several), jobs spread over types, rows of jobs the snapshot
+    does not hold, repeated rows, counts that fall short of or exceed the scale factor."""
+    rng = np.random.default_rng(10_000 + seed)
+    num_nodes = snap.node_gpus.shape[0]
+    ids = [*snap.job_ids.tolist(), 9_000, 9_001]
+    job: list[int] = []
+    node: list[int] = []
+    count: list[int] = []
+    copy: list[int] = []
+    for j in rng.permutation(ids)[: int(rng.integers(1, len(ids) + 1))].tolist():
+        for c in range(int(rng.choice([1, 1, 1, 2, 3]))):
+            for _ in range(int(rng.integers(1, 4))):
+                job.append(int(j))
+                node.append(int(rng.integers(num_nodes)))
+                count.append(int(rng.integers(1, 5)))
+                copy.append(c)
+    shuffle = rng.permutation(len(job))
+    forked = max(copy) > 0 or rng.random() < 0.5
+
+    def arr(values: list[int]) -> IntArray:
+        return np.array(values, dtype=np.int64)[shuffle]
+
+    return Placement(arr(job), arr(node), arr(count), arr(copy) if forked else None)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_hosts_and_starts_on_any_placement_are_what_they_were(seed: int) -> None:
+    snap, _placement, order, _window = random_case(seed)
+    placement = scrambled(snap, seed)
+    ok = snap.sharing_allowed() & (snap.remaining > 0)
+    jobs, types, rows_of = sharing_hosts_reference(snap, placement, ok)
+    hp, ht, row_ptr, row_node, row_count = sharing.sharing_hosts(snap, placement, ok)
+    assert hp.tolist() == jobs and ht.tolist() == types
+    assert [list(zip(row_node[a:b].tolist(), row_count[a:b].tolist(), strict=True))
+            for a, b in zip(row_ptr[:-1].tolist(), row_ptr[1:].tolist(), strict=True)] == rows_of
+    placed = np.isin(snap.job_ids, placement.job)
+    starts = waiting_starts_reference(snap, placement, order, placed)
+    got = waiting_starts(snap, placement, order, placed)
+    for x in np.flatnonzero(~placed & (snap.remaining > 0)).tolist():
+        for h in range(snap.rate.shape[1]):
+            assert got[x, h] == starts(x, h)
+
+
+def test_the_scrambled_placements_reach_hosts_and_refusals() -> None:
+    """Hosts found, and jobs refused for copies, for types and for their GPU count."""
+    hosts = forked = spread = short = 0
+    for seed in range(60):
+        snap, _p, _o, _w = random_case(seed)
+        placement = scrambled(snap, seed)
+        ok = snap.sharing_allowed() & (snap.remaining > 0)
+        hosts += len(sharing_hosts_reference(snap, placement, ok)[0])
+        for job_id, copies in placement.by_job_copies().items():
+            forked += len(copies) > 1
+            rows = [r for rs in copies.values() for r in rs]
+            spread += len({int(snap.node_type[nd]) for nd, _c in rows}) > 1
+            short += (job_id in snap.job_ids and len(copies) == 1
+                      and sum(c for _nd, c in rows)
+                      != int(snap.scale[int(np.flatnonzero(snap.job_ids == job_id)[0])]))
+    assert min(hosts, forked, spread, short) >= 10, (hosts, forked, spread, short)

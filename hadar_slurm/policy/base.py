@@ -34,6 +34,11 @@ class PairRates(Protocol):
     def pair_rate(self, job_a: str, job_b: str, scale: int,
                   gpu_type: GpuType) -> tuple[float, float]: ...
 
+    def pair_rates_on(self, job_a: str, job_b: str, scale: int, gpu_types: tuple[GpuType, ...],
+                      ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """:meth:`pair_rate` on each of ``gpu_types``: ``(rates of a, rates of b)``."""
+        ...
+
 
 class Reason(enum.IntEnum):
     """Why a job is (not) placed in an epoch.  Each code names the component that decided.

@@ -99,6 +99,35 @@ class SharingRates:
     def rates(self, i: int, j: int, h: int) -> tuple[float, float]:
         return self.by_kind(int(self.kind[i]), int(self.kind[j]), h)
 
+    def cube(self, hosts: IntArray, guests: IntArray) -> tuple[FloatArray, FloatArray]:
+        """``(host rates, guest rates)``, each ``[kind, kind, type]``: the co-located rates of
+        every kind in ``hosts`` with every kind in ``guests`` on every GPU type (:meth:`by_kind`;
+        0 elsewhere)."""
+        kinds = len(self.keys)
+        out_host = np.zeros((kinds, kinds, len(self.gpu_types)))
+        out_guest = np.zeros((kinds, kinds, len(self.gpu_types)))
+        xs: list[int] = []
+        ys: list[int] = []
+        of_host: list[tuple[float, ...]] = []
+        of_guest: list[tuple[float, ...]] = []
+        for x in hosts.tolist():
+            tx, sx = self.keys[x]
+            for y in guests.tolist():
+                ty, sy = self.keys[y]
+                if sx == sy:
+                    ra, rb = self.table.pair_rates_on(tx, ty, sx, self.gpu_types)
+                    xs.append(x)
+                    ys.append(y)
+                    of_host.append(ra)
+                    of_guest.append(rb)
+        if xs:
+            a = np.array(of_host, dtype=np.float64).reshape(len(xs), -1)
+            b = np.array(of_guest, dtype=np.float64).reshape(len(xs), -1)
+            both = (a > 0) & (b > 0)  # (a pair either of whose rates is 0 may not share)
+            out_host[xs, ys] = np.where(both, a, 0.0)
+            out_guest[xs, ys] = np.where(both, b, 0.0)
+        return out_host, out_guest
+
     def by_kind(self, x: int, y: int, h: int) -> tuple[float, float]:
         """The co-located rates of kinds ``x`` and ``y`` sharing GPUs of type ``h``."""
         got = self.seen.get((x, y, h))
@@ -133,6 +162,19 @@ def job_cpus(snapshot: Snapshot) -> IntArray:
     return out
 
 
+def job_index(snapshot: Snapshot, job_ids: IntArray) -> IntArray:
+    """Per id in ``job_ids``, its job's index in ``snapshot`` (-1 where the snapshot has no
+    such job)."""
+    ids = snapshot.job_ids.astype(np.int64)
+    wanted = np.asarray(job_ids, dtype=np.int64)
+    if ids.shape[0] == 0:
+        return np.full(wanted.shape[0], -1, dtype=np.int64)
+    by_id = np.argsort(ids, kind="stable")
+    pos = np.minimum(np.searchsorted(ids[by_id], wanted), ids.shape[0] - 1)
+    out: IntArray = np.where(ids[by_id][pos] == wanted, by_id[pos], -1).astype(np.int64)
+    return out
+
+
 def cpus_after(snapshot: Snapshot, placement: Placement, cpus: IntArray) -> IntArray | None:
     """Per node, the CPUs left for a guest: those free at the read
     (``Snapshot.node_free_cpus``) less those that the jobs ``placement`` puts on the node
@@ -154,6 +196,24 @@ def cpus_after(snapshot: Snapshot, placement: Placement, cpus: IntArray) -> IntA
     return left
 
 
+def _copy_groups(snapshot: Snapshot, placement: Placement
+                 ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """The placement's rows of the snapshot's jobs, grouped by (job, copy): ``(rows, job, group,
+    firsts)``: the kept rows' positions in ``placement``, their job indices, their group
+    numbers, and per group (numbered as the groups first appear) its first row's position in
+    ``rows``."""
+    ix = job_index(snapshot, placement.job)
+    rows = np.nonzero(ix >= 0)[0]
+    job = ix[rows]
+    copy = placement.copy_index()[rows].astype(np.int64)
+    key = job * (int(copy.max()) + 1 if copy.shape[0] else 1) + copy
+    _keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    # number the groups as they first appear
+    rank = np.empty(first.shape[0], dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
+    return rows, job, rank[inverse.reshape(-1)], np.sort(first)
+
+
 def waiting_starts(snapshot: Snapshot, placement: Placement, order: IntArray,
                    placed: BoolArray) -> FloatArray:
     """When each waiting job would start on GPUs of each type if it shared none: ``[x, h]``,
@@ -163,61 +223,75 @@ def waiting_starts(snapshot: Snapshot, placement: Placement, order: IntArray,
     job's other chance is that, not only its host's end.  (Read for waiting jobs only.)"""
     rate = snapshot.rate
     scale = snapshot.scale.astype(np.int64)
+    n = snapshot.num_jobs
     n_types = rate.shape[1]
-    index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
-    ends: list[list[tuple[float, int]]] = [[] for _ in range(n_types)]
-    for job_id, copies in placement.by_job_copies().items():
-        i = index_of.get(int(job_id))
-        if i is None:
-            continue
-        speed = sum(min(float(rate[i, int(snapshot.node_type[nd])]) for nd, _c in rows)
-                    for rows in copies.values())
-        end = float(snapshot.remaining[i]) / speed if speed > 0 else np.inf
-        for rows in copies.values():
-            for nd, c in rows:
-                ends[int(snapshot.node_type[nd])].append((end, int(c)))
+    rows, job, group, firsts = _copy_groups(snapshot, placement)
+    on = snapshot.node_type[placement.node[rows]].astype(np.int64)
+    # a copy runs at its slowest GPU's rate; a job at the sum of its copies' (summed in the
+    # order the copies first appear)
+    slowest = np.full(firsts.shape[0], np.inf)
+    np.minimum.at(slowest, group, rate[job, on].astype(np.float64))
+    speed = np.zeros(n, dtype=np.float64)
+    np.add.at(speed, job[firsts], slowest)
+    fast = speed > 0
+    end = np.full(n, np.inf)
+    end[fast] = snapshot.remaining[fast].astype(np.float64) / speed[fast]
+    ends = end[job]
+    freeing = placement.count[rows].astype(np.int64)
     # per type, the GPUs that the waiting jobs before each position in the queue ask
     waits = ~placed & (snapshot.remaining > 0)
     in_order = order.astype(np.int64)
     asked = np.where(waits[in_order, None] & (rate[in_order] > 0), scale[in_order, None], 0)
     ahead = np.cumsum(asked, axis=0) - asked  # (position, type)
-    need = np.zeros((snapshot.num_jobs, n_types), dtype=np.int64)
+    need = np.zeros((n, n_types), dtype=np.int64)
     need[in_order] = scale[in_order, None] + ahead
-    out = np.full((snapshot.num_jobs, n_types), np.inf)
+    out = np.full((n, n_types), np.inf)
     for h in range(n_types):
-        got = sorted(ends[h])
-        times = np.array([t for t, _c in got] + [np.inf], dtype=np.float64)
-        freed = np.cumsum(np.array([c for _t, c in got], dtype=np.int64))
+        mine = on == h
+        by_end = np.argsort(ends[mine], kind="stable")
+        times = np.append(ends[mine][by_end], np.inf)
+        freed = np.cumsum(freeing[mine][by_end])
         out[:, h] = times[np.searchsorted(freed, need[:, h], side="left")]
     return out
 
 
 def sharing_hosts(snapshot: Snapshot, placement: Placement, ok: BoolArray,
-                  ) -> tuple[IntArray, IntArray, list[list[tuple[int, int]]]]:
-    """The placed jobs another may join: per host, in the placement's order, its job index,
-    its GPU type and its rows ``(node, GPUs)``, nodes ascending.  A host is a job that ``ok``
-    lets share, unforked, on GPUs of one type that may be shared (nodes with shards), as many
-    as its scale factor."""
-    index_of = {int(j): i for i, j in enumerate(snapshot.job_ids.tolist())}
-    shares_on = snapshot.sharing_nodes()
-    jobs: list[int] = []
-    types: list[int] = []
-    host_rows: list[list[tuple[int, int]]] = []
-    for job_id, copies in placement.by_job_copies().items():
-        i = index_of.get(int(job_id))
-        if i is None or len(copies) != 1 or not ok[i]:
-            continue  # (a forked job's copies, or a job that may not share)
-        rows = sorted(next(iter(copies.values())))
-        if not all(shares_on[nd] for nd, _c in rows):
-            continue  # (its GPUs may not be shared: the node has no shards)
-        on = {int(snapshot.node_type[nd]) for nd, _c in rows}
-        h = on.pop()
-        if (not on and snapshot.rate[i, h] > 0
-                and sum(c for _nd, c in rows) == int(snapshot.scale[i])):
-            jobs.append(i)
-            types.append(h)
-            host_rows.append(rows)
-    return (np.array(jobs, dtype=np.int64), np.array(types, dtype=np.int64), host_rows)
+                  ) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+    """The placed jobs another may join: ``(jobs, types, row_ptr, row_node, row_count)``, per
+    host, in the placement's order, its job index, its GPU type and its rows ``(node, GPUs)``
+    (``row_ptr[k]:row_ptr[k + 1]``), nodes ascending.  A host is a job that ``ok`` lets share,
+    unforked, on GPUs of one type that may be shared (nodes with shards), as many as its scale
+    factor."""
+    n = snapshot.num_jobs
+    rows, job, _group, firsts = _copy_groups(snapshot, placement)
+    node = placement.node[rows].astype(np.int64)
+    count = placement.count[rows].astype(np.int64)
+    on = snapshot.node_type[node].astype(np.int64)
+    copies = np.bincount(job[firsts], minlength=n)
+    # per job: whether every row may be shared, its lowest and highest type, its GPUs
+    unshared = np.bincount(job, weights=(~snapshot.sharing_nodes()[node]).astype(np.float64),
+                           minlength=n)
+    low = np.full(n, np.iinfo(np.int64).max)
+    high = np.full(n, -1)
+    np.minimum.at(low, job, on)
+    np.maximum.at(high, job, on)
+    gpus = np.bincount(job, weights=count.astype(np.float64), minlength=n)
+    h = np.where(copies > 0, low, 0)
+    host = ((copies == 1) & ok & (unshared == 0) & (low == high)
+            & (snapshot.rate[np.arange(n), h] > 0) & (gpus == snapshot.scale))
+    # the hosts in the placement's order (as each job first appears), their rows by node
+    first_row = np.full(n, np.iinfo(np.int64).max)
+    np.minimum.at(first_row, job, np.arange(job.shape[0]))
+    jobs = np.nonzero(host)[0]
+    jobs = jobs[np.argsort(first_row[jobs], kind="stable")]
+    rank = np.full(n, -1, dtype=np.int64)
+    rank[jobs] = np.arange(jobs.shape[0])
+    mine = rank[job] >= 0
+    by_host = np.lexsort((count[mine], node[mine], rank[job[mine]]))
+    row_ptr = np.concatenate([[0], np.cumsum(np.bincount(rank[job[mine]],
+                                                         minlength=jobs.shape[0]))])
+    return (jobs.astype(np.int64), h[jobs].astype(np.int64), row_ptr.astype(np.int64),
+            node[mine][by_host], count[mine][by_host])
 
 
 def sooner_elsewhere(end: FloatArray) -> FloatArray:
@@ -254,7 +328,6 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     if snapshot.colocated is None or n < 2 or len(placement) == 0:
         return placement, (), guests, {}
     ids = [int(j) for j in snapshot.job_ids.tolist()]
-    index_of = {j: i for i, j in enumerate(ids)}
     rate = snapshot.rate
     scale = snapshot.scale
     weight = snapshot.weight.astype(np.float64)
@@ -270,18 +343,26 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     gangs_on = (gangs[:, None] & runs).sum(axis=0)
     open_to = runs & (gangs_on[None, :] - (gangs[:, None] & runs) <= 0)
     open_to &= snapshot.joining_allowed()[:, None]
-    before = {a: b for p in snapshot.packed for a, b in (p, p[::-1])}
-    had = np.array([j in before for j in ids], dtype=np.bool_)
+    # the job each job shared with in the last epoch (its index; -1: none)
+    before = np.full(n, -1, dtype=np.int64)
+    if snapshot.packed:
+        pair_ix = job_index(snapshot, np.array(snapshot.packed, dtype=np.int64).reshape(-1))
+        for a, b in pair_ix.reshape(-1, 2).tolist():
+            if a >= 0:
+                before[a] = b
+            if b >= 0:
+                before[b] = a
+    had = np.isin(snapshot.job_ids, np.array(snapshot.packed, dtype=np.int64).reshape(-1))
     if not (waiting & (open_to.any(axis=1) | had)).any():
         return placement, (), guests, {}
-    hp, ht, host_rows = sharing_hosts(snapshot, placement, ok)
+    hp, ht, row_ptr, row_node, row_count = sharing_hosts(snapshot, placement, ok)
     rates = sharing_rates(snapshot)
     if hp.shape[0] == 0 or rates is None:
         return placement, (), guests, {}
-    host_of = {int(i): k for k, i in enumerate(hp.tolist())}
+    host_of = np.full(n + 1, -1, dtype=np.int64)  # (index n: no job)
+    host_of[hp] = np.arange(hp.shape[0])
     cpus = job_cpus(snapshot)
     cpus_left = cpus_after(snapshot, placement, cpus)
-    num_types = rate.shape[1]
     # 2: when and where each waiting job would start and end apart, and the weight of the
     # waiting jobs behind it in the queue order (per GPU); the guests taken as the queue goes
     # are all ahead of the one weighed, so those behind it still wait.
@@ -294,18 +375,8 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     behind[in_order] = np.cumsum(w_wait[::-1])[::-1] - w_wait
     behind *= 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
     behind *= scale
-    partner = np.array([host_of.get(index_of.get(before.get(j, -1), -1), -1) for j in ids],
-                       dtype=np.int64)
-    # The co-located rates of every host kind with every guest kind, on every type.
-    kinds = len(rates.keys)
-    pair_host = np.zeros((kinds, kinds, num_types))
-    pair_guest = np.zeros((kinds, kinds, num_types))
-    for a in np.unique(rates.kind[hp]).tolist():
-        for b in np.unique(rates.kind[waiting]).tolist():
-            for h in range(num_types):
-                pair_host[a, b, h], pair_guest[a, b, h] = rates.by_kind(a, b, h)
-    row_ptr = np.cumsum([0] + [len(rows) for rows in host_rows]).astype(np.int64)
-    row_node = np.array([nd for rows in host_rows for nd, _c in rows], dtype=np.int64)
+    partner = host_of[np.where(before >= 0, before, n)]
+    pair_host, pair_guest = rates.cube(np.unique(rates.kind[hp]), np.unique(rates.kind[waiting]))
     left = (np.zeros(snapshot.node_gpus.shape[0], dtype=np.int64) if cpus_left is None
             else np.ascontiguousarray(cpus_left, dtype=np.int64))
     host_rate = rate[hp, ht].astype(np.float64)
@@ -323,7 +394,8 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     node: list[int] = []
     count: list[int] = []
     detail: dict[int, str] = {}
-    for x in in_order.tolist():
+    told = (host_for[in_order] >= 0) | (tight_host[in_order] >= 0)
+    for x in in_order[told].tolist():
         k = int(host_for[x])
         if k < 0:
             t = int(tight_host[x])
@@ -339,10 +411,10 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
         pairs.append((min(ids[p], ids[x]), max(ids[p], ids[x])))
         detail[ids[p]] = f"shares its GPUs with job {ids[x]}"
         detail[ids[x]] = f"shares its GPUs with job {ids[p]} (joined it)"
-        for nd, c in host_rows[k]:
+        for r in range(int(row_ptr[k]), int(row_ptr[k + 1])):
             job.append(ids[x])
-            node.append(nd)
-            count.append(c)
+            node.append(int(row_node[r]))
+            count.append(int(row_count[r]))
     if not pairs:
         return placement, (), guests, detail
     k_rows = len(job)
@@ -354,6 +426,6 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     return out, tuple(sorted(pairs)), guests, detail
 
 
-__all__ = ["SharingRates", "cpus_after", "job_cpus", "pack_waiting", "pair_gain",
+__all__ = ["SharingRates", "cpus_after", "job_cpus", "job_index", "pack_waiting", "pair_gain",
            "shared_finish", "sharing_hosts", "sharing_rates", "sooner_elsewhere",
            "waiting_starts"]

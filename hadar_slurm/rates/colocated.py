@@ -40,6 +40,10 @@ class ColocatedTable:
     #: The ``(pair, GPU type)`` entries the table allowed that the two jobs' memory does not
     #: (:meth:`within_memory`): forbidden here.
     memory_refused: frozenset[tuple[PairKey, GpuType]] = frozenset()
+    #: :meth:`pair_rates_on`'s answers, remembered (the table does not change).
+    _on_types: dict[tuple[PairKey, tuple[GpuType, ...]],
+                    tuple[tuple[float, ...], tuple[float, ...]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def is_estimate(self, job_a: str, job_b: str, scale: int, gpu_type: GpuType) -> bool:
         return ((job_a, job_b, scale), gpu_type) in self.estimated
@@ -53,6 +57,17 @@ class ColocatedTable:
         if got is None or got[0] <= 0 or got[1] <= 0:
             return (0.0, 0.0)
         return (float(got[0]), float(got[1]))
+
+    def pair_rates_on(self, job_a: str, job_b: str, scale: int, gpu_types: tuple[GpuType, ...],
+                      ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """:meth:`pair_rate` on each of ``gpu_types``: ``(rates of a, rates of b)``, one per
+        type (remembered: a policy asks it of every pair of job kinds, every epoch)."""
+        key = ((job_a, job_b, scale), gpu_types)
+        got = self._on_types.get(key)
+        if got is None:
+            both = [self.pair_rate(job_a, job_b, scale, g) for g in gpu_types]
+            got = self._on_types[key] = (tuple(a for a, _b in both), tuple(b for _a, b in both))
+        return got
 
     def can_share(self, job_a: str, job_b: str, scale: int, gpu_type: GpuType) -> bool:
         return self.pair_rate(job_a, job_b, scale, gpu_type)[0] > 0
