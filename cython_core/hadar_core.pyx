@@ -1280,9 +1280,9 @@ def _check_pair_args(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_
         if a.shape[0] and (int(a.min()) < low or int(a.max()) >= high):
             raise IndexError(f"{name} holds an index out of range")
     if (int(row_ptr[0]) < 0 or bool((np.diff(row_ptr) < 0).any())
-            or int(row_ptr[-1]) > row_node.shape[0]):
+            or int(row_ptr[num_hosts]) > row_node.shape[0]):
         raise IndexError("row_ptr must rise from 0 to at most the rows of row_node")
-    nodes = row_node[int(row_ptr[0]):int(row_ptr[-1])]
+    nodes = row_node[int(row_ptr[0]):int(row_ptr[num_hosts])]
     if nodes.shape[0] and (int(nodes.min()) < 0 or int(nodes.max()) >= cpus_left.shape[0]):
         raise IndexError("row_node holds a node out of range of cpus_left")
 
@@ -1342,17 +1342,42 @@ def pair_guests(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partn
     cdef i64[::1] tight_left = tight_left_a
     cdef i64[::1] alive = np.ones(num_hosts, dtype=np.int64)
     cdef Py_ssize_t hosts_left = num_hosts
-    cdef Py_ssize_t q, x, k, h, r, best, tight
-    cdef i64 again_k
-    cdef bint again, any_open, short
+    # The hosts in groups of one kind, type, scale factor and rate, in index order within a
+    # group: what a pair's throughput and its guest's times depend on is then weighed once per
+    # guest and group, and only the host's own time per host.  (The first of equal gains in
+    # index order still wins: ties go to the lower index.)
+    by_group = np.lexsort((np.arange(num_hosts), np.asarray(hrp), np.asarray(hs),
+                           np.asarray(ht), np.asarray(hk))).astype(np.int64)
+    cdef const i64[::1] members = by_group
+    starts_a = np.zeros(num_hosts, dtype=np.bool_)
+    if num_hosts:
+        starts_a[0] = True
+        for arr in (np.asarray(hk), np.asarray(ht), np.asarray(hs), np.asarray(hrp)):
+            in_groups = arr[by_group]
+            starts_a[1:] |= in_groups[1:] != in_groups[:num_hosts - 1]
+    firsts = np.flatnonzero(starts_a).astype(np.int64)
+    cdef Py_ssize_t num_groups = firsts.shape[0]
+    cdef const i64[::1] gptr = np.append(firsts, num_hosts).astype(np.int64)
+    cdef const i64[::1] grp_kind = np.asarray(hk)[by_group[firsts]].astype(np.int64)
+    cdef const i64[::1] grp_type = np.asarray(ht)[by_group[firsts]].astype(np.int64)
+    cdef const i64[::1] grp_scale = np.asarray(hs)[by_group[firsts]].astype(np.int64)
+    cdef const double[::1] grp_rate = np.asarray(hrp)[by_group[firsts]].astype(np.float64)
+    group_of_a = np.zeros(num_hosts, dtype=np.int64)
+    group_of_a[by_group] = np.cumsum(starts_a) - 1
+    cdef const i64[::1] group_of = group_of_a
+    cdef i64[::1] grp_alive = np.diff(np.append(firsts, num_hosts)).astype(np.int64)
+    cdef Py_ssize_t q, x, k, h, r, g, m, best, tight
+    cdef i64 again_k, again_g
+    cdef bint again, any_open, short, open_g
     cdef double rem_x, w_x, rx, rp, cp, cx, sp, sx, tp, tx, b1, b2, bmax, start, end2, free
-    cdef double sooner, wp, gain, best_gain, tight_gain, waiting_start
+    cdef double sooner, wp, gain, best_gain, tight_gain, waiting_start, f1, f2, start_h
     with nogil:
         for q in range(order_v.shape[0]):
             if hosts_left == 0:
                 break
             x = order_v[q]
             again_k = gpart[x]
+            again_g = group_of[again_k] if again_k >= 0 else -1
             if again_k < 0:
                 any_open = False
                 for h in range(num_types):
@@ -1367,61 +1392,78 @@ def pair_guests(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partn
             best_gain = 0.0
             tight = -1
             tight_gain = 0.0
-            for k in range(num_hosts):
-                if not alive[k] or hs[k] != gs[x]:
+            for g in range(num_groups):
+                if grp_alive[g] == 0 or grp_scale[g] != gs[x]:
                     continue
-                h = ht[k]
+                h = grp_type[g]
                 rx = grate[x, h]
-                rp = hrp[k]
+                rp = grp_rate[g]
                 if not (rx > 0.0 and rp > 0.0):
                     continue
-                again = k == again_k
-                if not again and not (gopen[x, h] and hmay[k]):
+                open_g = gopen[x, h] != 0
+                if not open_g and again_g != g:
                     continue
-                cp = ph[hk[k], gk[x], h]
-                cx = pg[hk[k], gk[x], h]
+                cp = ph[grp_kind[g], gk[x], h]
+                cx = pg[grp_kind[g], gk[x], h]
                 if not (cp > 0.0 and cx > 0.0):
                     continue
                 sp = cp / rp
                 sx = cx / rx
                 if sp + sx <= 1.0:
                     continue
-                tp = htp[k]
                 tx = rem_x / rx
-                _shared_finish(tp, tx, sp, sx, &b1, &b2)
-                bmax = b2 if b2 > b1 else b1
-                if bmax > win:
-                    continue
-                waiting_start = gstart[x, h]
-                if tp < waiting_start:
-                    waiting_start = tp
-                start = waiting_start if not (0.0 > waiting_start) else 0.0
-                end2 = start + tx
-                free = (start + tx) if (start + tx) > tp else tp
+                f2 = tx / sx
+                start_h = gstart[x, h]
                 sooner = gelse[x, h]
-                if sooner < end2:
-                    end2 = sooner
-                    free = tp
-                wp = hwp[k]
-                gain = wp * (tp - b1) + w_x * (end2 - b2) + gbehind[x] * (free - bmax)
-                if not again:
-                    gain -= cost_s * (w_x + wp * (1.0 - sp))
-                if not gain > 0.0:
-                    continue
-                if count and not again:
-                    short = False
-                    for r in range(rptr[k], rptr[k + 1]):
-                        if cleft[rnode[r]] < gcpus[x]:
-                            short = True
-                            break
-                    if short:
-                        if tight < 0 or gain > tight_gain:
-                            tight = k
-                            tight_gain = gain
+                for m in range(gptr[g], gptr[g + 1]):
+                    k = members[m]
+                    if not alive[k]:
                         continue
-                if best < 0 or gain > best_gain:
-                    best = k
-                    best_gain = gain
+                    again = k == again_k
+                    if not again and not (open_g and hmay[k]):
+                        continue
+                    tp = htp[k]
+                    # (_shared_finish, with the guest's part computed once per group)
+                    f1 = tp / sp
+                    if f1 <= f2:
+                        b1 = f1
+                        b2 = f1 + tx - sx * f1
+                    else:
+                        b1 = f2 + tp - sp * f2
+                        b2 = f2
+                    bmax = b2 if b2 > b1 else b1
+                    if bmax > win:
+                        continue
+                    waiting_start = start_h
+                    if tp < waiting_start:
+                        waiting_start = tp
+                    start = waiting_start if not (0.0 > waiting_start) else 0.0
+                    end2 = start + tx
+                    free = (start + tx) if (start + tx) > tp else tp
+                    if sooner < end2:
+                        end2 = sooner
+                        free = tp
+                    wp = hwp[k]
+                    gain = wp * (tp - b1) + w_x * (end2 - b2) + gbehind[x] * (free - bmax)
+                    if not again:
+                        gain -= cost_s * (w_x + wp * (1.0 - sp))
+                    if not gain > 0.0:
+                        continue
+                    if count and not again:
+                        short = False
+                        for r in range(rptr[k], rptr[k + 1]):
+                            if cleft[rnode[r]] < gcpus[x]:
+                                short = True
+                                break
+                        if short:
+                            if tight < 0 or gain > tight_gain or (gain == tight_gain
+                                                                  and k < tight):
+                                tight = k
+                                tight_gain = gain
+                            continue
+                    if best < 0 or gain > best_gain or (gain == best_gain and k < best):
+                        best = k
+                        best_gain = gain
             if best < 0:
                 if tight >= 0:
                     tight_host[x] = tight
@@ -1433,6 +1475,7 @@ def pair_guests(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partn
                 continue
             host_for[x] = best
             alive[best] = 0
+            grp_alive[group_of[best]] -= 1
             hosts_left -= 1
             if count:
                 for r in range(rptr[best], rptr[best + 1]):

@@ -1004,6 +1004,13 @@ def test_pair_guests_by_hand(impl: Any) -> None:
     assert (tight_host.tolist(), tight_node.tolist(), tight_left.tolist()) == (
         [-1, -1, -1, 0], [-1, -1, -1, 0], [-1, -1, -1, 0])
     assert case["cpus_left"].tolist() == [0, 0]  # (taken in place by the guest that joined)
+    # Equal gains in hosts of different kinds: still the first host in index order (the
+    # compiled twin weighs hosts in groups of one kind, here host 0 after hosts 1 and 2).
+    case = pair_case()
+    case["h_kind"][0] = 1
+    assert impl.pair_guests(**case)[0].tolist() == [-1, -1, -1, 0, 1]
+    case["h_rp"][1] = 0.5  # (host 1 alone at half the pace: its pair gains more)
+    assert impl.pair_guests(**case)[0].tolist() == [-1, -1, -1, 1, 0]
     # The window (rule 3): a pair that would end at 900 s does not form before a 899 s target.
     case = pair_case()
     case["window"] = 899.0

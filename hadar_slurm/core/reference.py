@@ -1145,9 +1145,9 @@ def pair_guests(
         if a.shape[0] and (int(a.min()) < low or int(a.max()) >= high):
             raise IndexError(f"{name} holds an index out of range")
     if (int(row_ptr[0]) < 0 or bool((np.diff(row_ptr) < 0).any())
-            or int(row_ptr[-1]) > row_node.shape[0]):
+            or int(row_ptr[num_hosts]) > row_node.shape[0]):
         raise IndexError("row_ptr must rise from 0 to at most the rows of row_node")
-    nodes = row_node[int(row_ptr[0]):int(row_ptr[-1])]
+    nodes = row_node[int(row_ptr[0]):int(row_ptr[num_hosts])]
     if nodes.shape[0] and (int(nodes.min()) < 0 or int(nodes.max()) >= cpus_left.shape[0]):
         raise IndexError("row_node holds a node out of range of cpus_left")
     host_for = np.full(n, -1, dtype=np.int64)

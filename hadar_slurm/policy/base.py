@@ -166,7 +166,16 @@ class Placement:
 
     def num_copies(self) -> dict[int, int]:
         """``{job id: number of copies}`` (1 for an unforked job)."""
-        return {j: len(cp) for j, cp in self.by_job_copies().items()}
+        if self.job.shape[0] == 0:
+            return {}
+        cp = self.copy_index()
+        by = np.lexsort((cp, self.job))
+        job, cps = self.job[by], cp[by]
+        new_pair = np.r_[True, (job[1:] != job[:-1]) | (cps[1:] != cps[:-1])]
+        jobs, first = np.unique(self.job, return_index=True)
+        counts = np.bincount(np.searchsorted(jobs, job[new_pair]), minlength=jobs.shape[0])
+        in_order = np.argsort(first, kind="stable")  # (jobs as they first appear)
+        return dict(zip(jobs[in_order].tolist(), counts[in_order].tolist(), strict=True))
 
     def rows_of(self, job_id: int) -> list[tuple[int, int]]:
         """``[(node, count), ...]`` of one job."""

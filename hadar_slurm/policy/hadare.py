@@ -428,24 +428,30 @@ class HadarEPolicy:
 
     def overhead(self, snapshot: Snapshot) -> FloatArray:
         """Per job, the share of a round a forked copy spends consolidating."""
-        secs = np.array([self.consolidation.seconds(t) for t in snapshot.job_types],
-                        dtype=np.float64)
+        per_type = {t: self.consolidation.seconds(t) for t in set(snapshot.job_types)}
+        secs = np.array([per_type[t] for t in snapshot.job_types], dtype=np.float64)
         return np.clip(secs / max(float(snapshot.round_s), 1e-9), 0.0, 1.0)
 
     def room_for_copies(self, snapshot: Snapshot) -> IntArray:
         """Per job, how many copies the cluster could hold at once (node-disjoint)."""
-        scale = snapshot.scale.astype(np.int64)
-        out = np.zeros(snapshot.num_jobs, dtype=np.int64)
-        for i in range(snapshot.num_jobs):
-            runs_on = snapshot.rate[i, snapshot.node_type] > 0
-            if snapshot.multi_node_copies:
-                per_type = np.bincount(snapshot.node_type[runs_on],
-                                       weights=snapshot.node_gpus[runs_on],
-                                       minlength=len(snapshot.gpu_types))
-                out[i] = int((per_type // max(int(scale[i]), 1)).sum())
-            else:
-                out[i] = int((runs_on & (snapshot.node_gpus >= scale[i])).sum())
-        return np.maximum(out, 1)
+        scale = np.maximum(snapshot.scale.astype(np.int64), 1)
+        num_types = len(snapshot.gpu_types)
+        runs = snapshot.rate > 0  # [job, type]
+        if snapshot.multi_node_copies:
+            # copies may span the nodes of a type: its GPUs over the scale factor
+            per_type = np.bincount(snapshot.node_type, weights=snapshot.node_gpus,
+                                   minlength=num_types).astype(np.int64)
+            out = (runs * (per_type[None, :] // scale[:, None])).sum(axis=1)
+        else:
+            # one node each: the nodes of the types it runs on with room for its scale factor
+            out = np.zeros(snapshot.num_jobs, dtype=np.int64)
+            for s in np.unique(scale).tolist():
+                mine = scale == s
+                fits = np.bincount(snapshot.node_type[snapshot.node_gpus >= s],
+                                   minlength=num_types)
+                out[mine] = (runs[mine] * fits[None, :]).sum(axis=1)
+        room: IntArray = np.maximum(out, 1).astype(np.int64)
+        return room
 
     @staticmethod
     def chain_copies(snapshot: Snapshot, state: object, owner: IntArray,
@@ -506,34 +512,60 @@ class HadarEPolicy:
               copy_no: IntArray) -> tuple[Placement, np.ndarray]:
         """Hadar's placement of the copies as a placement of the jobs (node-disjoint copies)."""
         p = inner.placement
-        by_job: dict[int, list[list[tuple[int, int, int, int]]]] = {}
-        used: dict[int, set[int]] = {}
-        for v in np.unique(p.job).tolist():
-            sel = np.nonzero(p.job == v)[0]
-            i = int(owner[v])
-            nodes = {int(x) for x in p.node[sel].tolist()}
-            taken = used.setdefault(i, set())
-            if nodes & taken:
-                continue  # shares a node with another copy of the job: dropped (step 3 may refill)
-            taken |= nodes
-            by_job.setdefault(i, []).append(
-                [(i, int(copy_no[v]), int(p.node[k]), int(p.count[k])) for k in sel.tolist()])
-        rows: list[tuple[int, int, int, int]] = []  # (job index, virtual copy, node, count)
-        for copies in by_job.values():
-            if len(copies) > 1:
-                # A forked job's copies have GPUs of one type (and one node each unless copies
-                # may span nodes); a job left with one copy is a plain gang and may mix.
-                fit = [c for c in copies
-                       if len({int(snapshot.node_type[nd]) for _, _, nd, _ in c}) == 1
-                       and (snapshot.multi_node_copies or len(c) == 1)]
-                copies = fit if fit else copies[:1]
-            for c in copies:
-                rows.extend(c)
+        # The rows by virtual job (copy), in row order within one; copies of a job in a row.
+        rows = np.lexsort((np.arange(len(p)), p.job))
+        virt = p.job[rows]
+        firsts = np.flatnonzero(np.r_[True, virt[1:] != virt[:-1]]) if len(p) else \
+            np.zeros(0, dtype=np.int64)
+        ends = np.r_[firsts[1:], len(p)].astype(np.int64)
+        job_of = owner[virt[firsts]]
+        kept = np.ones(firsts.shape[0], dtype=np.bool_)
+        # Only a job with several copies placed may lose some: a copy on a node another copy of
+        # the job holds is dropped (step 3 may refill); of those left, a forked job keeps the
+        # copies on GPUs of one type (and one node each unless copies may span nodes), or its
+        # first copy alone (a job left with one copy is a plain gang and may mix).
+        twin = np.r_[job_of[1:] == job_of[:-1], False] | np.r_[False, job_of[1:] == job_of[:-1]]
+        groups = np.flatnonzero(twin).tolist()
+        at = 0
+        while at < len(groups):
+            end = at
+            while end + 1 < len(groups) and job_of[groups[end + 1]] == job_of[groups[at]]:
+                end += 1
+            taken: set[int] = set()
+            accepted: list[int] = []
+            for g in groups[at:end + 1]:
+                nodes = set(p.node[rows[firsts[g]:ends[g]]].tolist())
+                if nodes & taken:
+                    kept[g] = False
+                    continue
+                taken |= nodes
+                accepted.append(g)
+            if len(accepted) > 1:
+                fit = [g for g in accepted
+                       if len({int(snapshot.node_type[nd])
+                               for nd in p.node[rows[firsts[g]:ends[g]]].tolist()}) == 1
+                       and (snapshot.multi_node_copies or ends[g] - firsts[g] == 1)]
+                for g in accepted:
+                    kept[g] = g in (fit if fit else accepted[:1])
+            at = end + 1
+        # The copies kept, numbered 0.. per job in order.
+        size = ends - firsts
+        keep_rows = rows[np.repeat(kept, size)]
+        jobs_kept = job_of[kept]
+        at_k = np.arange(jobs_kept.shape[0])
+        new_job = np.r_[True, jobs_kept[1:] != jobs_kept[:-1]] if jobs_kept.shape[0] else \
+            np.zeros(0, dtype=np.bool_)
+        copy_of = at_k - np.maximum.accumulate(np.where(new_job, at_k, 0))
+        placement = Placement(snapshot.job_ids[owner[p.job[keep_rows]]].astype(np.int64),
+                              p.node[keep_rows].astype(np.int64),
+                              p.count[keep_rows].astype(np.int64),
+                              np.repeat(copy_of, size[kept]).astype(np.int64)) \
+            if keep_rows.shape[0] else Placement.empty()
         # Reason per job: placed if any copy is; else the first copy's reason.
         reason = np.full(snapshot.num_jobs, Reason.PRICED_OUT, dtype=np.int8)
         first = np.nonzero(copy_no == 0)[0]
         reason[owner[first]] = inner.reason[first]
-        return self._placement(snapshot, rows), reason
+        return placement, reason
 
     @staticmethod
     def waiting_fits(snapshot: Snapshot, placement: Placement, runnable: np.ndarray) -> bool:

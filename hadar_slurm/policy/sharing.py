@@ -327,7 +327,7 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     guests = np.zeros(n, dtype=np.bool_)
     if snapshot.colocated is None or n < 2 or len(placement) == 0:
         return placement, (), guests, {}
-    ids = [int(j) for j in snapshot.job_ids.tolist()]
+    ids: list[int] = snapshot.job_ids.tolist()
     rate = snapshot.rate
     scale = snapshot.scale
     weight = snapshot.weight.astype(np.float64)
@@ -389,40 +389,39 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
         pair_host, pair_guest, left, cpus_left is not None, float(window),
         float(snapshot.migration_s))
 
-    pairs: list[tuple[int, int]] = []
-    job: list[int] = []
-    node: list[int] = []
-    count: list[int] = []
     detail: dict[int, str] = {}
     told = (host_for[in_order] >= 0) | (tight_host[in_order] >= 0)
     for x in in_order[told].tolist():
         k = int(host_for[x])
         if k < 0:
             t = int(tight_host[x])
-            if t >= 0:
-                detail[ids[x]] = (
-                    f"would share a GPU with job {ids[int(hp[t])]} on "
-                    f"{snapshot.node_names[int(tight_node[x])]}, but the node has "
-                    f"{max(int(tight_left[x]), 0)} free CPU(s) for the {int(cpus[x])} it "
-                    f"asks, this epoch's placements counted")
+            detail[ids[x]] = (
+                f"would share a GPU with job {ids[int(hp[t])]} on "
+                f"{snapshot.node_names[int(tight_node[x])]}, but the node has "
+                f"{max(int(tight_left[x]), 0)} free CPU(s) for the {int(cpus[x])} it "
+                f"asks, this epoch's placements counted")
             continue
         p = int(hp[k])
-        guests[x] = True
-        pairs.append((min(ids[p], ids[x]), max(ids[p], ids[x])))
         detail[ids[p]] = f"shares its GPUs with job {ids[x]}"
         detail[ids[x]] = f"shares its GPUs with job {ids[p]} (joined it)"
-        for r in range(int(row_ptr[k]), int(row_ptr[k + 1])):
-            job.append(ids[x])
-            node.append(int(row_node[r]))
-            count.append(int(row_count[r]))
-    if not pairs:
+    formed = in_order[host_for[in_order] >= 0]
+    if formed.shape[0] == 0:
         return placement, (), guests, detail
-    k_rows = len(job)
-    out = Placement(np.concatenate([placement.job, np.array(job, dtype=np.int64)]),
-                    np.concatenate([placement.node, np.array(node, dtype=np.int64)]),
-                    np.concatenate([placement.count, np.array(count, dtype=np.int64)]),
+    guests[formed] = True
+    ks = host_for[formed]
+    # each guest takes its host's rows, guests in queue order
+    lens = row_ptr[ks + 1] - row_ptr[ks]
+    rows = (np.repeat(row_ptr[ks], lens) + np.arange(int(lens.sum()))
+            - np.repeat(np.cumsum(lens) - lens, lens))
+    out = Placement(np.concatenate([placement.job, np.repeat(snapshot.job_ids[formed], lens)]),
+                    np.concatenate([placement.node, row_node[rows]]),
+                    np.concatenate([placement.count, row_count[rows]]),
                     None if placement.copy is None else np.concatenate(
-                        [placement.copy, np.zeros(k_rows, dtype=np.int64)]))
+                        [placement.copy, np.zeros(rows.shape[0], dtype=np.int64)]))
+    host_ids = snapshot.job_ids[hp[ks]]
+    guest_ids = snapshot.job_ids[formed]
+    pairs = sorted(zip(np.minimum(host_ids, guest_ids).tolist(),
+                       np.maximum(host_ids, guest_ids).tolist(), strict=True))
     return out, tuple(sorted(pairs)), guests, detail
 
 

@@ -1,0 +1,157 @@
+"""HadarE's merge (Hadar's placement of the copies as a placement of the jobs) made of arrays,
+against the loop it replaces, kept here as the reference: the same rows in the same order,
+the same copy numbers and reasons, on placements of copies that overlap on nodes, spread over
+types and over nodes, with copies allowed to span nodes and not."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hadar_slurm.policy.base import Decision, IntArray, Placement, Reason, Snapshot
+from hadar_slurm.policy.hadare import HadarEPolicy
+from tests.test_sharing_twins import random_case
+
+
+def merge_reference(snapshot: Snapshot, inner: Decision, owner: IntArray,
+                    copy_no: IntArray) -> tuple[Placement, np.ndarray]:
+    """The loop :meth:`HadarEPolicy.merge` was (the reference)."""
+    p = inner.placement
+    by_job: dict[int, list[list[tuple[int, int, int, int]]]] = {}
+    used: dict[int, set[int]] = {}
+    for v in np.unique(p.job).tolist():
+        sel = np.nonzero(p.job == v)[0]
+        i = int(owner[v])
+        nodes = {int(x) for x in p.node[sel].tolist()}
+        taken = used.setdefault(i, set())
+        if nodes & taken:
+            continue
+        taken |= nodes
+        by_job.setdefault(i, []).append(
+            [(i, int(copy_no[v]), int(p.node[k]), int(p.count[k])) for k in sel.tolist()])
+    rows: list[tuple[int, int, int, int]] = []
+    for copies in by_job.values():
+        if len(copies) > 1:
+            fit = [c for c in copies
+                   if len({int(snapshot.node_type[nd]) for _, _, nd, _ in c}) == 1
+                   and (snapshot.multi_node_copies or len(c) == 1)]
+            copies = fit if fit else copies[:1]
+        for c in copies:
+            rows.extend(c)
+    reason = np.full(snapshot.num_jobs, Reason.PRICED_OUT, dtype=np.int8)
+    first = np.nonzero(copy_no == 0)[0]
+    reason[owner[first]] = inner.reason[first]
+    return HadarEPolicy._placement(snapshot, rows), reason
+
+
+def merge_case(seed: int) -> tuple[Snapshot, Decision, IntArray, IntArray]:
+    """A snapshot of random_case's, each job wanting 1 to 4 copies, and rows for a random part
+    of the copies: one to three rows each, on any node (so copies of a job may share a node
+    or a type, or not), in shuffled order."""
+    snap, _placement, _order, _window = random_case(seed)
+    rng = np.random.default_rng(20_000 + seed)
+    snap = dataclasses.replace(snap, multi_node_copies=bool(rng.random() < 0.5))
+    want = rng.integers(1, 5, snap.num_jobs)
+    owner = np.repeat(np.arange(snap.num_jobs, dtype=np.int64), want)
+    starts = np.cumsum(want) - want
+    copy_no = np.arange(owner.shape[0], dtype=np.int64) - starts[owner]
+    num_nodes = snap.node_gpus.shape[0]
+    job: list[int] = []
+    node: list[int] = []
+    count: list[int] = []
+    for v in range(owner.shape[0]):
+        if rng.random() < 0.35:
+            continue
+        for _ in range(int(rng.choice([1, 1, 1, 2, 3]))):
+            job.append(v)
+            node.append(int(rng.integers(num_nodes)))
+            count.append(int(rng.integers(1, 5)))
+    shuffle = rng.permutation(len(job))
+    placement = Placement(np.array(job, dtype=np.int64)[shuffle],
+                          np.array(node, dtype=np.int64)[shuffle],
+                          np.array(count, dtype=np.int64)[shuffle])
+    reason = rng.integers(0, len(Reason), owner.shape[0]).astype(np.int8)
+    return snap, Decision(0, placement, reason), owner, copy_no
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_merge_is_what_it_was(seed: int) -> None:
+    snap, inner, owner, copy_no = merge_case(seed)
+    got, got_reason = HadarEPolicy().merge(snap, inner, owner, copy_no)
+    want, want_reason = merge_reference(snap, inner, owner, copy_no)
+    for a, b in ((got.job, want.job), (got.node, want.node), (got.count, want.count),
+                 (got.copy_index(), want.copy_index())):
+        assert a.dtype == np.int64 and a.tolist() == b.tolist()
+    assert np.array_equal(got_reason, want_reason)
+
+
+def test_the_merge_cases_drop_and_keep_copies() -> None:
+    """Copies dropped for a node another copy holds and for the fit rule, jobs kept whole
+    with several copies, and empty placements: else the comparison above proves little."""
+    overlap = unfit = several = empty = 0
+    for seed in range(120):
+        snap, inner, owner, copy_no = merge_case(seed)
+        got, _reason = merge_reference(snap, inner, owner, copy_no)
+        placed = {int(owner[v]) for v in np.unique(inner.placement.job).tolist()}
+        copies = got.num_copies()
+        several += any(k > 1 for k in copies.values())
+        empty += len(got) == 0
+        for i in placed:
+            mine = np.unique(inner.placement.job[owner[inner.placement.job] == i])
+            kept = copies.get(int(snap.job_ids[i]), 0)
+            nodes = [set(inner.placement.node[inner.placement.job == v].tolist()) for v in mine]
+            clash = any(a & b for k, a in enumerate(nodes) for b in nodes[:k])
+            overlap += clash and kept < len(mine)
+            unfit += not clash and kept < len(mine)
+    assert min(overlap, unfit, several) >= 10, (overlap, unfit, several, empty)
+
+
+def test_merge_of_no_rows() -> None:
+    snap, inner, owner, copy_no = merge_case(0)
+    inner = dataclasses.replace(inner, placement=Placement.empty())
+    got, reason = HadarEPolicy().merge(snap, inner, owner, copy_no)
+    want, want_reason = merge_reference(snap, inner, owner, copy_no)
+    assert len(got) == 0 == len(want) and np.array_equal(reason, want_reason)
+
+
+def room_for_copies_reference(snapshot: Snapshot) -> IntArray:
+    """The loop :meth:`HadarEPolicy.room_for_copies` was (the reference)."""
+    scale = snapshot.scale.astype(np.int64)
+    out = np.zeros(snapshot.num_jobs, dtype=np.int64)
+    for i in range(snapshot.num_jobs):
+        runs_on = snapshot.rate[i, snapshot.node_type] > 0
+        if snapshot.multi_node_copies:
+            per_type = np.bincount(snapshot.node_type[runs_on],
+                                   weights=snapshot.node_gpus[runs_on],
+                                   minlength=len(snapshot.gpu_types))
+            out[i] = int((per_type // max(int(scale[i]), 1)).sum())
+        else:
+            out[i] = int((runs_on & (snapshot.node_gpus >= scale[i])).sum())
+    return np.maximum(out, 1)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_room_for_copies_is_what_it_was(seed: int) -> None:
+    snap, _inner, _owner, _copy_no = merge_case(seed)
+    rng = np.random.default_rng(seed)
+    # (nodes of mixed sizes, and jobs that run nowhere on some types or at all)
+    snap = dataclasses.replace(
+        snap, node_gpus=np.asarray(rng.integers(1, 9, snap.node_gpus.shape[0]), dtype=np.int64),
+        rate=np.where(rng.random(snap.rate.shape) < 0.3, 0.0, snap.rate))
+    got = HadarEPolicy().room_for_copies(snap)
+    assert got.dtype == np.int64
+    assert got.tolist() == room_for_copies_reference(snap).tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_num_copies_is_what_it_was(seed: int) -> None:
+    # (Placement.num_copies counts in arrays; the reference is its by_job_copies)
+    snap, inner, owner, copy_no = merge_case(seed)
+    placement, _reason = HadarEPolicy().merge(snap, inner, owner, copy_no)
+    for p in (placement, inner.placement, Placement.empty()):
+        want = {j: len(cp) for j, cp in p.by_job_copies().items()}
+        got = p.num_copies()
+        assert list(got.items()) == list(want.items())
+        assert all(type(j) is int and type(k) is int for j, k in got.items())
