@@ -1248,45 +1248,6 @@ cdef inline void _shared_finish(double t1, double t2, double s1, double s2,
         b2[0] = f2
 
 
-def _check_pair_args(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partner,
-                     g_start, g_else, g_behind, g_cpus, h_kind, h_type, h_scale, h_may, h_rp,
-                     h_tp, h_wp, row_ptr, row_node, pair_host, pair_guest, cpus_left):
-    """``pair_guests``' arguments checked as the reference checks them (its loop reads them
-    unchecked)."""
-    n = g_scale.shape[0]
-    num_hosts = h_kind.shape[0]
-    num_types = g_rate.shape[1] if g_rate.ndim == 2 else -1
-    for name, a in (("g_kind", g_kind), ("g_rem", g_rem), ("g_weight", g_weight),
-                    ("g_partner", g_partner), ("g_behind", g_behind), ("g_cpus", g_cpus)):
-        if a.shape != (n,):
-            raise ValueError(f"{name} must have one entry per job, as g_scale")
-    for name, a in (("g_rate", g_rate), ("g_open", g_open), ("g_start", g_start),
-                    ("g_else", g_else)):
-        if a.ndim != 2 or a.shape != (n, num_types):
-            raise ValueError(f"{name} must be [job, GPU type], as g_rate")
-    for name, a in (("h_type", h_type), ("h_scale", h_scale), ("h_may", h_may),
-                    ("h_rp", h_rp), ("h_tp", h_tp), ("h_wp", h_wp)):
-        if a.shape != (num_hosts,):
-            raise ValueError(f"{name} must have one entry per host, as h_kind")
-    if row_ptr.shape != (num_hosts + 1,):
-        raise ValueError("row_ptr must have one entry per host and one more")
-    if (pair_host.ndim != 3 or pair_host.shape != pair_guest.shape
-            or pair_host.shape[2] != num_types):
-        raise ValueError("pair_host and pair_guest must be [host kind, guest kind, GPU type]")
-    for name, a, low, high in (("order", order, 0, n), ("g_kind", g_kind, 0, pair_host.shape[1]),
-                               ("g_partner", g_partner, -1, num_hosts),
-                               ("h_kind", h_kind, 0, pair_host.shape[0]),
-                               ("h_type", h_type, 0, num_types)):
-        if a.shape[0] and (int(a.min()) < low or int(a.max()) >= high):
-            raise IndexError(f"{name} holds an index out of range")
-    if (int(row_ptr[0]) < 0 or bool((np.diff(row_ptr) < 0).any())
-            or int(row_ptr[num_hosts]) > row_node.shape[0]):
-        raise IndexError("row_ptr must rise from 0 to at most the rows of row_node")
-    nodes = row_node[int(row_ptr[0]):int(row_ptr[num_hosts])]
-    if nodes.shape[0] and (int(nodes.min()) < 0 or int(nodes.max()) >= cpus_left.shape[0]):
-        raise IndexError("row_node holds a node out of range of cpus_left")
-
-
 def pair_guests(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partner, g_start,
                 g_else, g_behind, g_cpus, h_kind, h_type, h_scale, h_may, h_rp, h_tp, h_wp,
                 row_ptr, row_node, pair_host, pair_guest, cpus_left, count_cpus, window,
@@ -1295,7 +1256,8 @@ def pair_guests(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partn
     the rules).  ``cpus_left`` is updated in place, as there; it must be a C-contiguous int64
     array for that (``ValueError`` otherwise).  Arrays of the wrong shape raise
     ``ValueError``, indices out of range ``IndexError``, as in the reference."""
-    _check_pair_args(*(np.asarray(a) for a in (
+    from hadar_slurm.core.reference import check_pair_args
+    check_pair_args(*(np.asarray(a) for a in (
         order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partner, g_start, g_else,
         g_behind, g_cpus, h_kind, h_type, h_scale, h_may, h_rp, h_tp, h_wp, row_ptr, row_node,
         pair_host, pair_guest, cpus_left)))

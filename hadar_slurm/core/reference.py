@@ -1091,33 +1091,15 @@ def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
     return w1 * (t1 - b1) + w2 * (end2 - b2) + behind * (free - max(b1, b2))
 
 
-def pair_guests(
+def check_pair_args(
     order: I64, g_scale: I64, g_kind: I64, g_rem: F64, g_weight: F64, g_rate: F64,
     g_open: I64, g_partner: I64, g_start: F64, g_else: F64, g_behind: F64, g_cpus: I64,
     h_kind: I64, h_type: I64, h_scale: I64, h_may: I64, h_rp: F64, h_tp: F64, h_wp: F64,
     row_ptr: I64, row_node: I64, pair_host: F64, pair_guest: F64, cpus_left: I64,
-    count_cpus: int, window: float, start_s: float,
-) -> tuple[I64, I64, I64, I64]:
-    """GPU sharing's pairing (:func:`hadar_slurm.policy.sharing.pack_waiting`, whose docstring
-    has the rules): waiting jobs in ``order``, each weighed against every host left, joining
-    the one where its pair gains most (the first of equal gains).
-
-    Per job ``x`` (indices into the ``g_`` arrays; types ``h``): ``g_open[x, h]`` whether it
-    may join a new host on type ``h`` (rule 4 and the world's leave), ``g_partner[x]`` the host
-    it shared with in the last epoch (``-1``: none; that pair may always form again),
-    ``g_start[x, h]`` when it would start on ``h`` apart, ``g_else[x, h]`` when it would end
-    apart on another type than ``h`` at the soonest, ``g_behind[x]`` the weight per GPU of
-    the waiting jobs behind it, times its GPUs.  Per host ``k``: its kind, type, scale factor,
-    whether a new partner may join it, its rate, remaining time and weight, and its nodes
-    ``row_node[row_ptr[k]:row_ptr[k + 1]]``.  ``pair_host[a, b, h]`` and ``pair_guest[a, b, h]``:
-    the co-located rates of a host of kind ``a`` and a guest of kind ``b`` on type ``h`` (0:
-    forbidden).  ``cpus_left``: per node, the CPUs a guest may still take (counted where
-    ``count_cpus``; updated in place as guests join).  Returns, per job, the host it joins
-    (``-1``: none), and for a job whose best pairs all lack a CPU the best of them, its first
-    node without one and that node's free CPUs (``-1`` where not).
-
-    Arrays of the wrong shape raise ``ValueError``, indices out of range ``IndexError`` (as in
-    the compiled twin, which reads them unchecked in its loop)."""
+) -> None:
+    """:func:`pair_guests`' arguments checked, in both twins (the compiled one reads them
+    unchecked in its loop): arrays of the wrong shape raise ``ValueError``, indices out of
+    range ``IndexError``."""
     n = g_scale.shape[0]
     num_hosts = h_kind.shape[0]
     num_types = g_rate.shape[1] if g_rate.ndim == 2 else -1
@@ -1150,6 +1132,41 @@ def pair_guests(
     nodes = row_node[int(row_ptr[0]):int(row_ptr[num_hosts])]
     if nodes.shape[0] and (int(nodes.min()) < 0 or int(nodes.max()) >= cpus_left.shape[0]):
         raise IndexError("row_node holds a node out of range of cpus_left")
+
+
+def pair_guests(
+    order: I64, g_scale: I64, g_kind: I64, g_rem: F64, g_weight: F64, g_rate: F64,
+    g_open: I64, g_partner: I64, g_start: F64, g_else: F64, g_behind: F64, g_cpus: I64,
+    h_kind: I64, h_type: I64, h_scale: I64, h_may: I64, h_rp: F64, h_tp: F64, h_wp: F64,
+    row_ptr: I64, row_node: I64, pair_host: F64, pair_guest: F64, cpus_left: I64,
+    count_cpus: int, window: float, start_s: float,
+) -> tuple[I64, I64, I64, I64]:
+    """GPU sharing's pairing (:func:`hadar_slurm.policy.sharing.pack_waiting`, whose docstring
+    has the rules): waiting jobs in ``order``, each weighed against every host left, joining
+    the one where its pair gains most (the first of equal gains).
+
+    Per job ``x`` (indices into the ``g_`` arrays; types ``h``): ``g_open[x, h]`` whether it
+    may join a new host on type ``h`` (rule 4 and the world's leave), ``g_partner[x]`` the host
+    it shared with in the last epoch (``-1``: none; that pair may always form again),
+    ``g_start[x, h]`` when it would start on ``h`` apart, ``g_else[x, h]`` when it would end
+    apart on another type than ``h`` at the soonest, ``g_behind[x]`` the weight per GPU of
+    the waiting jobs behind it, times its GPUs.  Per host ``k``: its kind, type, scale factor,
+    whether a new partner may join it, its rate, remaining time and weight, and its nodes
+    ``row_node[row_ptr[k]:row_ptr[k + 1]]``.  ``pair_host[a, b, h]`` and ``pair_guest[a, b, h]``:
+    the co-located rates of a host of kind ``a`` and a guest of kind ``b`` on type ``h`` (0:
+    forbidden).  ``cpus_left``: per node, the CPUs a guest may still take (counted where
+    ``count_cpus``; updated in place as guests join).  Returns, per job, the host it joins
+    (``-1``: none), and for a job whose best pairs all lack a CPU the best of them, its first
+    node without one and that node's free CPUs (``-1`` where not).
+
+    Arrays of the wrong shape raise ``ValueError``, indices out of range ``IndexError``
+    (:func:`check_pair_args`, which the compiled twin calls too)."""
+    check_pair_args(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partner, g_start,
+                    g_else, g_behind, g_cpus, h_kind, h_type, h_scale, h_may, h_rp, h_tp, h_wp,
+                    row_ptr, row_node, pair_host, pair_guest, cpus_left)
+    n = g_scale.shape[0]
+    num_hosts = h_kind.shape[0]
+    num_types = g_rate.shape[1]
     host_for = np.full(n, -1, dtype=np.int64)
     tight_host = np.full(n, -1, dtype=np.int64)
     tight_node = np.full(n, -1, dtype=np.int64)
