@@ -136,9 +136,11 @@ def room_for_copies_reference(snapshot: Snapshot) -> IntArray:
 def test_room_for_copies_is_what_it_was(seed: int) -> None:
     snap, _inner, _owner, _copy_no = merge_case(seed)
     rng = np.random.default_rng(seed)
-    # (nodes of mixed sizes, and jobs that run nowhere on some types or at all)
+    # (nodes of mixed sizes, some without GPUs, jobs that run nowhere on some types or at all,
+    # and a few of scale 0, which the old loop counted as it does)
     snap = dataclasses.replace(
-        snap, node_gpus=np.asarray(rng.integers(1, 9, snap.node_gpus.shape[0]), dtype=np.int64),
+        snap, node_gpus=np.asarray(rng.integers(0, 9, snap.node_gpus.shape[0]), dtype=np.int64),
+        scale=np.where(rng.random(snap.num_jobs) < 0.1, 0, snap.scale),
         rate=np.where(rng.random(snap.rate.shape) < 0.3, 0.0, snap.rate))
     got = HadarEPolicy().room_for_copies(snap)
     assert got.dtype == np.int64
@@ -155,3 +157,9 @@ def test_num_copies_is_what_it_was(seed: int) -> None:
         got = p.num_copies()
         assert list(got.items()) == list(want.items())
         assert all(type(j) is int and type(k) is int for j, k in got.items())
+
+
+def test_merge_wants_a_jobs_copies_consecutive() -> None:
+    snap, inner, owner, copy_no = merge_case(0)
+    with pytest.raises(ValueError, match="owner must be ascending"):
+        HadarEPolicy().merge(snap, inner, owner[::-1].copy(), copy_no)

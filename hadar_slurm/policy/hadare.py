@@ -445,8 +445,9 @@ class HadarEPolicy:
         else:
             # one node each: the nodes of the types it runs on with room for its scale factor
             out = np.zeros(snapshot.num_jobs, dtype=np.int64)
-            for s in np.unique(scale).tolist():
-                mine = scale == s
+            raw = snapshot.scale.astype(np.int64)
+            for s in np.unique(raw).tolist():
+                mine = raw == s
                 fits = np.bincount(snapshot.node_type[snapshot.node_gpus >= s],
                                    minlength=num_types)
                 out[mine] = (runs[mine] * fits[None, :]).sum(axis=1)
@@ -510,7 +511,11 @@ class HadarEPolicy:
 
     def merge(self, snapshot: Snapshot, inner: Decision, owner: IntArray,
               copy_no: IntArray) -> tuple[Placement, np.ndarray]:
-        """Hadar's placement of the copies as a placement of the jobs (node-disjoint copies)."""
+        """Hadar's placement of the copies as a placement of the jobs (node-disjoint copies).
+        ``owner`` ascending, as :meth:`expand` makes it (a job's copies are consecutive virtual
+        jobs)."""
+        if owner.shape[0] > 1 and bool((np.diff(owner) < 0).any()):
+            raise ValueError("owner must be ascending: a job's copies consecutive virtual jobs")
         p = inner.placement
         # The rows by virtual job (copy), in row order within one; copies of a job in a row.
         rows = np.lexsort((np.arange(len(p)), p.job))
