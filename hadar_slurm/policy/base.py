@@ -391,17 +391,22 @@ class Snapshot:
             cpus=opt(self.cpus),
             pool=opt(self.pool), spread=opt(self.spread), after=opt(self.after))
 
-    def current_index(self) -> IntArray:
-        """For each row of ``current``, the index of its job in ``job_ids`` (-1: gone)."""
-        cur = self.current.job
-        out = np.full(cur.shape[0], -1, dtype=np.int64)
+    def index_of(self, job_ids: npt.ArrayLike) -> IntArray:
+        """For each id in ``job_ids``, the index of its job in ``job_ids`` of the snapshot (-1:
+        the snapshot has no such job)."""
+        wanted = np.asarray(job_ids, dtype=np.int64).reshape(-1)
+        out = np.full(wanted.shape[0], -1, dtype=np.int64)
         ids = self.job_ids
-        if cur.shape[0] and ids.shape[0]:
+        if wanted.shape[0] and ids.shape[0]:
             by_id = np.argsort(ids, kind="stable")
-            pos = np.minimum(np.searchsorted(ids, cur, sorter=by_id), ids.shape[0] - 1)
-            hit = ids[by_id[pos]] == cur
+            pos = np.minimum(np.searchsorted(ids, wanted, sorter=by_id), ids.shape[0] - 1)
+            hit = ids[by_id[pos]] == wanted
             out[hit] = by_id[pos[hit]]
         return out
+
+    def current_index(self) -> IntArray:
+        """For each row of ``current``, the index of its job in ``job_ids`` (-1: gone)."""
+        return self.index_of(self.current.job)
 
     def held(self) -> IntArray:
         """``held[i, h]``: GPUs of type ``h`` job ``i`` held in the epoch that just ended."""

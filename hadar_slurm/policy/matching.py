@@ -115,15 +115,12 @@ def _even_match(
 def uneven_jobs(snapshot: Snapshot, placement: Placement) -> IntArray:
     """Indices of the jobs ``placement`` puts on nodes with unequal GPU counts (rows of jobs
     not in the snapshot are ignored)."""
-    ids = snapshot.job_ids.astype(np.int64)
-    if placement.job.shape[0] == 0 or ids.shape[0] == 0:
+    if placement.job.shape[0] == 0 or snapshot.num_jobs == 0:
         return np.zeros(0, dtype=np.int64)
-    by_id = np.argsort(ids, kind="stable")
-    pos = by_id[np.minimum(np.searchsorted(ids, placement.job, sorter=by_id),
-                           ids.shape[0] - 1)]
-    hit = ids[pos] == placement.job
-    lo = np.full(ids.shape[0], np.iinfo(np.int64).max, dtype=np.int64)
-    hi = np.zeros(ids.shape[0], dtype=np.int64)
+    pos = snapshot.index_of(placement.job)
+    hit = pos >= 0
+    lo = np.full(snapshot.num_jobs, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.zeros(snapshot.num_jobs, dtype=np.int64)
     np.minimum.at(lo, pos[hit], placement.count[hit])
     np.maximum.at(hi, pos[hit], placement.count[hit])
     return np.nonzero((hi > 0) & (lo < hi))[0].astype(np.int64)

@@ -162,19 +162,6 @@ def job_cpus(snapshot: Snapshot) -> IntArray:
     return out
 
 
-def job_index(snapshot: Snapshot, job_ids: IntArray) -> IntArray:
-    """Per id in ``job_ids``, its job's index in ``snapshot`` (-1 where the snapshot has no
-    such job)."""
-    ids = snapshot.job_ids.astype(np.int64)
-    wanted = np.asarray(job_ids, dtype=np.int64)
-    if ids.shape[0] == 0:
-        return np.full(wanted.shape[0], -1, dtype=np.int64)
-    by_id = np.argsort(ids, kind="stable")
-    pos = np.minimum(np.searchsorted(ids[by_id], wanted), ids.shape[0] - 1)
-    out: IntArray = np.where(ids[by_id][pos] == wanted, by_id[pos], -1).astype(np.int64)
-    return out
-
-
 def cpus_after(snapshot: Snapshot, placement: Placement, cpus: IntArray) -> IntArray | None:
     """Per node, the CPUs left for a guest: those free at the read
     (``Snapshot.node_free_cpus``) less those that the jobs ``placement`` puts on the node
@@ -202,7 +189,7 @@ def _copy_groups(snapshot: Snapshot, placement: Placement
     firsts)``: the kept rows' positions in ``placement``, their job indices, their group
     numbers, and per group (numbered as the groups first appear) its first row's position in
     ``rows``."""
-    ix = job_index(snapshot, placement.job)
+    ix = snapshot.index_of(placement.job)
     rows = np.nonzero(ix >= 0)[0]
     job = ix[rows]
     copy = placement.copy_index()[rows].astype(np.int64)
@@ -346,7 +333,7 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     # the job each job shared with in the last epoch (its index; -1: none)
     before = np.full(n, -1, dtype=np.int64)
     if snapshot.packed:
-        pair_ix = job_index(snapshot, np.array(snapshot.packed, dtype=np.int64).reshape(-1))
+        pair_ix = snapshot.index_of(np.array(snapshot.packed, dtype=np.int64))
         for a, b in pair_ix.reshape(-1, 2).tolist():
             if a >= 0:
                 before[a] = b
@@ -425,6 +412,6 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     return out, tuple(sorted(pairs)), guests, detail
 
 
-__all__ = ["SharingRates", "cpus_after", "job_cpus", "job_index", "pack_waiting", "pair_gain",
+__all__ = ["SharingRates", "cpus_after", "job_cpus", "pack_waiting", "pair_gain",
            "shared_finish", "sharing_hosts", "sharing_rates", "sooner_elsewhere",
            "waiting_starts"]
