@@ -3,7 +3,7 @@
     python -m bench.solver_scaling [--sizes 32 128 512 2048] [--large 10000]
                                    [--policies hadar,gavel-las,gavel-makespan] [--repeats 7]
                                    [--steady] [--no-pin-binding] [--share] [--one-gpu]
-                                   [--json bench/results/solver_scaling.json]
+                                   [--idle] [--json bench/results/solver_scaling.json]
 
 Instances (:mod:`bench.instances`): ``n`` jobs of Gavel's job mix with random progress, on a
 cluster of ``n/4`` GPUs per type (V100, P100, K80; 4 GPUs a node), and ``--large`` jobs on
@@ -22,7 +22,9 @@ carry ``settings``).  ``--share`` offers GPU sharing (Gavel's co-located rates) 
 ``hadar`` and ``hadare`` with ``share=True`` (issue #16: each waiting job is weighed against
 every placed one); ``--one-gpu`` draws 1-GPU jobs only, so that no waiting gang holds a type
 back from pairs and every waiting job is weighed against every host, the most there is to
-weigh (rows carry ``jobs_mix``).  ``moved``: running
+weigh (rows carry ``jobs_mix``).  ``--idle`` puts the ``n`` jobs on ``n`` GPUs per type
+(``3n`` in all), a lightly loaded cluster where GPUs idle and every placed job is weighed for
+a faster idle type (step 8, ``upgrade_idle``; rows carry ``gpus``).  ``moved``: running
 jobs the decision gives other GPUs, ``kept``: jobs Hadar kept on their GPUs because the moving
 plan did not pay (their ``explain`` detail).  Goals for
 ``hadar`` (issue #2): <= 10 ms at 2,048 jobs, <= 1 s at 10,000 jobs, peak memory < 1 GB.
@@ -118,9 +120,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="offer GPU sharing and run hadar and hadare with share=True")
     ap.add_argument("--one-gpu", action="store_true",
                     help="1-GPU jobs only (every waiting job weighed against every host)")
+    ap.add_argument("--idle", action="store_true",
+                    help="n GPUs per type for n jobs (a lightly loaded cluster) instead of n/4")
     ap.add_argument("--json", default="bench/results/solver_scaling.json")
     args = ap.parse_args(argv)
-    cases: list[tuple[int, ClusterSpec]] = [(n, gavel_cluster(max(n // 4, 1))) for n in args.sizes]
+    per_type = (lambda n: n) if args.idle else (lambda n: max(n // 4, 1))
+    cases: list[tuple[int, ClusterSpec]] = [(n, gavel_cluster(per_type(n))) for n in args.sizes]
     if args.large:
         cases.append((args.large, large_cluster(1000)))
     print(f"compiled core: {COMPILED}")

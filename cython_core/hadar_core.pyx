@@ -3,10 +3,11 @@
 # distutils: extra_compile_args = -ffp-contract=off
 """The compiled Hadar core: the twin of :mod:`hadar_slurm.core.reference`.
 
-Same functions (``plan``, ``balance_split``, ``drain_prices``, ``match``, ``pair_guests``),
-same signatures, same arrays in and out, and the same floating-point operations in the same
-order, so that both return identical decisions (``tests/test_core_twins.py`` compares them on
-random instances; ``pair_guests`` ``tests/test_sharing_twins.py``).  Each private helper mirrors the reference helper of the same name line by
+Same functions (``plan``, ``balance_split``, ``drain_prices``, ``match``, ``upgrade_idle``,
+``pair_guests``), same signatures, same arrays in and out, and the same floating-point
+operations in the same order, so that both return identical decisions
+(``tests/test_core_twins.py`` compares them on random instances; ``pair_guests``
+``tests/test_sharing_twins.py``).  Each private helper mirrors the reference helper of the same name line by
 line (``_epoch_option``, ``_best_schedule``, ``_fastest_option``, ``_movable``, ``_MoveIndex``,
 ``_level``, ``_exchange``; ``_shared_finish`` is its ``shared_finish``, and ``pair_guests``
 inlines its ``pair_gain``); read the reference for the *why*.
@@ -1234,6 +1235,106 @@ def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
                     n_rows += 1
                 took[k] = 0
     return out_job_a[:n_rows], out_node_a[:n_rows], out_count_a[:n_rows], placed_a
+
+
+def upgrade_idle(alloc, current, worker_rate, sync, order, capacity, round_s, migration_s):
+    """Placed jobs onto idle GPUs of faster types: twin of ``reference.upgrade_idle`` (read
+    it for the rule).  Returns the new ``alloc`` (int64, a copy).  Arrays of the wrong shape
+    raise ``ValueError``, a job index out of range ``IndexError``, as in the reference."""
+    from hadar_slurm.core.reference import check_upgrade_args
+    check_upgrade_args(*(np.asarray(a) for a in (
+        alloc, current, worker_rate, sync, order, capacity)))
+    out_a = np.array(alloc, dtype=np.int64, order="C", copy=True)
+    cdef i64[:, ::1] out = out_a
+    cdef const i64[:, ::1] cur = np.ascontiguousarray(current, dtype=np.int64)
+    cdef const double[:, ::1] rate = np.ascontiguousarray(worker_rate, dtype=np.float64)
+    cdef const i64[::1] sy = np.ascontiguousarray(sync, dtype=np.int64)
+    cdef const i64[::1] order_v = np.ascontiguousarray(order, dtype=np.int64)
+    cdef const i64[::1] cap = np.ascontiguousarray(capacity, dtype=np.int64)
+    cdef Py_ssize_t n = out.shape[0]
+    cdef Py_ssize_t num_types = out.shape[1]
+    cdef i64[::1] free = np.array(capacity, dtype=np.int64, copy=True)
+    cdef i64[::1] counts = np.zeros(n, dtype=np.int64)
+    cdef Py_ssize_t q, i, h, k, best
+    cdef i64 top, count, row_max
+    cdef double speed, best_prog, prog, v, moved_share
+    cdef bint same, seen
+    for i in range(n):
+        for h in range(num_types):
+            free[h] -= out[i, h]
+            counts[i] += out[i, h]
+    if num_types == 0:
+        return out_a
+    top = free[0]
+    for h in range(1, num_types):
+        if free[h] > top:
+            top = free[h]
+    if top <= 0:
+        return out_a  # no GPU idle: nothing can move
+    # (Python's arithmetic on the caller's objects, as in the reference: max() keeps the first
+    # of equals, a zero round raises ZeroDivisionError)
+    moved_share = max(round_s - migration_s, 0.0) / round_s
+    with nogil:
+        for q in range(order_v.shape[0]):
+            i = order_v[q]
+            if counts[i] <= 0:
+                continue
+            top = free[0]
+            for h in range(1, num_types):
+                if free[h] > top:
+                    top = free[h]
+            if top <= 0:
+                break
+            count = 0
+            row_max = out[i, 0]
+            for h in range(num_types):
+                count += out[i, h]
+                if out[i, h] > row_max:
+                    row_max = out[i, h]
+            if count > top + row_max:
+                continue  # fits whole on no type
+            if sy[i] != 0:
+                seen = False
+                speed = 0.0
+                for h in range(num_types):
+                    if out[i, h] > 0:
+                        v = rate[i, h]
+                        if not seen:
+                            speed = v
+                            seen = True
+                        elif v < speed:
+                            speed = v
+                speed = speed * <double>count
+            else:
+                speed = 0.0
+                for h in range(num_types):
+                    speed = speed + rate[i, h] * <double>out[i, h]
+            same = True
+            for h in range(num_types):
+                if cur[i, h] != out[i, h]:
+                    same = False
+                    break
+            best = -1
+            best_prog = speed * (1.0 if same else moved_share)
+            for h in range(num_types):
+                if free[h] + out[i, h] < count or rate[i, h] * <double>count <= speed:
+                    continue
+                same = True
+                for k in range(num_types):
+                    if cur[i, k] != (count if k == h else 0):
+                        same = False
+                        break
+                prog = rate[i, h] * <double>count * (1.0 if same else moved_share)
+                if prog > best_prog * (1.0 + 1e-9):
+                    best = h
+                    best_prog = prog
+            if best >= 0:
+                for h in range(num_types):
+                    free[h] += out[i, h]
+                    out[i, h] = 0
+                free[best] -= count
+                out[i, best] = count
+    return out_a
 
 
 cdef inline void _shared_finish(double t1, double t2, double s1, double s2,

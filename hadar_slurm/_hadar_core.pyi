@@ -33,3 +33,8 @@ def pair_guests(
     row_ptr: I64, row_node: I64, pair_host: F64, pair_guest: F64, cpus_left: I64,
     count_cpus: int, window: float, start_s: float,
 ) -> tuple[I64, I64, I64, I64]: ...
+def upgrade_idle(
+    alloc: I64, current: I64, worker_rate: F64, sync: I64 | npt.NDArray[np.bool_], order: I64,
+    capacity: I64,
+    round_s: float, migration_s: float,
+) -> I64: ...

@@ -52,6 +52,7 @@ def test_compiled_core_is_built() -> None:
     assert core.plan is compiled.plan and core.balance_split is compiled.balance_split
     assert core.drain_prices is compiled.drain_prices and core.match is compiled.match
     assert core.pair_guests is compiled.pair_guests
+    assert core.upgrade_idle is compiled.upgrade_idle
 
 
 # -- random instances ----------------------------------------------------------------------------
@@ -1050,3 +1051,137 @@ def test_pair_guests_refuses_arguments_out_of_range(impl: Any, name: str, value:
     case[name] = value
     with pytest.raises(error, match=name):
         impl.pair_guests(**case)
+
+
+# -- upgrade_idle (placed jobs onto idle GPUs of faster types) ------------------------------------
+
+NUM_UPGRADE = 600
+
+
+def upgrade_instance(rng: np.random.Generator) -> tuple[Any, ...]:
+    """Arguments of ``upgrade_idle``: 0 to 40 jobs over 1 to 4 types, some placed (one type or
+    spread over several), some waiting; idle GPUs on some types (or none at all); rates with
+    ties, zeros and equal rows; current placements equal to the plan, whole elsewhere or none;
+    synchronous and asynchronous jobs; rounds where a move costs nothing, part or all of it."""
+    J = int(rng.integers(0, 41))
+    H = int(rng.integers(1, 5))
+    rate = rng.choice([0.0, 0.5, 1.0, 1.0, 2.0, 3.7], (J, H)) * rng.choice([1.0, 10.0], (J, 1))
+    if J > 1 and rng.random() < 0.3:
+        rate[1] = rate[0]  # (equal rows: ties in the queue)
+    alloc = np.zeros((J, H), dtype=np.int64)
+    for i in range(J):
+        if rng.random() < 0.25:
+            continue  # waiting
+        s = int(rng.choice([1, 1, 2, 4, 8]))
+        if H > 1 and rng.random() < 0.25:  # spread over two types
+            a, b = rng.choice(H, 2, replace=False)
+            k = int(rng.integers(1, s + 1)) if s > 1 else 1
+            alloc[i, a] += k
+            alloc[i, b] += max(s - k, 1)
+        else:
+            alloc[i, rng.integers(H)] = s
+    used = alloc.sum(axis=0)
+    capacity = used + rng.choice([0, 0, 1, 2, 4, 9], H)
+    current = np.zeros_like(alloc)
+    for i in range(J):
+        u = rng.random()
+        if u < 0.4:
+            current[i] = alloc[i]
+        elif u < 0.7 and H > 0:
+            current[i, rng.integers(H)] = max(int(alloc[i].sum()), 1)
+    sync = (rng.random(J) < 0.7).astype(np.int64)
+    order = rng.permutation(J).astype(np.int64)
+    if J > 0 and rng.random() < 0.15:
+        order = order[: int(rng.integers(0, J + 1))]
+    round_s = float(rng.choice([360.0, 60.0, 1.0]))
+    migration_s = float(rng.choice([0.0, 0.0, 30.0, 200.0, 400.0]))
+    return alloc, current, rate, sync, order, capacity, round_s, migration_s
+
+
+@needs_compiled
+def test_upgrade_idle_twins_on_random_instances() -> None:
+    rng = np.random.default_rng(20261206)
+    moved = kept = 0
+    for _ in range(NUM_UPGRADE):
+        args = upgrade_instance(rng)
+        ref = call(reference.upgrade_idle, args)
+        got = call(compiled.upgrade_idle, args)
+        assert not isinstance(ref, type)
+        assert_same_arrays(ref, got)
+        alloc, capacity = args[0], args[5]
+        # what any outcome keeps: every job its GPU count, no type over its capacity, a moved
+        # job whole on one type
+        assert np.array_equal(ref.sum(axis=1), alloc.sum(axis=1))
+        assert (ref.sum(axis=0) <= capacity).all()
+        changed = (ref != alloc).any(axis=1)
+        assert ((ref[changed] > 0).sum(axis=1) == 1).all()
+        moved += int(changed.sum())
+        kept += int((~changed & (alloc.sum(axis=1) > 0)).sum())
+    assert moved > 300 and kept > 3000  # both outcomes are exercised
+
+
+@needs_compiled
+def test_upgrade_idle_twins_take_any_layout_and_integer_dtype() -> None:
+    rng = np.random.default_rng(7)
+    args = next(a for a in (upgrade_instance(rng) for _ in range(100)) if a[0].shape[0] > 5)
+    alloc, current, rate, sync, order, capacity, round_s, migration_s = args
+    ref = reference.upgrade_idle(*args)
+    got = compiled.upgrade_idle(np.asfortranarray(alloc.astype(np.int32)), current.T.copy().T,
+                                rate, sync.astype(np.bool_), order.astype(np.int32),
+                                capacity.astype(np.int16), round_s, migration_s)
+    assert_same_arrays(ref, got)
+    assert not np.shares_memory(got, alloc)  # a copy, the caller's plan untouched
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_upgrade_idle_by_hand(impl: Any) -> None:
+    # Two types, fast (2 GPUs) and slow (4), rates per worker 2.0 and 1.0; one fast GPU idle.
+    # A 1-GPU job on slow moves (2.0 against 1.0); a second one, behind it, finds no fast GPU
+    # left and stays.
+    rate = np.array([[2.0, 1.0], [2.0, 1.0], [2.0, 1.0]])
+    alloc = np.array([[1, 0], [0, 1], [0, 1]])
+    capacity = np.array([2, 4])
+    sync = np.array([1, 1, 1])
+    out = impl.upgrade_idle(alloc, alloc, rate, sync, np.array([0, 1, 2]), capacity, 360.0, 0.0)
+    assert out.tolist() == [[1, 0], [1, 0], [0, 1]]
+    # In the other order the third job gets it.
+    out = impl.upgrade_idle(alloc, alloc, rate, sync, np.array([0, 2, 1]), capacity, 360.0, 0.0)
+    assert out.tolist() == [[1, 0], [0, 1], [1, 0]]
+    # A move that leaves less than half the round does not pay: 2.0 * 150 < 1.0 * 360.
+    out = impl.upgrade_idle(alloc, alloc, rate, sync, np.array([0, 1, 2]), capacity, 360.0,
+                            210.0)
+    assert out.tolist() == alloc.tolist()
+    # A job that has to move anyway (it held nothing) compares both after the move: it moves.
+    out = impl.upgrade_idle(alloc, np.zeros_like(alloc), rate, sync, np.array([1]), capacity,
+                            360.0, 210.0)
+    assert out.tolist() == [[1, 0], [1, 0], [0, 1]]
+    # No GPU idle: nothing moves, and a zero round is not divided by.
+    full = np.array([1, 2])
+    out = impl.upgrade_idle(alloc, alloc, rate, sync, np.array([0, 1, 2]), full, 0.0, 0.0)
+    assert out.tolist() == alloc.tolist()
+    with pytest.raises(ZeroDivisionError):
+        impl.upgrade_idle(alloc, alloc, rate, sync, np.array([0, 1, 2]), capacity, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("name", "value", "error"), [
+    ("order", np.array([0, 3]), IndexError),          # (3 jobs: 0..2)
+    ("order", np.array([-1]), IndexError),
+    ("order", np.zeros((1, 1), dtype=np.int64), ValueError),
+    ("current", np.zeros((3, 3), dtype=np.int64), ValueError),
+    ("worker_rate", np.ones((2, 2)), ValueError),
+    ("sync", np.ones(2, dtype=np.int64), ValueError),
+    ("capacity", np.ones(3, dtype=np.int64), ValueError),
+    ("alloc", np.array([[1, 0], [0, -1], [0, 1]]), ValueError),
+    ("alloc", np.ones(3, dtype=np.int64), ValueError),
+])
+def test_upgrade_idle_refuses_arguments_out_of_range(impl: Any, name: str, value: Any,
+                                                     error: type[Exception]) -> None:
+    # (the compiled loop reads them unchecked: out of range, it would read past its arrays)
+    case: dict[str, Any] = dict(
+        alloc=np.array([[1, 0], [0, 1], [0, 1]]), current=np.zeros((3, 2), dtype=np.int64),
+        worker_rate=np.array([[2.0, 1.0]] * 3), sync=np.ones(3, dtype=np.int64),
+        order=np.array([0, 1, 2]), capacity=np.array([2, 4]), round_s=360.0, migration_s=0.0)
+    case[name] = value
+    with pytest.raises(error, match=name):
+        impl.upgrade_idle(**case)

@@ -71,3 +71,28 @@ def test_hadar_pairs_jobs_on_a_gpu_type_gavel_never_measured() -> None:
     assert r.packed and r.packed[0][1] in (((0, 1),), ((0, 2),))  # (x with a y)
     alone = simulate(jobs, parse_counts("a100=1"), table(), HadarPolicy(share=False))
     assert not alone.packed and r.avg_jct_s < alone.avg_jct_s
+
+
+def test_pair_rates_on_and_pair_cube_answer_what_pair_rate_does() -> None:
+    # The per-type and per-kind forms a policy asks every epoch: each entry is pair_rate's,
+    # a forbidden, missing or mixed-scale pair 0 for both jobs.
+    c = table().colocated
+    types = ("v100", "p100", "a100", "k80")
+    a, b = c.pair_rates_on("x", "z", 1, types)
+    assert a == (0.5, 0.0, c.pair_rate("x", "z", 1, "a100")[0], 0.0)
+    assert b == (0.5, 0.0, c.pair_rate("x", "z", 1, "a100")[1], 0.0)
+    kinds_a = (("x", 1), ("y", 1), ("x", 2))
+    kinds_b = (("y", 1), ("z", 1), ("w", 1), ("y", 2))
+    of_a, of_b = c.pair_cube(kinds_a, kinds_b, types)
+    assert of_a.shape == of_b.shape == (3, 4, 4)
+    for x, (ta, sa) in enumerate(kinds_a):
+        for y, (tb, sb) in enumerate(kinds_b):
+            for h, g in enumerate(types):
+                want = c.pair_rate(ta, tb, sa, g) if sa == sb else (0.0, 0.0)
+                assert (of_a[x, y, h], of_b[x, y, h]) == want, (ta, tb, g)
+    assert of_a[0, 0, 0] == 0.8 and of_b[0, 0, 1] == 1.8  # (x with y on v100; on p100)
+    assert not of_a[2].any()  # (x on 2 GPUs has no pair of 2 GPUs here)
+    # remembered, and read-only so that no caller changes what the next one reads
+    assert c.pair_cube(kinds_a, kinds_b, types)[0] is of_a
+    with pytest.raises(ValueError):
+        of_a[0, 0, 0] = 1.0

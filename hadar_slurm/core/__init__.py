@@ -2,8 +2,9 @@
 
 Both expose the same functions with the same results (see :mod:`hadar_slurm.core.reference`):
 ``plan`` (one epoch of the primal-dual planner), ``balance_split`` (the type split),
-``drain_prices`` (the drain bound and its type prices), ``match`` (resource matching) and
-``pair_guests`` (GPU sharing's pairing of waiting jobs with placed ones).
+``drain_prices`` (the drain bound and its type prices), ``match`` (resource matching),
+``upgrade_idle`` (placed jobs onto idle GPUs of faster types) and ``pair_guests`` (GPU
+sharing's pairing of waiting jobs with placed ones).
 The algorithm they implement: docs/algorithm.md.
 """
 
@@ -19,6 +20,7 @@ try:
     drain_prices = _compiled.drain_prices
     match = _compiled.match
     pair_guests = _compiled.pair_guests
+    upgrade_idle = _compiled.upgrade_idle
     COMPILED = True
 except (ImportError, AttributeError):  # not built (e.g. a bare source tree)
     plan = reference.plan
@@ -26,7 +28,8 @@ except (ImportError, AttributeError):  # not built (e.g. a bare source tree)
     drain_prices = reference.drain_prices
     match = reference.match
     pair_guests = reference.pair_guests
+    upgrade_idle = reference.upgrade_idle
     COMPILED = False
 
 __all__ = ["COMPILED", "balance_split", "drain_prices", "match", "pair_guests", "plan",
-           "reference"]
+           "reference", "upgrade_idle"]

@@ -41,8 +41,9 @@ Utility: ``f(T) = k / (T + age)`` with ``T`` the finish time from now and ``k = 
 
 Also here, with their compiled twins: :func:`balance_split` (the type split),
 :func:`drain_prices` (the drain bound and the type prices that certify it), :func:`match`
-(resource matching: per-type GPU counts to nodes) and :func:`pair_guests` (GPU sharing: which
-waiting job joins which placed one).
+(resource matching: per-type GPU counts to nodes), :func:`upgrade_idle` (placed jobs onto idle
+GPUs of faster types) and :func:`pair_guests` (GPU sharing: which waiting job joins which
+placed one).
 
 The algorithm, step by step with pointers into the code: docs/algorithm.md.
 """
@@ -56,6 +57,7 @@ import numpy.typing as npt
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+B8 = npt.NDArray[np.bool_]
 
 INF = float("inf")
 #: The type split's tolerances, relative so that they mean the same in any time unit: work or
@@ -1055,6 +1057,99 @@ def match(
     out_node = np.asarray(nodes_out, dtype=np.int64)
     out_count = np.asarray(counts_out, dtype=np.int64)
     return out_job, out_node, out_count, placed
+
+
+def check_upgrade_args(alloc: npt.NDArray[np.generic], current: npt.NDArray[np.generic],
+                       worker_rate: npt.NDArray[np.generic], sync: npt.NDArray[np.generic],
+                       order: npt.NDArray[np.generic], capacity: npt.NDArray[np.generic],
+                       ) -> None:
+    """:func:`upgrade_idle`'s arguments checked, in both twins (the compiled one reads them
+    unchecked in its loop): arrays of the wrong shape raise ``ValueError``, a job index of
+    ``order`` out of range ``IndexError``."""
+    if alloc.ndim != 2:
+        raise ValueError("alloc must be [job, GPU type]")
+    n, num_types = alloc.shape
+    for name, a in (("current", current), ("worker_rate", worker_rate)):
+        if a.shape != (n, num_types):
+            raise ValueError(f"{name} must be [job, GPU type], as alloc")
+    if sync.shape != (n,):
+        raise ValueError("sync must have one entry per job, as alloc")
+    if capacity.shape != (num_types,):
+        raise ValueError("capacity must have one entry per GPU type, as alloc")
+    if alloc.size and int(alloc.min()) < 0:
+        raise ValueError("alloc must not be negative")
+    if order.ndim != 1:
+        raise ValueError("order must be a list of job indices")
+    if order.shape[0] and (int(order.min()) < 0 or int(order.max()) >= n):
+        raise IndexError("order holds a job index out of range")
+
+
+def upgrade_idle(alloc: I64, current: I64, worker_rate: F64, sync: I64 | B8, order: I64,
+                 capacity: I64, round_s: float, migration_s: float) -> I64:
+    """Move a placed job whole onto idle GPUs of a faster type when it progresses more there.
+
+    The type split keeps a job off a fast type so that other jobs can have it; in a round where
+    they do not use all of it (a gang leaves GPUs over, a job it was kept for has not arrived)
+    those GPUs would idle while the job crawls on a slower type.  In queue order, each placed
+    job moves onto the type with room for all its GPUs where it makes the most progress this
+    round: ``count`` workers at that type's rate, times the share of the round left after a
+    move (``migration_s``) unless it holds exactly those GPUs already; against where it is
+    (a synchronous job at its slowest worker's pace, an asynchronous one at the sum).  A job
+    already placed on its best option stays; the next epoch plans afresh.
+
+    ``alloc``, ``current``: GPUs per job and type, planned and held; ``sync``: nonzero for a
+    synchronous job; ``order``: the queue order (job indices); ``capacity``: GPUs per type.
+    Returns the new ``alloc`` (int64, a copy).
+    """
+    alloc_a = np.asarray(alloc)
+    current_a = np.asarray(current)
+    rate_a = np.asarray(worker_rate)
+    sync_a = np.asarray(sync)
+    order_a = np.asarray(order)
+    capacity_a = np.asarray(capacity)
+    check_upgrade_args(alloc_a, current_a, rate_a, sync_a, order_a, capacity_a)
+    # (plain Python over each job's few types: numpy's per-call cost, paid for every placed job
+    # in order, made this the decision's longest step on a mostly idle cluster; the compiled
+    # twin is faster still)
+    out = alloc_a.astype(np.int64)
+    free = (capacity_a.astype(np.int64) - out.sum(axis=0)).tolist()
+    if not free or max(free) <= 0:
+        return out  # no GPU idle: nothing can move (a move idles only what it leaves)
+    types = range(len(free))
+    moved_share = max(round_s - migration_s, 0.0) / round_s
+    counts = out.sum(axis=1)
+    order_a = order_a.astype(np.int64)
+    for i in order_a[counts[order_a] > 0].tolist():
+        top = max(free)
+        if top <= 0:
+            break
+        row = out[i].tolist()
+        count = sum(row)
+        if count > top + max(row):
+            continue  # fits whole on no type, its own GPUs there and the idle ones counted
+        r = rate_a[i].tolist()
+        if sync_a[i]:
+            speed = min(r[h] for h in types if row[h] > 0) * count
+        else:
+            speed = sum([r[h] * row[h] for h in types])
+        now = current_a[i].tolist()
+        best = -1
+        # the share of the round it works: all of it where it holds those GPUs already
+        best_prog = speed * (1.0 if now == row else moved_share)
+        for h in types:
+            if free[h] + row[h] < count or r[h] * count <= speed:
+                continue
+            whole = [count if k == h else 0 for k in types]
+            prog = r[h] * count * (1.0 if now == whole else moved_share)
+            if prog > best_prog * (1.0 + 1e-9):
+                best, best_prog = h, prog
+        if best >= 0:
+            for h in types:
+                free[h] += row[h]
+            free[best] -= count
+            out[i] = 0
+            out[i, best] = count
+    return out
 
 
 def shared_finish(t1: float, t2: float, s1: float, s2: float) -> tuple[float, float]:

@@ -39,6 +39,13 @@ class PairRates(Protocol):
         """:meth:`pair_rate` on each of ``gpu_types``: ``(rates of a, rates of b)``."""
         ...
 
+    def pair_cube(self, kinds_a: tuple[tuple[str, int], ...], kinds_b: tuple[tuple[str, int], ...],
+                  gpu_types: tuple[GpuType, ...],
+                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """:meth:`pair_rates_on` of every ``(job type, scale)`` kind of ``kinds_a`` with every
+        one of ``kinds_b``: ``[a, b, GPU type]`` each, 0 where they may not share."""
+        ...
+
 
 class Reason(enum.IntEnum):
     """Why a job is (not) placed in an epoch.  Each code names the component that decided.

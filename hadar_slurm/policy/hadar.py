@@ -97,7 +97,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from hadar_slurm.core import balance_split, drain_prices, plan
+from hadar_slurm.core import balance_split, drain_prices, plan, upgrade_idle
 from hadar_slurm.core.reference import coarse
 from hadar_slurm.policy.base import (
     BoolArray,
@@ -450,62 +450,6 @@ def repack_gangs(alloc: IntArray, scale: IntArray, main: BoolArray, rate: FloatA
     return out
 
 
-def upgrade_idle(alloc: IntArray, current: IntArray, worker_rate: FloatArray, sync: BoolArray,
-                 order: IntArray, capacity: IntArray, round_s: float,
-                 migration_s: float) -> IntArray:
-    """Move a placed job whole onto idle GPUs of a faster type when it progresses more there.
-
-    The type split keeps a job off a fast type so that other jobs can have it; in a round where
-    they do not use all of it (a gang leaves GPUs over, a job it was kept for has not arrived)
-    those GPUs would idle while the job crawls on a slower type.  In queue order, each placed
-    job moves onto the type with room for all its GPUs where it makes the most progress this
-    round: ``count`` workers at that type's rate, times the share of the round left after a
-    move (``migration_s``) unless it holds exactly those GPUs already; against where it is
-    (a synchronous job at its slowest worker's pace, an asynchronous one at the sum).  A job
-    already placed on its best option stays; the next epoch plans afresh.
-    """
-    # (plain Python over each job's few types: numpy's per-call cost, paid for every placed job
-    # in order, made this the decision's longest step on a mostly idle cluster)
-    out = alloc.copy()
-    free = (capacity - out.sum(axis=0)).tolist()
-    if not free or max(free) <= 0:
-        return out  # no GPU idle: nothing can move (a move idles only what it leaves)
-    types = range(len(free))
-    moved_share = max(round_s - migration_s, 0.0) / round_s
-    counts = out.sum(axis=1)
-    for i in order[counts[order] > 0].tolist():
-        top = max(free)
-        if top <= 0:
-            break
-        row = out[i].tolist()
-        count = sum(row)
-        if count > top + max(row):
-            continue  # fits whole on no type, its own GPUs there and the idle ones counted
-        r = worker_rate[i].tolist()
-        if sync[i]:
-            speed = min(r[h] for h in types if row[h] > 0) * count
-        else:
-            speed = sum([r[h] * row[h] for h in types])
-        now = current[i].tolist()
-        best = -1
-        # the share of the round it works: all of it where it holds those GPUs already
-        best_prog = speed * (1.0 if now == row else moved_share)
-        for h in types:
-            if free[h] + row[h] < count or r[h] * count <= speed:
-                continue
-            whole = [count if k == h else 0 for k in types]
-            prog = r[h] * count * (1.0 if now == whole else moved_share)
-            if prog > best_prog * (1.0 + 1e-9):
-                best, best_prog = h, prog
-        if best >= 0:
-            for h in types:
-                free[h] += row[h]
-            free[best] -= count
-            out[i] = 0
-            out[i, best] = count
-    return out
-
-
 @dataclass(frozen=True)
 class HadarState:
     """Carried from epoch to epoch: the absolute time by which all work should drain, and (GPU
@@ -706,7 +650,7 @@ class HadarPolicy:
         alloc = exchange_fast_gpus(alloc, current, snapshot.remaining, worker_rate,
                                    snapshot.sync.astype(np.bool_), order, capacity,
                                    float(snapshot.migration_s))
-        alloc = upgrade_idle(alloc, current, worker_rate, snapshot.sync.astype(np.bool_), order,
+        alloc = upgrade_idle(alloc, current, worker_rate, snapshot.sync.astype(np.int64), order,
                              capacity, float(snapshot.round_s), float(snapshot.migration_s))
         return alloc, payoff, status, planned, packed
 

@@ -106,26 +106,13 @@ class SharingRates:
         kinds = len(self.keys)
         out_host = np.zeros((kinds, kinds, len(self.gpu_types)))
         out_guest = np.zeros((kinds, kinds, len(self.gpu_types)))
-        xs: list[int] = []
-        ys: list[int] = []
-        of_host: list[tuple[float, ...]] = []
-        of_guest: list[tuple[float, ...]] = []
-        for x in hosts.tolist():
-            tx, sx = self.keys[x]
-            for y in guests.tolist():
-                ty, sy = self.keys[y]
-                if sx == sy:
-                    ra, rb = self.table.pair_rates_on(tx, ty, sx, self.gpu_types)
-                    xs.append(x)
-                    ys.append(y)
-                    of_host.append(ra)
-                    of_guest.append(rb)
-        if xs:
-            a = np.array(of_host, dtype=np.float64).reshape(len(xs), -1)
-            b = np.array(of_guest, dtype=np.float64).reshape(len(xs), -1)
-            both = (a > 0) & (b > 0)  # (a pair either of whose rates is 0 may not share)
-            out_host[xs, ys] = np.where(both, a, 0.0)
-            out_guest[xs, ys] = np.where(both, b, 0.0)
+        if hosts.shape[0] and guests.shape[0]:
+            a, b = self.table.pair_cube(tuple(self.keys[x] for x in hosts.tolist()),
+                                        tuple(self.keys[y] for y in guests.tolist()),
+                                        self.gpu_types)
+            at = np.ix_(hosts, guests)
+            out_host[at] = a
+            out_guest[at] = b
         return out_host, out_guest
 
     def by_kind(self, x: int, y: int, h: int) -> tuple[float, float]:
@@ -183,8 +170,11 @@ def cpus_after(snapshot: Snapshot, placement: Placement, cpus: IntArray) -> IntA
     return left
 
 
-def _copy_groups(snapshot: Snapshot, placement: Placement
-                 ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+#: :func:`_copy_groups`' answer: ``(rows, job, group, firsts)``.
+CopyGroups = tuple[IntArray, IntArray, IntArray, IntArray]
+
+
+def _copy_groups(snapshot: Snapshot, placement: Placement) -> CopyGroups:
     """The placement's rows of the snapshot's jobs, grouped by (job, copy): ``(rows, job, group,
     firsts)``: the kept rows' positions in ``placement``, their job indices, their group
     numbers, and per group (numbered as the groups first appear) its first row's position in
@@ -202,17 +192,18 @@ def _copy_groups(snapshot: Snapshot, placement: Placement
 
 
 def waiting_starts(snapshot: Snapshot, placement: Placement, order: IntArray,
-                   placed: BoolArray) -> FloatArray:
+                   placed: BoolArray, groups: CopyGroups | None = None) -> FloatArray:
     """When each waiting job would start on GPUs of each type if it shared none: ``[x, h]``,
     the seconds until the placed jobs on type ``h`` (each ending after its remaining work over
     the summed rates of its copies) have freed as many GPUs as job ``x`` and the waiting jobs
     ahead of it in ``order`` that can run on ``h`` ask (``inf`` if they never do).  A waiting
-    job's other chance is that, not only its host's end.  (Read for waiting jobs only.)"""
+    job's other chance is that, not only its host's end.  (Read for waiting jobs only.)
+    ``groups``: :func:`_copy_groups` of ``placement``, where the caller has it."""
     rate = snapshot.rate
     scale = snapshot.scale.astype(np.int64)
     n = snapshot.num_jobs
     n_types = rate.shape[1]
-    rows, job, group, firsts = _copy_groups(snapshot, placement)
+    rows, job, group, firsts = _copy_groups(snapshot, placement) if groups is None else groups
     on = snapshot.node_type[placement.node[rows]].astype(np.int64)
     # a copy runs at its slowest GPU's rate; a job at the sum of its copies' (summed in the
     # order the copies first appear)
@@ -243,14 +234,16 @@ def waiting_starts(snapshot: Snapshot, placement: Placement, order: IntArray,
 
 
 def sharing_hosts(snapshot: Snapshot, placement: Placement, ok: BoolArray,
+                  groups: CopyGroups | None = None,
                   ) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
     """The placed jobs another may join: ``(jobs, types, row_ptr, row_node, row_count)``, per
     host, in the placement's order, its job index, its GPU type and its rows ``(node, GPUs)``
     (``row_ptr[k]:row_ptr[k + 1]``), nodes ascending.  A host is a job that ``ok`` lets share,
     unforked, on GPUs of one type that may be shared (nodes with shards), as many as its scale
-    factor."""
+    factor.  ``groups``: :func:`_copy_groups` of ``placement``, where the caller has it."""
     n = snapshot.num_jobs
-    rows, job, _group, firsts = _copy_groups(snapshot, placement)
+    rows, job, _group, firsts = (_copy_groups(snapshot, placement) if groups is None
+                                 else groups)
     node = placement.node[rows].astype(np.int64)
     count = placement.count[rows].astype(np.int64)
     on = snapshot.node_type[node].astype(np.int64)
@@ -342,7 +335,8 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     had = np.isin(snapshot.job_ids, np.array(snapshot.packed, dtype=np.int64).reshape(-1))
     if not (waiting & (open_to.any(axis=1) | had)).any():
         return placement, (), guests, {}
-    hp, ht, row_ptr, row_node, row_count = sharing_hosts(snapshot, placement, ok)
+    groups = _copy_groups(snapshot, placement)
+    hp, ht, row_ptr, row_node, row_count = sharing_hosts(snapshot, placement, ok, groups)
     rates = sharing_rates(snapshot)
     if hp.shape[0] == 0 or rates is None:
         return placement, (), guests, {}
@@ -353,7 +347,7 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     # 2: when and where each waiting job would start and end apart, and the weight of the
     # waiting jobs behind it in the queue order (per GPU); the guests taken as the queue goes
     # are all ahead of the one weighed, so those behind it still wait.
-    start = waiting_starts(snapshot, placement, order, placed)
+    start = waiting_starts(snapshot, placement, order, placed, groups)
     elsewhere = sooner_elsewhere(
         np.where(runs, start + remaining[:, None] / np.where(runs, rate, 1.0), np.inf))
     in_order = order.astype(np.int64)

@@ -20,11 +20,18 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from hadar_slurm.model import GpuType
 from hadar_slurm.rates.memory import MemoryLimits
 
 #: ``(job type a, job type b, scale factor)``.
 PairKey = tuple[str, str, int]
+#: A job's kind for pairing: ``(job type, scale factor)``.
+KindKey = tuple[str, int]
+#: How many of :meth:`ColocatedTable.pair_cube`'s answers a table remembers.
+CUBES_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,10 @@ class ColocatedTable:
     #: :meth:`pair_rates_on`'s answers, remembered (the table does not change).
     _on_types: dict[tuple[PairKey, tuple[GpuType, ...]],
                     tuple[tuple[float, ...], tuple[float, ...]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    #: :meth:`pair_cube`'s answers, the :data:`CUBES_KEPT` latest remembered.
+    _cubes: dict[tuple[tuple[KindKey, ...], tuple[KindKey, ...], tuple[GpuType, ...]],
+                 tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
     def is_estimate(self, job_a: str, job_b: str, scale: int, gpu_type: GpuType) -> bool:
@@ -68,6 +79,34 @@ class ColocatedTable:
             both = [self.pair_rate(job_a, job_b, scale, g) for g in gpu_types]
             got = self._on_types[key] = (tuple(a for a, _b in both), tuple(b for _a, b in both))
         return got
+
+    def pair_cube(self, kinds_a: tuple[KindKey, ...], kinds_b: tuple[KindKey, ...],
+                  gpu_types: tuple[GpuType, ...],
+                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """:meth:`pair_rates_on` for every kind of ``kinds_a`` with every kind of ``kinds_b``:
+        ``(rates of a, rates of b)``, each ``[a, b, GPU type]`` (read-only), 0 where the two
+        may not share (their scale factors differ, or the table forbids or lacks the pair).
+        Remembered, the latest :data:`CUBES_KEPT` (a policy asks it every epoch, of the kinds
+        of its queue, which change slowly)."""
+        key = (kinds_a, kinds_b, gpu_types)
+        got = self._cubes.get(key)
+        if got is not None:
+            return got
+        of_a = np.zeros((len(kinds_a), len(kinds_b), len(gpu_types)))
+        of_b = np.zeros((len(kinds_a), len(kinds_b), len(gpu_types)))
+        for x, (ta, sa) in enumerate(kinds_a):
+            for y, (tb, sb) in enumerate(kinds_b):
+                if sa == sb:
+                    of_a[x, y], of_b[x, y] = self.pair_rates_on(ta, tb, sa, gpu_types)
+        both = (of_a > 0) & (of_b > 0)  # (a pair either of whose rates is 0 may not share)
+        of_a[~both] = 0.0
+        of_b[~both] = 0.0
+        of_a.setflags(write=False)
+        of_b.setflags(write=False)
+        if len(self._cubes) >= CUBES_KEPT:
+            del self._cubes[next(iter(self._cubes))]
+        self._cubes[key] = (of_a, of_b)
+        return of_a, of_b
 
     def can_share(self, job_a: str, job_b: str, scale: int, gpu_type: GpuType) -> bool:
         return self.pair_rate(job_a, job_b, scale, gpu_type)[0] > 0
