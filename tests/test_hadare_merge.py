@@ -1,5 +1,6 @@
 """HadarE's merge (Hadar's placement of the copies as a placement of the jobs) made of arrays,
-against the loop it replaces, kept here as the reference: the same rows in the same order,
+and its count of the copies the merge dropped (``dropped_copies``),
+against the loops they replace, kept here as the reference: the same rows in the same order,
 the same copy numbers and reasons, on placements of copies that overlap on nodes, spread over
 types and over nodes, with copies allowed to span nodes and not."""
 
@@ -106,6 +107,56 @@ def test_the_merge_cases_drop_and_keep_copies() -> None:
             overlap += clash and kept < len(mine)
             unfit += not clash and kept < len(mine)
     assert min(overlap, unfit, several) >= 10, (overlap, unfit, several, empty)
+
+
+def dropped_copies_reference(snapshot: Snapshot, want: IntArray, planned: Placement,
+                             owner: IntArray, placement: Placement) -> IntArray | None:
+    """The loop :meth:`HadarEPolicy.dropped_copies` was (the reference)."""
+    kept = placement.num_copies()
+    placed = np.bincount(owner[np.unique(planned.job)], minlength=snapshot.num_jobs)
+    out = want.copy()
+    for i in np.nonzero((want > 1) & (placed > 1))[0].tolist():
+        k = kept.get(int(snapshot.job_ids[i]), 0)
+        if 0 < k < placed[i]:
+            out[i] = k
+    return None if (out == want).all() else out
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_dropped_copies_is_what_it_was(seed: int) -> None:
+    snap, inner, owner, _copy_no = merge_case(seed)
+    merged, _reason = HadarEPolicy().merge(snap, inner, owner, _copy_no)
+    want = np.bincount(owner, minlength=snap.num_jobs).astype(np.int64)
+    got = HadarEPolicy.dropped_copies(snap, want, inner.placement, owner, merged)
+    ref = dropped_copies_reference(snap, want, inner.placement, owner, merged)
+    assert (got is None) == (ref is None)
+    if ref is not None and got is not None:
+        assert got.tolist() == ref.tolist()
+
+
+def test_the_dropped_copies_cases_lower_some() -> None:
+    # (jobs lowered and jobs kept whole with several copies, else the comparison proves little)
+    lowered = whole = 0
+    for seed in range(120):
+        snap, inner, owner, copy_no = merge_case(seed)
+        merged, _reason = HadarEPolicy().merge(snap, inner, owner, copy_no)
+        want = np.bincount(owner, minlength=snap.num_jobs).astype(np.int64)
+        out = dropped_copies_reference(snap, want, inner.placement, owner, merged)
+        placed = np.bincount(owner[np.unique(inner.placement.job)], minlength=snap.num_jobs)
+        lowered += 0 if out is None else int((out < want).sum())
+        whole += int(((placed > 1) & (out is None or (out == want))).sum())
+    assert lowered >= 20 and whole >= 20, (lowered, whole)
+
+
+def test_dropped_copies_of_one_copy_each_is_none() -> None:
+    # A plan that placed one copy of each job dropped none: nothing to lower, in both.
+    snap, inner, owner, copy_no = merge_case(3)
+    first = inner.placement.select(copy_no[inner.placement.job] == 0)
+    merged, _reason = HadarEPolicy().merge(snap, dataclasses.replace(inner, placement=first),
+                                           owner, copy_no)
+    want = np.bincount(owner, minlength=snap.num_jobs).astype(np.int64)
+    assert HadarEPolicy.dropped_copies(snap, want, first, owner, merged) is None
+    assert dropped_copies_reference(snap, want, first, owner, merged) is None
 
 
 def test_merge_of_no_rows() -> None:

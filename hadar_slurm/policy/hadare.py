@@ -488,7 +488,7 @@ class HadarEPolicy:
         virt = replace(
             snapshot,
             job_ids=np.arange(owner.shape[0], dtype=np.int64),
-            job_types=tuple(snapshot.job_types[i] for i in owner.tolist()),
+            job_types=tuple(map(snapshot.job_types.__getitem__, owner.tolist())),
             arrival=snapshot.arrival[owner],
             total=snapshot.total[owner] / share,
             remaining=snapshot.remaining[owner] / share,
@@ -530,7 +530,19 @@ class HadarEPolicy:
         # copies on GPUs of one type (and one node each unless copies may span nodes), or its
         # first copy alone (a job left with one copy is a plain gang and may mix).
         twin = np.r_[job_of[1:] == job_of[:-1], False] | np.r_[False, job_of[1:] == job_of[:-1]]
-        groups = np.flatnonzero(twin).tolist()
+        size = ends - firsts
+        forked = np.flatnonzero(twin)
+        # A job whose copies each hold one row (one node): a copy is kept where no earlier copy
+        # of the job holds its node, which is the loop below where every copy fits.
+        spans = np.isin(job_of[forked], job_of[forked][size[forked] > 1])
+        simple = forked[~spans]
+        if simple.shape[0]:
+            where = p.node[rows[firsts[simple]]].astype(np.int64)
+            _pairs, first_seen = np.unique(job_of[simple] * (int(where.max()) + 1) + where,
+                                           return_index=True)
+            kept[simple] = False
+            kept[simple[first_seen]] = True
+        groups = forked[spans].tolist()
         at = 0
         while at < len(groups):
             end = at
@@ -554,7 +566,6 @@ class HadarEPolicy:
                     kept[g] = g in (fit if fit else accepted[:1])
             at = end + 1
         # The copies kept, numbered 0.. per job in order.
-        size = ends - firsts
         keep_rows = rows[np.repeat(kept, size)]
         jobs_kept = job_of[kept]
         at_k = np.arange(jobs_kept.shape[0])
@@ -592,14 +603,20 @@ class HadarEPolicy:
         """``want`` lowered to the copies the merge kept, for each forked job whose copies Hadar
         placed where they cannot run (on a node another copy holds, over several types or
         nodes); None when it dropped none."""
-        kept = placement.num_copies()
-        placed = np.bincount(owner[np.unique(planned.job)], minlength=snapshot.num_jobs)
+        n = snapshot.num_jobs
+        placed = np.bincount(owner[np.unique(planned.job)], minlength=n)
+        # the copies of each job the placement holds (distinct copy numbers)
+        ix = snapshot.index_of(placement.job)
+        mine = ix >= 0
+        cp = placement.copy_index()[mine].astype(np.int64)
+        pairs = np.unique(ix[mine] * (int(cp.max()) + 1 if cp.shape[0] else 1) + cp)
+        kept = np.bincount(pairs // (int(cp.max()) + 1 if cp.shape[0] else 1), minlength=n)
+        lower = (want > 1) & (placed > 1) & (kept > 0) & (kept < placed)
+        if not lower.any():
+            return None
         out = want.copy()
-        for i in np.nonzero((want > 1) & (placed > 1))[0].tolist():
-            k = kept.get(int(snapshot.job_ids[i]), 0)
-            if 0 < k < placed[i]:
-                out[i] = k
-        return None if (out == want).all() else out
+        out[lower] = kept[lower]
+        return out
 
     @staticmethod
     def _placement(snapshot: Snapshot, rows: list[tuple[int, int, int, int]]) -> Placement:

@@ -57,7 +57,8 @@ def _keep_running(snapshot: Snapshot, counts: npt.NDArray[np.int64], order: IntA
     they are still free, in ``order``."""
     held = snapshot.current_index()
     wanted = counts.sum(axis=1) > 0
-    left = [int(i) for i in order if wanted[i] and not placed[i]]
+    in_order = np.asarray(order, dtype=np.int64)
+    left = in_order[wanted[in_order] & ~placed[in_order]].tolist()
     if not left or snapshot.current.job.shape[0] == 0:
         return placement, placed
     free = snapshot.node_gpus.astype(np.int64) - np.bincount(
