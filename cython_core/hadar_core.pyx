@@ -10,7 +10,11 @@ operations in the same order, so that both return identical decisions
 ``tests/test_sharing_twins.py``).  Each private helper mirrors the reference helper of the same name line by
 line (``_epoch_option``, ``_best_schedule``, ``_fastest_option``, ``_movable``, ``_MoveIndex``,
 ``_level``, ``_exchange``; ``_shared_finish`` is its ``shared_finish``, and ``pair_guests``
-inlines its ``pair_gain``); read the reference for the *why*.
+inlines its ``pair_gain``); read the reference for the *why*.  Two search where the reference
+scans, with the same pick: ``match`` keeps each type's nodes in bitsets by free GPUs
+(``_bucket_move``, ``_bucket_first``: best fit is the lowest node of the first bucket from the
+request up, as the reference's scan for the fewest free GPUs, lowest node first), and
+``pair_guests`` weighs hosts in groups of one kind, type, scale factor and rate.
 
 How the twin stays exact:
 
@@ -1030,6 +1034,45 @@ def drain_prices(remaining, scale, rate, capacity, iterations):
 # The algorithm: docs/algorithm.md, "Gang repacking and the matcher".
 
 
+ctypedef unsigned long long u64
+
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long x) nogil
+
+
+cdef inline void _bucket_move(u64[::1] bits, const i64[::1] base, const i64[::1] words,
+                              const i64[::1] pos, Py_ssize_t h, Py_ssize_t k, i64 old_free,
+                              i64 new_free, i64 top) noexcept nogil:
+    """Node ``k`` (of type ``h``) from the bucket of ``old_free`` free GPUs to that of
+    ``new_free`` (clamped to ``[0, top]``: a node with none free is never picked)."""
+    cdef i64 a = old_free if old_free > 0 else 0
+    cdef i64 b = new_free if new_free > 0 else 0
+    if a > top:
+        a = top
+    if b > top:
+        b = top
+    if a == b:
+        return
+    cdef i64 p = pos[k]
+    cdef u64 mask = (<u64>1) << (p & 63)
+    bits[base[h] + a * words[h] + (p >> 6)] &= ~mask
+    bits[base[h] + b * words[h] + (p >> 6)] |= mask
+
+
+cdef inline i64 _bucket_first(const u64[::1] bits, const i64[::1] base, const i64[::1] words,
+                              Py_ssize_t h, i64 f) noexcept nogil:
+    """The lowest position (within type ``h``'s nodes, ascending) in the bucket of ``f`` free
+    GPUs, or -1."""
+    cdef Py_ssize_t w
+    cdef i64 start = base[h] + f * words[h]
+    cdef u64 x
+    for w in range(words[h]):
+        x = bits[start + w]
+        if x != 0:
+            return w * 64 + __builtin_ctzll(x)
+    return -1
+
+
 def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
     """Resource matching: per-type GPU counts to (job, node, GPUs) rows.
 
@@ -1070,10 +1113,18 @@ def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
     cdef i64[::1] touched = np.zeros(num_nodes, dtype=np.int64)
     cdef i64[::1] type_nodes
     cdef i64[::1] held
-    cdef i64 take, total, need, v, bound_rows, row_bound
+    cdef i64 take, total, need, v, bound_rows, row_bound, top, f, p
     cdef Py_ssize_t best, pick, n_touched, n_rows
     cdef bint ok
     cdef int err = ERR_NONE
+    # Nodes in buckets by free GPUs (``free - took`` while a job is matched), per type: a
+    # bitset per (type, free count) over the type's nodes in ascending order, so that best fit
+    # (fewest free that hold the request, lowest node first) and spread (most free first) read
+    # the first set bit of a few words instead of scanning every node of the type.
+    cdef i64[::1] pos = np.zeros(num_nodes, dtype=np.int64)
+    cdef i64[::1] words = np.zeros(num_types, dtype=np.int64)
+    cdef i64[::1] base = np.zeros(num_types + 1, dtype=np.int64)
+    cdef u64[::1] bits
     with nogil:
         for k in range(num_nodes):
             free[k] = ng[k]
@@ -1144,6 +1195,24 @@ def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
             if row_bound > num_nodes:
                 row_bound = num_nodes
             bound_rows += row_bound
+    top = 0
+    for k in range(num_nodes):
+        if 0 <= nt[k] < num_types and ng[k] > top:
+            top = ng[k]
+    for h in range(num_types):
+        words[h] = (type_start[h + 1] - type_start[h] + 63) // 64
+        base[h + 1] = base[h] + (top + 1) * words[h]
+    bits = np.zeros(base[num_types], dtype=np.uint64)
+    with nogil:
+        for h in range(num_types):
+            for t in range(type_start[h], type_start[h + 1]):
+                k = type_nodes[t]
+                pos[k] = t - type_start[h]
+                p = pos[k]
+                f = free[k] if free[k] > 0 else 0
+                if f > top:
+                    f = top
+                bits[base[h] + f * words[h] + (p >> 6)] |= (<u64>1) << (p & 63)
     out_job_a = np.empty(bound_rows, dtype=np.int64)
     out_node_a = np.empty(bound_rows, dtype=np.int64)
     out_count_a = np.empty(bound_rows, dtype=np.int64)
@@ -1165,27 +1234,34 @@ def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
                 need = want[i, h]
                 if need <= 0:
                     continue
-                # Best fit: fewest free GPUs that still hold the whole request.
+                # Best fit: fewest free GPUs that still hold the whole request (the lowest
+                # node of the first bucket from ``need`` up that holds any).
                 best = -1
-                for t in range(type_start[h], type_start[h + 1]):
-                    k = type_nodes[t]
-                    if free[k] - took[k] >= need:
-                        if best < 0 or free[k] - took[k] < free[best] - took[best]:
-                            best = k
+                f = need
+                while f <= top:
+                    p = _bucket_first(bits, base, words, h, f)
+                    if p >= 0:
+                        best = type_nodes[type_start[h] + p]
+                        break
+                    f += 1
                 if best >= 0:
                     if took[best] == 0:
                         touched[n_touched] = best
                         n_touched += 1
+                    _bucket_move(bits, base, words, pos, h, best, free[best] - took[best],
+                                 free[best] - took[best] - need, top)
                     took[best] += need
                     continue
-                # Spread: most free first.
+                # Spread: most free first (the lowest node of the fullest bucket).
                 while need > 0:
                     pick = -1
-                    for t in range(type_start[h], type_start[h + 1]):
-                        k = type_nodes[t]
-                        if free[k] - took[k] > 0:
-                            if pick < 0 or free[k] - took[k] > free[pick] - took[pick]:
-                                pick = k
+                    f = top
+                    while f > 0:
+                        p = _bucket_first(bits, base, words, h, f)
+                        if p >= 0:
+                            pick = type_nodes[type_start[h] + p]
+                            break
+                        f -= 1
                     if pick < 0:
                         break
                     take = free[pick] - took[pick]
@@ -1194,6 +1270,8 @@ def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
                     if took[pick] == 0:
                         touched[n_touched] = pick
                         n_touched += 1
+                    _bucket_move(bits, base, words, pos, h, pick, free[pick] - took[pick],
+                                 free[pick] - took[pick] - take, top)
                     took[pick] += take
                     need -= take
                 if need > 0:
@@ -1201,11 +1279,17 @@ def match(node_type, node_gpus, counts, order, cur_job, cur_node, cur_count):
                     break
             if not ok:
                 for t in range(n_touched):
-                    took[touched[t]] = 0
+                    k = touched[t]
+                    _bucket_move(bits, base, words, pos, nt[k], k, free[k] - took[k], free[k],
+                                 top)
+                    took[k] = 0
                 # Give back what it kept.
                 for t in range(held_start[i], held_start[i + 1]):
                     r = held[t]
-                    free[cn[r]] += kept[r]
+                    k = cn[r]
+                    _bucket_move(bits, base, words, pos, nt[k], k, free[k], free[k] + kept[r],
+                                 top)
+                    free[k] += kept[r]
                 continue
             placed[i] = 1
             for t in range(n_touched):

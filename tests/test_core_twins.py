@@ -796,6 +796,47 @@ def test_match_twins_on_random_instances() -> None:
     assert placed > 500 and unplaced > 200  # both outcomes are exercised
 
 
+def big_match_instance(rng: np.random.Generator) -> tuple[Any, ...]:
+    """Arguments of ``match`` on 60 to 400 nodes (the compiled matcher keeps each type's nodes
+    in bitsets of 64, by free GPUs: several words per type here) and as many jobs, nodes of
+    mixed sizes up to 16 GPUs, some held by last epoch's rows."""
+    N = int(rng.integers(60, 401))
+    H = int(rng.integers(1, 4))
+    node_type = rng.integers(0, H, N).astype(np.int64)
+    node_gpus = rng.choice([0, 1, 2, 4, 4, 8, 8, 16], N).astype(np.int64)
+    J = int(rng.integers(N // 2, 2 * N))
+    counts = np.zeros((J, H), dtype=np.int64)
+    for i in range(J):
+        counts[i, rng.integers(H)] = rng.choice([1, 1, 1, 2, 2, 3, 4, 8, 12, 16, 32])
+        if rng.random() < 0.1:
+            counts[i, rng.integers(H)] += rng.integers(1, 9)
+    order = rng.permutation(J).astype(np.int64)
+    cur: dict[tuple[int, int], int] = {}
+    for _ in range(int(rng.integers(0, J))):
+        cur[(int(rng.integers(-1, J)), int(rng.integers(N)))] = int(rng.integers(1, 9))
+    pairs = list(cur.items())
+    cur_job = np.array([j for (j, _k), _c in pairs], dtype=np.int64)
+    cur_node = np.array([k for (_j, k), _c in pairs], dtype=np.int64)
+    cur_count = np.array([c for _jk, c in pairs], dtype=np.int64)
+    return node_type, node_gpus, counts, order, cur_job, cur_node, cur_count
+
+
+@needs_compiled
+def test_match_twins_on_large_clusters() -> None:
+    rng = np.random.default_rng(20261206)
+    placed = unplaced = 0
+    for _ in range(40):
+        args = big_match_instance(rng)
+        ref = call(reference.match, args)
+        got = call(compiled.match, args)
+        check_match(ref, got)
+        assert not isinstance(ref, type)
+        check_match_invariants(args, ref)
+        placed += int(ref[3].sum())
+        unplaced += int((ref[3] == 0).sum())
+    assert placed > 2000 and unplaced > 1000  # both outcomes are exercised
+
+
 def _nodes(gpus: list[int], types: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     t = [0] * len(gpus) if types is None else types
     return np.array(t, dtype=np.int64), np.array(gpus, dtype=np.int64)

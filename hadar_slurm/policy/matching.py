@@ -42,7 +42,8 @@ def match_nodes(
 
     Returns the placement and ``placed[i]`` (True where the job got all it asked for, or, with
     ``keep_running``, kept what it held: rule 5; jobs with no counts at all are False).  Pure;
-    O(jobs x nodes of a type) in the worst case.
+    the reference matcher scans a type's nodes per job (O(jobs x nodes of a type)); the
+    compiled one reads them from bitsets by free GPUs (O(jobs x GPUs per node x nodes / 64)).
     """
     placement, placed = _even_match(snapshot, counts, order)
     if keep_running:
