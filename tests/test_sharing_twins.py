@@ -98,6 +98,17 @@ def pack_waiting_reference(snapshot: Snapshot, placement: Placement, order: IntA
     if rates is None or n < 2 or len(placement) == 0:
         return placement, (), guests, {}
     ids = [int(j) for j in snapshot.job_ids.tolist()]
+    table = snapshot.colocated
+    assert table is not None
+
+    def pair_rates(p: int, x: int, h: int) -> tuple[float, float]:
+        """The co-located rates of jobs ``p`` and ``x`` on GPU type ``h``, (0, 0) where they
+        may not share."""
+        (ta, sa), (tb, sb) = rates.keys[int(rates.kind[p])], rates.keys[int(rates.kind[x])]
+        if sa != sb:
+            return (0.0, 0.0)
+        return table.pair_rate(ta, tb, sa, snapshot.gpu_types[h])
+
     index_of = {j: i for i, j in enumerate(ids)}
     rate = snapshot.rate
     scale = snapshot.scale
@@ -150,7 +161,7 @@ def pack_waiting_reference(snapshot: Snapshot, placement: Placement, order: IntA
         again = before.get(ids[x]) == ids[p]  # (the pair ran in the last epoch)
         if not again and not (may_host[p] and may_join[x]):
             return None  # the world cannot put these two together now
-        cp, cx = rates.rates(p, x, h)
+        cp, cx = pair_rates(p, x, h)
         if cp <= 0 or cx <= 0:
             return None  # the table forbids the pair there
         rp, rx = float(rate[p, h]), float(rate[x, h])

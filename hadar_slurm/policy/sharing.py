@@ -69,7 +69,7 @@ sidecar with sharing off): Hadar then decides exactly as without sharing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -84,24 +84,20 @@ Pairs = tuple[tuple[int, int], ...]
 
 @dataclass
 class SharingRates:
-    """Co-located rates of a snapshot's jobs, looked up as needed and remembered: ``kind[i]``
-    is job ``i``'s (job type, scale factor) class (``keys``).  :meth:`rates` gives
-    ``(rate of i, rate of j)``, whole-job steps/s while ``i`` and ``j`` share GPUs of type
-    ``h``, ``(0, 0)`` where they may not (the table forbids or lacks the pair, or the scale
-    factors differ)."""
+    """Co-located rates of a snapshot's jobs by kind: ``kind[i]`` is job ``i``'s (job type,
+    scale factor) class (``keys``); :meth:`cube` gives the rates of every pair of kinds on every
+    GPU type, ``0`` where the two may not share (the table forbids or lacks the pair, or the
+    scale factors differ)."""
 
     table: PairRates
     gpu_types: tuple[GpuType, ...]
     kind: IntArray
     keys: list[tuple[str, int]]
-    seen: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
-
-    def rates(self, i: int, j: int, h: int) -> tuple[float, float]:
-        return self.by_kind(int(self.kind[i]), int(self.kind[j]), h)
 
     def cube(self, hosts: IntArray, guests: IntArray) -> tuple[FloatArray, FloatArray]:
-        """``(host rates, guest rates)``, each ``[kind, kind, type]``: the co-located rates of
-        every kind in ``hosts`` with every kind in ``guests`` on every GPU type (:meth:`by_kind`;
+        """``(host rates, guest rates)``, each ``[kind, kind, type]``: whole-job steps/s of
+        each job while a job of a kind in ``hosts`` and one of a kind in ``guests`` share GPUs
+        of each type (the table's :meth:`~hadar_slurm.rates.colocated.ColocatedTable.pair_cube`;
         0 elsewhere)."""
         kinds = len(self.keys)
         out_host = np.zeros((kinds, kinds, len(self.gpu_types)))
@@ -114,19 +110,6 @@ class SharingRates:
             out_host[at] = a
             out_guest[at] = b
         return out_host, out_guest
-
-    def by_kind(self, x: int, y: int, h: int) -> tuple[float, float]:
-        """The co-located rates of kinds ``x`` and ``y`` sharing GPUs of type ``h``."""
-        got = self.seen.get((x, y, h))
-        if got is None:
-            (tx, sx), (ty, sy) = self.keys[x], self.keys[y]
-            got = (0.0, 0.0)
-            if sx == sy:
-                ra, rb = self.table.pair_rate(tx, ty, sx, self.gpu_types[h])
-                if ra > 0 and rb > 0:
-                    got = (float(ra), float(rb))
-            self.seen[(x, y, h)] = got
-        return got
 
 
 def sharing_rates(snapshot: Snapshot) -> SharingRates | None:
