@@ -155,6 +155,23 @@ def call(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         return type(exc)
 
 
+def twin_runs(name: str, instance: Callable[[np.random.Generator], tuple[Any, ...]],
+              check: Callable[[Any, Any], None], seed: int, count: int,
+              ) -> list[tuple[tuple[Any, ...], Any]]:
+    """``count`` random instances of ``instance``'s, each run by both twins' ``name`` and
+    compared by ``check``; returns ``(arguments, the reference's result)`` of each, none of
+    which may raise."""
+    rng = np.random.default_rng(seed)
+    out: list[tuple[tuple[Any, ...], Any]] = []
+    for _ in range(count):
+        args = instance(rng)
+        ref = call(getattr(reference, name), args)
+        check(ref, call(getattr(compiled, name), args))
+        assert not isinstance(ref, type)
+        out.append((args, ref))
+    return out
+
+
 def assert_same_arrays(ref: np.ndarray, got: np.ndarray) -> None:
     assert got.dtype == ref.dtype and got.shape == ref.shape
     if ref.dtype.kind == "f":
@@ -823,14 +840,8 @@ def big_match_instance(rng: np.random.Generator) -> tuple[Any, ...]:
 
 @needs_compiled
 def test_match_twins_on_large_clusters() -> None:
-    rng = np.random.default_rng(20261206)
     placed = unplaced = 0
-    for _ in range(40):
-        args = big_match_instance(rng)
-        ref = call(reference.match, args)
-        got = call(compiled.match, args)
-        check_match(ref, got)
-        assert not isinstance(ref, type)
+    for args, ref in twin_runs("match", big_match_instance, check_match, 20261206, 40):
         check_match_invariants(args, ref)
         placed += int(ref[3].sum())
         unplaced += int((ref[3] == 0).sum())
@@ -1141,14 +1152,9 @@ def upgrade_instance(rng: np.random.Generator) -> tuple[Any, ...]:
 
 @needs_compiled
 def test_upgrade_idle_twins_on_random_instances() -> None:
-    rng = np.random.default_rng(20261206)
     moved = kept = 0
-    for _ in range(NUM_UPGRADE):
-        args = upgrade_instance(rng)
-        ref = call(reference.upgrade_idle, args)
-        got = call(compiled.upgrade_idle, args)
-        assert not isinstance(ref, type)
-        assert_same_arrays(ref, got)
+    for args, ref in twin_runs("upgrade_idle", upgrade_instance, assert_same_arrays, 20261206,
+                               NUM_UPGRADE):
         alloc, capacity = args[0], args[5]
         # what any outcome keeps: every job its GPU count, no type over its capacity, a moved
         # job whole on one type
