@@ -1337,7 +1337,6 @@ def upgrade_idle(alloc, current, worker_rate, sync, order, capacity, round_s, mi
     cdef const double[:, ::1] rate = np.ascontiguousarray(worker_rate, dtype=np.float64)
     cdef const i64[::1] sy = np.ascontiguousarray(sync, dtype=np.int64)
     cdef const i64[::1] order_v = np.ascontiguousarray(order, dtype=np.int64)
-    cdef const i64[::1] cap = np.ascontiguousarray(capacity, dtype=np.int64)
     cdef Py_ssize_t n = out.shape[0]
     cdef Py_ssize_t num_types = out.shape[1]
     cdef i64[::1] free = np.array(capacity, dtype=np.int64, copy=True)

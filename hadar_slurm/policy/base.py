@@ -171,17 +171,24 @@ class Placement:
             out.setdefault(j, {}).setdefault(k, []).append((n, c))
         return out
 
-    def num_copies(self) -> dict[int, int]:
-        """``{job id: number of copies}`` (1 for an unforked job)."""
+    def copy_counts(self) -> tuple[IntArray, IntArray, IntArray]:
+        """``(jobs, copies, first)``: the job ids ascending, how many copies each has (1 for
+        an unforked job) and the row where each first appears."""
         if self.job.shape[0] == 0:
-            return {}
+            none = np.zeros(0, dtype=np.int64)
+            return none, none, none
         cp = self.copy_index()
         by = np.lexsort((cp, self.job))
         job, cps = self.job[by], cp[by]
         new_pair = np.r_[True, (job[1:] != job[:-1]) | (cps[1:] != cps[:-1])]
         jobs, first = np.unique(self.job, return_index=True)
         counts = np.bincount(np.searchsorted(jobs, job[new_pair]), minlength=jobs.shape[0])
-        in_order = np.argsort(first, kind="stable")  # (jobs as they first appear)
+        return jobs.astype(np.int64), counts.astype(np.int64), first.astype(np.int64)
+
+    def num_copies(self) -> dict[int, int]:
+        """``{job id: number of copies}`` (1 for an unforked job), jobs as they first appear."""
+        jobs, counts, first = self.copy_counts()
+        in_order = np.argsort(first, kind="stable")
         return dict(zip(jobs[in_order].tolist(), counts[in_order].tolist(), strict=True))
 
     def rows_of(self, job_id: int) -> list[tuple[int, int]]:

@@ -605,12 +605,10 @@ class HadarEPolicy:
         nodes); None when it dropped none."""
         n = snapshot.num_jobs
         placed = np.bincount(owner[np.unique(planned.job)], minlength=n)
-        # the copies of each job the placement holds (distinct copy numbers)
-        ix = snapshot.index_of(placement.job)
-        mine = ix >= 0
-        cp = placement.copy_index()[mine].astype(np.int64)
-        pairs = np.unique(ix[mine] * (int(cp.max()) + 1 if cp.shape[0] else 1) + cp)
-        kept = np.bincount(pairs // (int(cp.max()) + 1 if cp.shape[0] else 1), minlength=n)
+        jobs, copies, _first = placement.copy_counts()
+        ix = snapshot.index_of(jobs)
+        kept = np.zeros(n, dtype=np.int64)
+        kept[ix[ix >= 0]] = copies[ix >= 0]
         lower = (want > 1) & (placed > 1) & (kept > 0) & (kept < placed)
         if not lower.any():
             return None
