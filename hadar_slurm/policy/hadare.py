@@ -116,6 +116,17 @@ def fork_drain(remaining: FloatArray, scale: IntArray, rate: FloatArray,
 
 
 @dataclass(frozen=True)
+class Basics:
+    """What step 0 and steps 1-4 both read of one snapshot (:meth:`HadarEPolicy.basics`):
+    per job the share of a round a copy spends consolidating and the most copies it may run
+    as, and :func:`fork_drain` of the snapshot's work."""
+
+    overhead: FloatArray
+    cap: IntArray
+    drain: float
+
+
+@dataclass(frozen=True)
 class HadarEState:
     """Carried from epoch to epoch: Hadar's own state, the fork drain target, and the copies
     Hadar's gang-chain rule made critical (``HadarState.chain``), as ``(job id, copy)``: the
@@ -154,29 +165,38 @@ class HadarEPolicy:
 
     def allocate(self, snapshot: Snapshot) -> Decision:
         if self.pin_binding and snapshot.num_jobs:
-            pinned, deadlines = self.pin(snapshot)
-            decision = pinned if pinned is not None else self.plan(snapshot)
+            # (what step 0 and, where it pins nothing, steps 1-4 both read, computed once)
+            basics = self.basics(snapshot)
+            pinned, deadlines = self.pin(snapshot, basics)
+            decision = pinned if pinned is not None else self.plan(snapshot, basics)
             state = decision.policy_state
             if isinstance(state, HadarEState):
                 decision = replace(decision, policy_state=replace(state, deadlines=deadlines))
             return decision
         return self.plan(snapshot)
 
-    def pin(self, snapshot: Snapshot,
+    def basics(self, snapshot: Snapshot) -> Basics:
+        """:class:`Basics` of ``snapshot``."""
+        overhead = self.overhead(snapshot)
+        return Basics(overhead, self.copies_allowed(snapshot, overhead),
+                      fork_drain(snapshot.remaining, snapshot.scale.astype(np.int64),
+                                 snapshot.rate, snapshot.capacity()))
+
+    def pin(self, snapshot: Snapshot, basics: Basics | None = None,
             ) -> tuple[Decision | None, tuple[tuple[int, float], ...]]:
         """Step 0: the jobs that bind the fork makespan, once their deadline is near, on their
         fastest node-disjoint copies, the others planned (:meth:`plan`) on the GPUs left; the
-        decision (None when no job is due) and the deadlines to carry."""
+        decision (None when no job is due) and the deadlines to carry.  ``basics``:
+        :meth:`basics` of ``snapshot``, where the caller has them."""
         may = self.may_bind(snapshot)
         if not may.any():
             return None, ()
-        overhead = self.overhead(snapshot)
-        cap = self.copies_allowed(snapshot, overhead)
+        if basics is None:
+            basics = self.basics(snapshot)
+        overhead, cap = basics.overhead, basics.cap
         prev = snapshot.policy_state
         window, _ = carried_window(
-            fork_drain(snapshot.remaining, snapshot.scale.astype(np.int64), snapshot.rate,
-                       snapshot.capacity()),
-            prev.target if isinstance(prev, HadarEState) else None, snapshot.now)
+            basics.drain, prev.target if isinstance(prev, HadarEState) else None, snapshot.now)
         fixed = (np.asarray(snapshot.fixed, dtype=np.bool_) if snapshot.fixed is not None
                  else np.zeros(snapshot.num_jobs, dtype=np.bool_))
         soonest = self.own_fork_time(snapshot, cap, overhead)
@@ -310,8 +330,9 @@ class HadarEPolicy:
                 rows.append((i, k, nd, need))
         return rows
 
-    def plan(self, snapshot: Snapshot) -> Decision:
-        """Steps 1-4 of the module docstring."""
+    def plan(self, snapshot: Snapshot, basics: Basics | None = None) -> Decision:
+        """Steps 1-4 of the module docstring.  ``basics``: :meth:`basics` of ``snapshot``,
+        where the caller has them."""
         n = snapshot.num_jobs
         prev = snapshot.policy_state
         prev_hadar = prev.hadar if isinstance(prev, HadarEState) else None
@@ -319,15 +340,13 @@ class HadarEPolicy:
         if n == 0:
             return Decision(snapshot.epoch, Placement.empty(), np.zeros(0, dtype=np.int8),
                             HadarEState(prev_hadar, snapshot.now))
-        scale = snapshot.scale.astype(np.int64)
-        overhead = self.overhead(snapshot)
-        cap = self.copies_allowed(snapshot, overhead)
+        if basics is None:
+            basics = self.basics(snapshot)
+        overhead, cap = basics.overhead, basics.cap
 
         # 1: copies wanted per job.
-        capacity = snapshot.capacity()
         window, target = carried_window(
-            fork_drain(snapshot.remaining, scale, snapshot.rate, capacity),
-            prev.target if isinstance(prev, HadarEState) else None, snapshot.now)
+            basics.drain, prev.target if isinstance(prev, HadarEState) else None, snapshot.now)
         window = max(window, float(snapshot.round_s))
         best = snapshot.rate.max(axis=1)
         single = np.divide(snapshot.remaining, best, out=np.zeros(n), where=best > 0)
@@ -415,8 +434,13 @@ class HadarEPolicy:
     @staticmethod
     def runs_as(snapshot: Snapshot) -> IntArray:
         """Per job, how many copies it runs as now (0: it holds no GPU)."""
-        runs = snapshot.current.num_copies()
-        return np.array([runs.get(j, 0) for j in snapshot.job_ids.tolist()], dtype=np.int64)
+        jobs, counts, _first = snapshot.current.copy_counts()
+        out = np.zeros(snapshot.num_jobs, dtype=np.int64)
+        if jobs.shape[0]:
+            at = np.minimum(np.searchsorted(jobs, snapshot.job_ids), jobs.shape[0] - 1)
+            hit = jobs[at] == snapshot.job_ids
+            out[hit] = counts[at[hit]]
+        return out
 
     def copies_allowed(self, snapshot: Snapshot, overhead: FloatArray) -> IntArray:
         """Per job, the most copies it may run as: its cap (``Snapshot.max_copies``, or
