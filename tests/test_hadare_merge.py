@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hadar_slurm.policy.base import Decision, IntArray, Placement, Reason, Snapshot
+from hadar_slurm.policy.base import Decision, IntArray, Placement, Reason, Snapshot, joined
 from hadar_slurm.policy.hadare import HadarEPolicy
 from tests.test_sharing_twins import random_case
 
@@ -208,6 +208,26 @@ def test_num_copies_is_what_it_was(seed: int) -> None:
         got = p.num_copies()
         assert list(got.items()) == list(want.items())
         assert all(type(j) is int and type(k) is int for j, k in got.items())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_runs_as_is_what_it_was(seed: int) -> None:
+    # (HadarEPolicy.runs_as counts in arrays; the reference is num_copies' dict, looked up per
+    # job.)  The running placements: a merge's (some jobs forked, some not placed), one that
+    # also names jobs the snapshot does not hold (they ended), and none.
+    snap, inner, owner, copy_no = merge_case(seed)
+    placement, _reason = HadarEPolicy().merge(snap, inner, owner, copy_no)
+    gone = Placement(np.array([10_000, 10_000, -5], dtype=np.int64),
+                     np.zeros(3, dtype=np.int64), np.ones(3, dtype=np.int64),
+                     np.array([0, 1, 0], dtype=np.int64))
+    for cur in (placement, joined(placement, gone), Placement.empty()):
+        s = dataclasses.replace(snap, current=cur)
+        runs = cur.num_copies()
+        want = [runs.get(j, 0) for j in s.job_ids.tolist()]
+        got = HadarEPolicy.runs_as(s)
+        assert got.dtype == np.int64
+        assert got.tolist() == want
+    assert max(HadarEPolicy.runs_as(dataclasses.replace(snap, current=placement))) > 1
 
 
 def test_merge_wants_a_jobs_copies_consecutive() -> None:
