@@ -910,4 +910,4 @@ def _copy_sets(copies: dict[int, list[tuple[int, int]]]) -> frozenset[frozenset[
     return frozenset(frozenset(rows) for rows in copies.values())
 
 
-__all__ = ["HadarEPolicy", "HadarEState", "fork_drain"]
+__all__ = ["Basics", "HadarEPolicy", "HadarEState", "fork_drain"]
