@@ -435,11 +435,9 @@ class HadarEPolicy:
     def runs_as(snapshot: Snapshot) -> IntArray:
         """Per job, how many copies it runs as now (0: it holds no GPU)."""
         jobs, counts, _first = snapshot.current.copy_counts()
+        ix = snapshot.index_of(jobs)
         out = np.zeros(snapshot.num_jobs, dtype=np.int64)
-        if jobs.shape[0]:
-            at = np.minimum(np.searchsorted(jobs, snapshot.job_ids), jobs.shape[0] - 1)
-            hit = jobs[at] == snapshot.job_ids
-            out[hit] = counts[at[hit]]
+        out[ix[ix >= 0]] = counts[ix >= 0]
         return out
 
     def copies_allowed(self, snapshot: Snapshot, overhead: FloatArray) -> IntArray:
