@@ -21,6 +21,7 @@ from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot, gpus_in_use
 from hadar_slurm.policy.hadar import HadarPolicy, HadarState
+from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState
 from hadar_slurm.policy.sharing import pack_waiting, pair_gain, shared_finish, waiting_starts
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_gavel_json
 from hadar_slurm.sim.backend import SimulatedCluster
@@ -534,3 +535,38 @@ def test_simulate_cli_takes_share(tmp_path: Path) -> None:
     assert got["makespan_s"] == round(res.makespan_s, 3)
     assert got["avg_jct_s"] == round(res.avg_jct_s, 3)
     assert int(str(rows[True]["hadare"]["shared_jobs"])) > 0
+
+
+
+def test_hadare_plans_a_pairs_gpus_as_its_hosts() -> None:
+    """HadarE sees a pair's GPUs as Hadar's plan does (``HadarEState.guests``): held by the
+    host alone, the guest waiting."""
+    # One v100: y (job 0, 1,000 steps) and x (job 1, 720), 0.8 each together. x goes first
+    # (shorter) and y joins it; the next epoch, both on the GPU, y is named the guest and
+    # joins again, with no start (migration_s 400 s would refuse a new pair, as for Hadar).
+    jobs = [make_job(0, 1000, 0, "y"), make_job(1, 720, 0, "x")]
+    sim = SimulatedCluster(jobs, parse_counts("v100=1"), table_with(0.8))
+    policy = HadarEPolicy(share=True, max_copies=1)
+    first = policy.allocate(sim.snapshot(0, 0.0, 360.0, None))
+    assert first.packed == ((0, 1),)
+    assert isinstance(first.policy_state, HadarEState) and first.policy_state.guests == (0,)
+    both = Placement(np.array([0, 1]), np.array([0, 0]), np.array([1, 1]))
+    snap = dataclasses.replace(sim.snapshot(1, 360.0, 360.0, first.policy_state),
+                               current=both, packed=first.packed, migration_s=400.0)
+    again = policy.allocate(snap)
+    assert again.packed == ((0, 1),) and again.placement.by_job_sorted() == {
+        0: [(0, 1)], 1: [(0, 1)]}
+    assert isinstance(again.policy_state, HadarEState) and again.policy_state.guests == (0,)
+    # Two v100 nodes of one GPU: x (job 1, 720 steps) hosts y (job 0, 500) on node 1, and a
+    # longer x (job 2, 2,000) runs on node 0. Shortest first, jobs 0 and 1 run apart and job
+    # 2 waits: the host keeps its node and the guest takes node 0. (Seen held by both, the
+    # plan kept the guest there, the lower id's row first, and moved the host.)
+    jobs = [make_job(0, 500, 0, "y"), make_job(1, 720, 0, "x"), make_job(2, 2000, 0, "x")]
+    sim = SimulatedCluster(jobs, parse_counts("v100=2"), table_with(0.8))
+    prev = HadarEState(HadarState(float("inf")), 0.0, guests=(0,))
+    rows = Placement(np.array([0, 1, 2]), np.array([1, 1, 0]), np.array([1, 1, 1]))
+    snap = dataclasses.replace(sim.snapshot(1, 360.0, 360.0, prev), current=rows,
+                               packed=((0, 1),), migration_s=30.0)
+    d = policy.allocate(snap)
+    assert d.placement.by_job_sorted() == {0: [(0, 1)], 1: [(1, 1)]}
+    assert d.packed == () and d.reason[2] != Reason.PLACED

@@ -154,6 +154,23 @@ def near_tie_held(current: IntArray, worker_rate: FloatArray, main: BoolArray,
     return out
 
 
+def without_guests(snapshot: Snapshot, known: tuple[int, ...]) -> Snapshot:
+    """``snapshot`` with the guests of the pairs that ran (``Snapshot.packed``, both jobs still
+    holding GPUs) dropped from ``current``: their GPUs held by their hosts alone.  ``known``:
+    the guests the last decision named; a pair whose guest it does not name (e.g. after the
+    sidecar restarted) takes the job with the higher id, the later one, for the guest."""
+    if not snapshot.packed:
+        return snapshot
+    running = set(snapshot.current.job.tolist())
+    named = set(known)
+    guests = [b if b in named or a not in named else a for a, b in snapshot.packed
+              if a in running and b in running]
+    drop = np.isin(snapshot.current.job, np.array(guests, dtype=np.int64))
+    if not drop.any():
+        return snapshot
+    return replace(snapshot, current=snapshot.current.select(~drop))
+
+
 def pooled_time(own: FloatArray, remaining: FloatArray, pool: IntArray | None) -> FloatArray:
     """``own`` (each job's time to finish on its split) with the copies of one job (``pool``)
     given the job's time: their work over their summed pace, the same for every copy."""
@@ -661,19 +678,10 @@ class HadarPolicy:
         step may pair it again, with its host first).  Why: the plan counts a GPU once; seen
         held by both, it moved hosts and guests around and formed new pairs every round, each
         costing a move.  Without sharing, the snapshot."""
+        if not self.share or snapshot.colocated is None:
+            return snapshot
         prev = snapshot.policy_state
-        if not self.share or snapshot.colocated is None or not snapshot.packed:
-            return snapshot
-        known = set(prev.guests) if isinstance(prev, HadarState) else set()
-        # (a pair whose guest the state does not name, e.g. after the sidecar restarted: the
-        # job with the higher id, the later one, is taken for the guest)
-        running = set(snapshot.current.job.tolist())
-        guests = [b if b in known or a not in known else a for a, b in snapshot.packed
-                  if a in running and b in running]
-        drop = np.isin(snapshot.current.job, np.array(guests, dtype=np.int64))
-        if not drop.any():
-            return snapshot
-        return replace(snapshot, current=snapshot.current.select(~drop))
+        return without_guests(snapshot, prev.guests if isinstance(prev, HadarState) else ())
 
     def split_of(self, snapshot: Snapshot, held: IntArray,
                  ) -> tuple[float, FloatArray, FloatArray, FloatArray]:
@@ -841,4 +849,4 @@ class HadarPolicy:
 __all__ = ["KEPT_DETAIL", "HadarPolicy", "HadarState", "any_copy", "blocked_types",
            "carried_window", "drain_at", "drain_estimate", "job_speed", "moves_pay",
            "near_ties", "pooled_time", "repack_gangs", "restarted", "round_progress",
-           "trial_types", "upgrade_idle", "utility_bounds"]
+           "trial_types", "upgrade_idle", "utility_bounds", "without_guests"]

@@ -43,11 +43,14 @@ compete for GPUs like any job.  One epoch:
    type the split puts it on.  Hadar (:class:`~hadar_slurm.policy.hadar.HadarPolicy`, which reads
    nothing else of HadarE's) orders, prices and places the copies like any job: a long job's copies
    run when they can no longer wait for the target (critical) or when GPUs are free, so short jobs
-   are not starved.  Copies that land on a node another copy of the same job holds, or (copies
-   being one node each) over several nodes or types, are dropped.  Hadar does not know that copies
-   must be node-disjoint, so where it dropped copies while a job waits that would fit in the GPUs
-   left idle, the job's copies are lowered to those kept and Hadar plans again (``replans`` times
-   at most), so that the waiting jobs get those GPUs.
+   are not starved.  Hadar's matcher does not know that copies must be node-disjoint (best fit
+   puts a job's one-GPU copies on one node), so a one-row copy on a node another copy of the job
+   holds first trades nodes with a one-row job of another owner, of the same GPU count on another
+   node of the same type (:func:`separate_copies`: the per-type counts and each node's GPUs in use
+   stay as planned, and no row its job held there last epoch moves).  Copies still on such a node,
+   or (copies being one node each) over several nodes or types, are dropped; where that leaves
+   GPUs idle while a job waits that would fit in them, the job's copies are lowered to those kept
+   and Hadar plans again (``replans`` times at most), so that the waiting jobs get those GPUs.
 3. **Fill idle GPUs.**  GPUs nobody took this epoch, once no waiting job fits in them (an
    8-GPU gang beside 7 idle GPUs does not), go to more copies of the placed jobs,
    longest expected finish first, each on the fastest type with room, on nodes the job's other
@@ -61,7 +64,10 @@ compete for GPUs like any job.  One epoch:
    it): a job still waiting joins
    an unforked placed job on its GPUs by Hadar's rule
    (:func:`~hadar_slurm.policy.sharing.pack_waiting`), each host still ending by the fork
-   target when it shares to its end.
+   target when it shares to its end.  The next epoch plans a pair's GPUs as its host's alone
+   (the guests carried in ``HadarEState.guests``), as Hadar's plan does
+   (:func:`~hadar_slurm.policy.hadar.without_guests`): seen held by both, the copies' plan
+   kept the guest on them where its row came first and moved the host.
 
 The decision numbers the copies of each job in ``Placement.copy``; ``detail`` says how many
 copies a forked job runs as.
@@ -91,6 +97,7 @@ from hadar_slurm.policy.hadar import (
     after_restart,
     carried_window,
     drain_estimate,
+    without_guests,
 )
 from hadar_slurm.policy.sharing import pack_waiting
 
@@ -131,12 +138,15 @@ class HadarEState:
     """Carried from epoch to epoch: Hadar's own state, the fork drain target, and the copies
     Hadar's gang-chain rule made critical (``HadarState.chain``), as ``(job id, copy)``: the
     virtual ids Hadar saw are renumbered every epoch.  ``deadlines``: ``(job id, time)`` for the
-    jobs that bind the fork makespan (``pin_binding``, step 0), when each must end."""
+    jobs that bind the fork makespan (``pin_binding``, step 0), when each must end.
+    ``guests``: with sharing, the jobs that joined a host on its GPUs (step 4), as
+    ``HadarState.guests`` for Hadar."""
 
     hadar: object
     target: float
     chain: tuple[tuple[int, int], ...] = ()
     deadlines: tuple[tuple[int, float], ...] = ()
+    guests: tuple[int, ...] = ()
 
 
 # The algorithm: docs/algorithm.md, "HadarE: forking jobs into copies".
@@ -343,6 +353,12 @@ class HadarEPolicy:
         if basics is None:
             basics = self.basics(snapshot)
         overhead, cap = basics.overhead, basics.cap
+        # (with sharing, the GPUs of a pair that ran are planned as its host's alone, as
+        # Hadar's plan sees them; the guest waits, and step 4 may pair it again)
+        world = snapshot
+        if self.share and snapshot.colocated is not None:
+            snapshot = without_guests(
+                world, prev.guests if isinstance(prev, HadarEState) else ())
 
         # 1: copies wanted per job.
         window, target = carried_window(
@@ -366,6 +382,7 @@ class HadarEPolicy:
             virt, owner, copy_no = self.expand(snapshot, want, overhead, prev_hadar,
                                                prev_chain)
             inner = self.hadar.allocate(virt)
+            inner = replace(inner, placement=separate_copies(virt, inner.placement, owner))
             placement, reason = self.merge(snapshot, inner, owner, copy_no)
             # (a job left waiting that fits in no type's idle GPUs, e.g. an 8-GPU gang beside
             # 7 idle GPUs, gains nothing from them)
@@ -385,12 +402,13 @@ class HadarEPolicy:
         # job (Hadar's rule), each host still ending by the fork target.
         pairs: tuple[tuple[int, int], ...] = ()
         shared: dict[int, str] = {}
+        guest_ids: tuple[int, ...] = ()
         if self.share and snapshot.colocated is not None:
             srpt = np.divide(snapshot.remaining, best * snapshot.weight,
                              out=np.full(n, np.inf), where=best > 0)
             order = np.lexsort((snapshot.job_ids, srpt)).astype(np.int64)
-            placement, pairs, _guests, shared = pack_waiting(snapshot, placement, order,
-                                                             window)
+            placement, pairs, guests, shared = pack_waiting(world, placement, order, window)
+            guest_ids = tuple(sorted(int(j) for j in world.job_ids[guests].tolist()))
         reason = np.where(np.isin(snapshot.job_ids, placement.job), np.int8(Reason.PLACED),
                           reason).astype(np.int8)
         detail = forked_detail(placement)
@@ -398,7 +416,7 @@ class HadarEPolicy:
         return Decision(snapshot.epoch, placement, reason,
                         HadarEState(inner.policy_state, target,
                                     self.chain_copies(snapshot, inner.policy_state, owner,
-                                                      copy_no)),
+                                                      copy_no), guests=guest_ids),
                         detail, packed=pairs)
 
     def fill_running(self, snapshot: Snapshot, decision: Decision) -> Decision:
@@ -908,4 +926,51 @@ def _copy_sets(copies: dict[int, list[tuple[int, int]]]) -> frozenset[frozenset[
     return frozenset(frozenset(rows) for rows in copies.values())
 
 
-__all__ = ["Basics", "HadarEPolicy", "HadarEState", "fork_drain"]
+def separate_copies(virt: Snapshot, placement: Placement, owner: IntArray) -> Placement:
+    """Hadar's placement of the copies (``virt``'s, ``owner`` per copy) with the copies that
+    its matcher put on a node another copy of the same job holds moved off it where a swap
+    allows: a one-row copy trades nodes with a one-row job of another owner, of the same GPU
+    count on another node of the same type, where neither owner then has two rows on one node
+    and neither row is one its job held there last epoch (a swap moves no running job).  The
+    per-type counts and the GPUs in use per node are unchanged; only who is where."""
+    p = placement
+    if len(p) < 2:
+        return p
+    vj = p.job
+    rows_per = np.bincount(vj, minlength=virt.num_jobs)
+    own = owner[vj]
+    node = p.node.astype(np.int64).copy()
+    num_nodes = int(virt.node_gpus.shape[0])
+    key = own * num_nodes + node
+    uniq, cnt = np.unique(key, return_counts=True)
+    if not bool((cnt > 1).any()):
+        return p
+    cur = virt.current
+    held_keys = np.unique(cur.job.astype(np.int64) * num_nodes + cur.node.astype(np.int64))
+    held = np.isin(vj.astype(np.int64) * num_nodes + node, held_keys)
+    single = (rows_per[vj] == 1) & ~held
+    # rows that repeat an owner's node: all but one (a held row, else the first, stays)
+    dup = np.zeros(len(p), dtype=np.bool_)
+    order = np.lexsort((~held, key))  # per key, held rows first
+    sk = key[order]
+    repeat = np.r_[False, sk[1:] == sk[:-1]]
+    dup[order[repeat]] = True
+    occupied: dict[int, int] = dict(zip(uniq.tolist(), cnt.tolist(), strict=True))
+    ntype = virt.node_type.astype(np.int64)
+    for r in np.flatnonzero(dup & single).tolist():
+        o, x = int(own[r]), int(node[r])
+        cand = np.flatnonzero(single & (ntype[node] == ntype[x]) & (p.count == p.count[r])
+                              & (node != x) & (own != o))
+        for s in cand.tolist():
+            y, q = int(node[s]), int(own[s])
+            if occupied.get(o * num_nodes + y, 0) or occupied.get(q * num_nodes + x, 0):
+                continue
+            for k, d in ((o * num_nodes + x, -1), (q * num_nodes + y, -1),
+                         (o * num_nodes + y, 1), (q * num_nodes + x, 1)):
+                occupied[k] = occupied.get(k, 0) + d
+            node[r], node[s] = y, x
+            break
+    return Placement(p.job, node, p.count, p.copy)
+
+
+__all__ = ["Basics", "HadarEPolicy", "HadarEState", "fork_drain", "separate_copies"]
