@@ -67,7 +67,8 @@ compete for GPUs like any job.  One epoch:
    target when it shares to its end.  The next epoch plans a pair's GPUs as its host's alone
    (the guests carried in ``HadarEState.guests``), as Hadar's plan does
    (:func:`~hadar_slurm.policy.hadar.without_guests`): seen held by both, the copies' plan
-   kept the guest on them where its row came first and moved the host.
+   planned both as running, kept the first row it met (the guest's where its id was lower,
+   moving the host) and sent the other elsewhere, so pairs broke up.
 
 The decision numbers the copies of each job in ``Placement.copy``; ``detail`` says how many
 copies a forked job runs as.
