@@ -537,7 +537,6 @@ def test_simulate_cli_takes_share(tmp_path: Path) -> None:
     assert int(str(rows[True]["hadare"]["shared_jobs"])) > 0
 
 
-
 def test_hadare_plans_a_pairs_gpus_as_its_hosts() -> None:
     """HadarE sees a pair's GPUs as Hadar's plan does (``HadarEState.guests``): held by the
     host alone, the guest waiting."""

@@ -940,7 +940,7 @@ def separate_copies(virt: Snapshot, placement: Placement, owner: IntArray) -> Pl
     vj = p.job
     rows_per = np.bincount(vj, minlength=virt.num_jobs)
     own = owner[vj]
-    node = p.node.astype(np.int64).copy()
+    node = p.node.astype(np.int64)  # (a copy: the swaps write to it)
     num_nodes = int(virt.node_gpus.shape[0])
     key = own * num_nodes + node
     uniq, cnt = np.unique(key, return_counts=True)
@@ -948,7 +948,7 @@ def separate_copies(virt: Snapshot, placement: Placement, owner: IntArray) -> Pl
         return p
     cur = virt.current
     held_keys = np.unique(cur.job.astype(np.int64) * num_nodes + cur.node.astype(np.int64))
-    held = np.isin(vj.astype(np.int64) * num_nodes + node, held_keys)
+    held = np.isin(vj * num_nodes + node, held_keys)
     single = (rows_per[vj] == 1) & ~held
     # rows that repeat an owner's node: all but one (a held row, else the first, stays)
     dup = np.zeros(len(p), dtype=np.bool_)
