@@ -76,7 +76,7 @@ def measure(seed_bases: Sequence[int], policies: Sequence[str],
     copies = HadarEPolicy().max_copies
     for seed_base, case, inst, work, scale, rate, capacity in static_traces(seed_bases, only):
         t0 = time.perf_counter()
-        fluid = inst.fork if forks else inst.bound
+        fluid = inst.fork if forks else inst.fluid
         with quiet_stdout():
             config, exact = config_makespan_bound(
                 work, scale, rate, capacity, room=copy_room(scale, inst.cluster) if forks else None,

@@ -18,9 +18,11 @@ Each trace runs with ``hadar``, ``hadare``, ``gavel-las``, ``gavel-makespan``, `
 ``fifo`` as ``hadar-slurm simulate`` runs them by default (360 s rounds; a start and a move cost
 what the sidecar measures, :mod:`hadar_slurm.costs`; ``--free-moves``: nothing, as Gavel's
 simulator; ``--reschedule-on-finish``: a round also ends when a job ends, as the sidecar's
-epochs do by default).  Per trace and policy: makespan over the gang bound (the fluid LP
-where a job uses at most its scale factor of GPUs) and over the fork bound (a job forked into
-at most HadarE's ``max_copies`` copies, each on its scale factor of GPUs of one node, no two on
+epochs do by default).  Per trace and policy: makespan over the gang bound
+(:func:`~hadar_slurm.sim.bounds.gang_makespan_bound`: the fluid LP where a job uses its scale
+factor of GPUs, with cuts that keep jobs too wide to fit side by side on a type from sharing
+it; never below the plain fluid LP, ``fluid_bound_s``) and over the fork bound (a job forked
+into at most HadarE's ``max_copies`` copies, each on its scale factor of GPUs of one node, no two on
 one node, as Slurm's heterogeneous jobs and the simulator have them; ``fork_free_bound_s``
 drops the node rule, ``fork_any_bound_s`` also the copy limit), average JCT over the best of
 ``gavel-las``, ``fifo-perf`` and ``fifo`` on that trace, p95 JCT and utilization.
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from bench.report import progress, write_rows
 from hadar_slurm.cli.trace import sim_throughputs
@@ -67,6 +70,7 @@ from hadar_slurm.sim.bounds import (
     copy_room,
     fluid_makespan_bound,
     fork_makespan_bound,
+    gang_makespan_bound,
 )
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.generate import WorkloadSpec, generate, offered_load
@@ -136,7 +140,8 @@ def named(cases: Sequence[Case], only: Sequence[str]) -> list[Case]:
 
 @dataclass(frozen=True)
 class Instance:
-    """A case's trace on its cluster, with its bounds and offered load."""
+    """A case's trace on its cluster, with its bounds and offered load (``bound``: the gang
+    bound; ``fluid``: the plain fluid LP's, at most ``bound``)."""
 
     jobs: tuple[Job, ...]
     cluster: ClusterSpec
@@ -146,6 +151,7 @@ class Instance:
     fork_free: float
     fork_any: float
     load: float
+    fluid: float
 
 
 @functools.lru_cache(maxsize=8)
@@ -158,10 +164,11 @@ def instance(case: Case) -> Instance:
     cluster = parse_counts(case.cluster)
     jobs = tuple(generate(case.spec, cluster, table))
     args = bound_inputs(jobs, cluster, table)
-    bound, fork, fork_free, fork_any = trace_bounds(
-        args, copy_room(args[2], cluster), HadarEPolicy().max_copies)
+    bound, fork, fork_free, fork_any, fluid = trace_bounds(
+        args, copy_room(args[2], cluster), HadarEPolicy().max_copies,
+        np.array([j.sync for j in jobs], dtype=np.bool_))
     return Instance(jobs, cluster, table, bound, fork, fork_free, fork_any,
-                    offered_load(jobs, cluster, table))
+                    offered_load(jobs, cluster, table), fluid)
 
 
 #: What :func:`bound_inputs` gives: arrivals, work, scale factors, rates, GPUs per type.
@@ -180,14 +187,15 @@ def bounds_cache_dir() -> Path | None:
     return Path(where) if where else Path(__file__).resolve().parent / "results" / ".cache"
 
 
-def _bounds_key(args: BoundArgs, room: IntArray, copies: int) -> str:
+def _bounds_key(args: BoundArgs, room: IntArray, copies: int,
+                sync: npt.NDArray[np.bool_]) -> str:
     """A digest of everything the bounds are a function of: the LPs' arrays, the copy limit,
     the code that builds and solves them (``hadar_slurm/sim/bounds.py``) and the solver's
     version, so that a changed input or solver is never answered from the cache."""
     import scipy
 
     h = hashlib.sha256()
-    for a in (*args, room):
+    for a in (*args, room, sync):
         arr = np.ascontiguousarray(a)
         h.update(f"{arr.dtype.str}{arr.shape}".encode())
         h.update(arr.tobytes())
@@ -197,25 +205,32 @@ def _bounds_key(args: BoundArgs, room: IntArray, copies: int) -> str:
 
 
 def trace_bounds(args: BoundArgs, room: IntArray, copies: int,
-                 ) -> tuple[float, float, float, float]:
-    """The gang bound and the three fork bounds (one node a copy, no two on a node; no node
-    rule; neither rule nor copy limit) of a trace's :func:`bound_inputs`, read from the
+                 sync: npt.NDArray[np.bool_] | None = None,
+                 ) -> tuple[float, float, float, float, float]:
+    """The gang bound, the three fork bounds (one node a copy, no two on a node; no node
+    rule; neither rule nor copy limit) and the plain fluid bound of a trace's
+    :func:`bound_inputs` (``sync``: which jobs are synchronous, default all), read from the
     cache (:func:`bounds_cache_dir`) where the same LPs were solved before, else solved and
-    written there.  An unreadable or malformed entry is solved again and rewritten."""
+    written there.  An unreadable or malformed entry is solved again and rewritten.  The gang
+    bound is the larger of :func:`gang_makespan_bound` and the fluid bound (the same LP
+    without its cuts, so the two differ only by the solver's tolerance where no cut binds)."""
+    sync_ = np.ones(args[1].shape[0], dtype=np.bool_) if sync is None else sync
     folder = bounds_cache_dir()
-    path = folder / f"bounds-{_bounds_key(args, room, copies)}.json" if folder else None
+    path = (folder / f"bounds-{_bounds_key(args, room, copies, sync_)}.json" if folder
+            else None)
     if path is not None and path.is_file():
         try:
             got = json.loads(path.read_text())
             values = tuple(float(got[k]) for k in _BOUND_KEYS)
             if all(math.isfinite(v) and v > 0 for v in values):
-                return values[0], values[1], values[2], values[3]
+                return values[0], values[1], values[2], values[3], values[4]
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    out = (fluid_makespan_bound(*args),
+    fluid = fluid_makespan_bound(*args)
+    out = (max(fluid, gang_makespan_bound(*args, sync=sync_)),
            fork_makespan_bound(*args, copies=copies, room=room),
            fork_makespan_bound(*args, copies=copies),
-           fork_makespan_bound(*args))
+           fork_makespan_bound(*args), fluid)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -227,7 +242,8 @@ def trace_bounds(args: BoundArgs, room: IntArray, copies: int,
     return out
 
 
-_BOUND_KEYS = ("gang_bound_s", "fork_bound_s", "fork_free_bound_s", "fork_any_bound_s")
+_BOUND_KEYS = ("gang_bound_s", "fork_bound_s", "fork_free_bound_s", "fork_any_bound_s",
+               "fluid_bound_s")
 
 
 def with_knobs(policy: str, knobs: Mapping[str, object] | None = None,
@@ -287,9 +303,11 @@ def run_one(case: Case, policy: str, free_moves: bool,
         "multi_gpu_jobs": sum(j.scale_factor > 1 for j in jobs),
         "makespan_s": round(res.makespan_s, 1), "avg_jct_s": round(res.avg_jct_s, 1),
         "p95_jct_s": round(res.p95_jct_s, 1), "utilization": round(res.utilization, 4),
-        "gang_bound_s": round(bound, 1), "fork_bound_s": round(fork, 1),
+        "gang_bound_s": round(bound, 1), "fluid_bound_s": round(inst.fluid, 1),
+        "fork_bound_s": round(fork, 1),
         "fork_free_bound_s": round(inst.fork_free, 1), "fork_any_bound_s": round(fork_any, 1),
         "makespan_over_gang_bound": round(res.makespan_s / bound, 4),
+        "makespan_over_fluid_bound": round(res.makespan_s / inst.fluid, 4),
         "makespan_over_fork_bound": round(res.makespan_s / fork, 4),
         "completed": res.num_completed, "wall_s": round(time.perf_counter() - t0, 2),
         "decision_ms_median": round(res.decision_ms_median, 3),

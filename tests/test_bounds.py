@@ -1,4 +1,5 @@
-"""The makespan bounds of ``hadar_slurm.sim.bounds``: the fluid LP and the configuration LP."""
+"""The makespan bounds of ``hadar_slurm.sim.bounds``: the fluid LP, the gang bound and the
+configuration LP."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hadar_slurm.sim.bounds import (
     copy_room,
     fluid_makespan_bound,
     fork_makespan_bound,
+    gang_makespan_bound,
 )
 
 I64 = np.int64
@@ -202,3 +204,82 @@ def test_fork_bound_copies_only_on_types_with_room_and_at_their_rates() -> None:
     assert capped == pytest.approx(1.5)
     _, one, _ = fork_both([6.0], [1], [[1.0, 2.0]], nodes, copies=1)
     assert one == pytest.approx(3.0)
+
+
+def gang(work: list[float], scale: list[int], rate: list[list[float]], capacity: list[int],
+         arrival: list[float] | None = None, sync: list[bool] | None = None) -> float:
+    t = np.zeros(len(work)) if arrival is None else np.array(arrival)
+    return gang_makespan_bound(t, np.array(work), np.array(scale, dtype=I64), np.array(rate),
+                               np.array(capacity, dtype=I64),
+                               sync=None if sync is None else np.array(sync))
+
+
+def test_the_gang_bound_keeps_a_gang_as_wide_as_its_type_apart_from_every_other_job() -> None:
+    # One type of 8 GPUs: an 8-GPU gang and a 1-GPU job, 8,000 s each.  The fluid LP runs the
+    # gang 7/8 of the time beside the 1-GPU job all the time ((8 * 8,000 + 8,000) / 8 GPUs:
+    # 9,000 s); they never fit at once, so any schedule takes 16,000 s, as the exact
+    # configuration LP says.
+    fluid, config, exact = both([8000.0, 8000.0], [8, 1], [[1.0], [1.0]], [8])
+    assert fluid == pytest.approx(9000.0)
+    assert exact and config == pytest.approx(16000.0)
+    assert gang([8000.0, 8000.0], [8, 1], [[1.0], [1.0]], [8]) == pytest.approx(16000.0)
+
+
+def test_the_gang_bound_lets_two_of_three_run_where_two_fill_the_type() -> None:
+    # 16 GPUs: two 8-GPU gangs and a 1-GPU job of 1,000 s each.  At most two of the three run
+    # at once (8 + 8 + 1 > 16): 3,000 job-seconds two at a time, 1,500 s (gangs a and b, a and
+    # the job, b and the job, 500 s each).  The fluid LP: 17,000 GPU-seconds over 16 GPUs.
+    fluid, config, exact = both([1000.0] * 3, [8, 8, 1], [[1.0]] * 3, [16])
+    assert fluid == pytest.approx(1062.5)
+    assert exact and config == pytest.approx(1500.0)
+    assert gang([1000.0] * 3, [8, 8, 1], [[1.0]] * 3, [16]) == pytest.approx(1500.0)
+
+
+def test_the_gang_bound_counts_a_gang_spread_over_types_and_asynchronous_jobs() -> None:
+    # Type a has 8 GPUs, type b one; an 8-GPU gang as fast on both, and a 1-GPU job that runs
+    # on a only, 8,000 s each.  The gang spread over 7 GPUs of a and b's one runs beside the
+    # job (the simulator's synchronous gang at its slowest type's pace): 8,000 s, no cut may
+    # say otherwise.
+    work, rate = [8000.0, 8000.0], [[1.0, 1.0], [1.0, 0.0]]
+    fluid, config, exact = both(work, [8, 1], rate, [8, 1])
+    assert exact and fluid == pytest.approx(8000.0) and config == pytest.approx(8000.0)
+    assert gang(work, [8, 1], rate, [8, 1]) == pytest.approx(8000.0)
+    # Type a alone, a 2-GPU type: a 2-GPU job and a 1-GPU job of 1,000 s.  Synchronous, the
+    # two never fit at once (2,000 s); an asynchronous job's rate is its GPUs' sum, so it is
+    # cut nowhere (the fluid LP's 1,500 s).
+    assert gang([1000.0, 1000.0], [2, 1], [[1.0], [1.0]], [2]) == pytest.approx(2000.0)
+    assert gang([1000.0, 1000.0], [2, 1], [[1.0], [1.0]], [2],
+                sync=[False, True]) == pytest.approx(1500.0)
+
+
+def test_the_gang_bound_lies_between_the_fluid_and_the_exact_bound() -> None:
+    # Random small queues with arrivals, one to three types, gangs of 1 to 8 GPUs that may
+    # spread over types: the gang bound is never below the fluid LP, never above the
+    # configuration LP where that is exact (the best preemptive schedule), and above the fluid
+    # LP on some of them (else the cuts did nothing).
+    rng = np.random.default_rng(1)
+    tighter = checked = 0
+    for _ in range(60):
+        num_types = int(rng.integers(1, 4))
+        cap = rng.choice([2, 4, 8, 16], size=num_types).astype(I64)
+        n = int(rng.integers(2, 6))
+        scale = np.minimum(rng.choice([1, 2, 4, 8], size=n), cap.sum()).astype(I64)
+        rate = rng.uniform(0.2, 2.0, size=(n, num_types)) * (rng.random((n, num_types)) > 0.2)
+        for i in np.nonzero(~(rate > 0).any(axis=1))[0]:
+            rate[i, rng.integers(num_types)] = 1.0
+        work = rng.uniform(100.0, 2000.0, size=n)
+        arrival = np.where(rng.random(n) < 0.5, 0.0, rng.choice([0.0, 300.0, 700.0], size=n))
+        try:
+            config, exact = config_makespan_bound(work, scale, rate, cap, arrival=arrival)
+        except ValueError:  # a job that fits on no type
+            with pytest.raises(ValueError, match="fits on no GPU type"):
+                gang_makespan_bound(arrival, work, scale, rate, cap)
+            continue
+        fluid = fluid_makespan_bound(arrival, work, scale, rate, cap)
+        bound = gang_makespan_bound(arrival, work, scale, rate, cap)
+        assert bound >= fluid * (1 - 1e-6)
+        if exact:
+            checked += 1
+            assert bound <= config * (1 + 1e-6)
+        tighter += bound > fluid * (1 + 1e-6)
+    assert checked >= 40 and tighter >= 10

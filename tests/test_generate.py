@@ -328,10 +328,11 @@ def test_trace_bounds_are_solved_once_and_then_read_back(
     monkeypatch.setenv(robustness.CACHE_ENV, str(tmp_path))
     args, room = _tiny_bound_inputs()
     solved = robustness.trace_bounds(args, room, 4)
-    assert solved == (robustness.fluid_makespan_bound(*args),
+    fluid = robustness.fluid_makespan_bound(*args)
+    assert solved == (max(fluid, robustness.gang_makespan_bound(*args)),
                       robustness.fork_makespan_bound(*args, copies=4, room=room),
                       robustness.fork_makespan_bound(*args, copies=4),
-                      robustness.fork_makespan_bound(*args))
+                      robustness.fork_makespan_bound(*args), fluid)
     assert len(list(tmp_path.glob("bounds-*.json"))) == 1
 
     def no_lp(*_a: object, **_k: object) -> float:
@@ -339,6 +340,7 @@ def test_trace_bounds_are_solved_once_and_then_read_back(
 
     monkeypatch.setattr(robustness, "fluid_makespan_bound", no_lp)
     monkeypatch.setattr(robustness, "fork_makespan_bound", no_lp)
+    monkeypatch.setattr(robustness, "gang_makespan_bound", no_lp)
     assert robustness.trace_bounds(args, room, 4) == solved  # read back, exactly
     # other inputs, another copy limit: never answered from the cache
     with pytest.raises(AssertionError, match="solved again"):
@@ -346,6 +348,8 @@ def test_trace_bounds_are_solved_once_and_then_read_back(
     longer = (args[0], args[1] * 2.0, args[2], args[3], args[4])
     with pytest.raises(AssertionError, match="solved again"):
         robustness.trace_bounds(longer, room, 4)
+    with pytest.raises(AssertionError, match="solved again"):  # asynchronous jobs
+        robustness.trace_bounds(args, room, 4, np.zeros(args[1].shape[0], dtype=np.bool_))
 
 
 def test_trace_bounds_solve_again_over_a_damaged_entry_and_without_a_cache(
@@ -356,7 +360,7 @@ def test_trace_bounds_solve_again_over_a_damaged_entry_and_without_a_cache(
     (entry,) = tmp_path.glob("bounds-*.json")
     for damaged in ("{not json", '{"gang_bound_s": 1.0}', json.dumps(
             {"gang_bound_s": -1, "fork_bound_s": 1, "fork_free_bound_s": 1,
-             "fork_any_bound_s": 1})):
+             "fork_any_bound_s": 1, "fluid_bound_s": 1})):
         entry.write_text(damaged)
         assert robustness.trace_bounds(args, room, 4) == solved
         assert json.loads(entry.read_text())["gang_bound_s"] == solved[0]  # rewritten
