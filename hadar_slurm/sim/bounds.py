@@ -216,10 +216,12 @@ def gang_makespan_bound(
       of pure times: pure time only.
 
     Work, one job per interval and each type's GPUs as in the fluid LP (without the width cuts
-    this LP has the fluid LP's value: a mixed run's GPU-seconds on faster types, as pure time
-    there, do at least as much).  Then *width cuts*, generated where the LP breaks them (a
-    round of cuts, then the LP again, until none is broken, ``max_rounds`` rounds, or the value
-    has not grown in ``stall_rounds`` rounds): on a type ``g`` of ``c`` GPUs, of the
+    this LP has the fluid LP's value wherever each job fits on some one type: a mixed run's
+    GPU-seconds on faster types, as pure time there, do at least as much; the fluid LP also
+    runs a job wider than a type there in fractions of time, which no schedule does).  Then
+    *width cuts*, generated where the LP breaks them (a round of cuts, then the LP again,
+    until none is broken, ``max_rounds`` rounds, or the value has not grown in
+    ``stall_rounds`` rounds): on a type ``g`` of ``c`` GPUs, of the
     synchronous jobs running pure on ``g``, at most ``c // w`` of those at least ``w`` GPUs
     wide run at once, and beside a narrower one ``j`` at most ``(c - scale[j]) // w``::
 
@@ -353,6 +355,10 @@ def gang_makespan_bound(
     add(np.concatenate([inv, np.arange(used_rows.shape[0])]),
         np.concatenate([np.concatenate(c_c), np.zeros(used_rows.shape[0], dtype=np.int64)]),
         np.concatenate([np.concatenate(c_v), tcoef]), b, used_rows.shape[0])
+    def col(i: int, g: int, k: int) -> int:
+        """The column of job ``i``'s pure time on type ``g`` in interval ``k``."""
+        return pure[(i, g)] + k - int(first[i])
+
     # the synchronous jobs' pure times per type, [job, interval] (0 before the job arrives)
     on_type = []
     for g in range(num_types):
@@ -386,8 +392,7 @@ def gang_makespan_bound(
             c = int(cap[g])
             x = np.zeros((members.shape[0], k_count))
             for row_i, i in enumerate(members.tolist()):
-                c0 = pure[(i, g)]
-                x[row_i, int(first[i]):] = res.x[c0:c0 + k_count - int(first[i])]
+                x[row_i, int(first[i]):] = res.x[col(i, g, int(first[i])):col(i, g, k_count)]
             width = scale[members].astype(np.int64)
             for w in np.unique(width).tolist():
                 most = c // w
@@ -397,30 +402,30 @@ def gang_makespan_bound(
                 total = x[wide].sum(axis=0)  # per interval
                 limit = most * length
                 tol = 1e-7 * np.maximum(limit, 1.0)
-                found: list[tuple[int, int]] = []  # (interval, narrow job row or -1)
+                # (interval, narrow job's row or -1, its coefficient)
+                found: list[tuple[int, int, float]] = []
                 if int(wide.sum()) > most:
-                    found += [(k, -1) for k in np.nonzero(total > limit + tol)[0].tolist()]
+                    found += [(k, -1, 0.0)
+                              for k in np.nonzero(total > limit + tol)[0].tolist()]
                 narrow = np.nonzero(~wide)[0]
                 if narrow.shape[0]:
                     coef = most - (c - width[narrow]) // w
                     lhs = total[None, :] + coef[:, None] * x[narrow]
                     bad = (coef[:, None] > 0) & (lhs > limit[None, :] + tol[None, :])
                     rs, kk = np.nonzero(bad)
-                    found += [(int(k), int(narrow[r]))
+                    found += [(int(k), int(narrow[r]), float(coef[r]))
                               for r, k in zip(rs.tolist(), kk.tolist(), strict=True)]
-                for k, j in found:
+                for k, j, j_coef in found:
                     key = (g, int(w), k, -1 if j < 0 else int(members[j]))
                     if key in seen:
                         continue
                     seen.add(key)
-                    live = np.nonzero(wide & (first[members] <= k))[0]
-                    c_list = [pure[(int(members[r]), g)] + k - int(first[members[r]])
-                              for r in live.tolist()]
+                    live = members[wide & (first[members] <= k)]
+                    c_list = [col(i, g, k) for i in live.tolist()]
                     v_list = [1.0] * len(c_list)
                     if j >= 0:
-                        i_j = int(members[j])
-                        c_list.append(pure[(i_j, g)] + k - int(first[i_j]))
-                        v_list.append(float(most - (c - int(width[j])) // w))
+                        c_list.append(col(int(members[j]), g, k))
+                        v_list.append(j_coef)
                     b1, tc = per_interval(np.array([float(most)]), np.array([k]))
                     r_arr = np.zeros(len(c_list) + (1 if tc[0] else 0), dtype=np.int64)
                     c_arr = np.array(c_list + ([0] if tc[0] else []), dtype=np.int64)
