@@ -38,6 +38,28 @@ from hadar_slurm.policy.base import FloatArray, IntArray
 from hadar_slurm.rates.table import ThroughputTable
 
 
+def _per_interval(amount: FloatArray, k: IntArray, lengths: FloatArray,
+                  last_start: float) -> tuple[FloatArray, FloatArray]:
+    """``amount * len_k`` of intervals ``k`` as (right-hand side, coefficient of ``T``): the
+    intervals but the last have the fixed ``lengths``; the last one's is ``T - last_start``
+    (``last_start``: its start, from the first arrival), so its row gets ``-amount * T`` on
+    the left and ``-amount * last_start`` on the right."""
+    is_last = k == lengths.shape[0]
+    length = np.where(is_last, -last_start, np.append(lengths, 0.0)[k])
+    return amount * length, np.where(is_last, -amount, 0.0)
+
+
+def _with_t(r: int, b: FloatArray, tcoef: FloatArray, t_rows: list[int], t_vals: list[float],
+            rhs: list[float]) -> int:
+    """Adds rows ``r, r + 1, ...`` of :func:`_per_interval`'s ``(b, tcoef)`` to ``_bound``'s
+    lists (their ``T`` coefficients where nonzero); returns the next row."""
+    on_t = np.nonzero(tcoef)[0]
+    t_rows.extend((r + on_t).tolist())
+    t_vals.extend(tcoef[on_t].tolist())
+    rhs.extend(b.tolist())
+    return r + int(b.shape[0])
+
+
 def _bound(
     arrival: FloatArray, remaining: FloatArray, scale: IntArray, rate: FloatArray,
     capacity: IntArray, per_job_cap: float | FloatArray | None,
@@ -50,6 +72,7 @@ def _bound(
     cuts = np.unique(arrival)
     k_count = cuts.shape[0]
     lengths = np.diff(cuts)  # fixed intervals 0..K-2; interval K-1 ends at T
+    last_start = float(cuts[-1]) - t0
     # Variable layout: T, then x[i, g, k] for k >= interval of arrival[i] and rate > 0.
     first_k = np.searchsorted(cuts, arrival, side="left")
     var_i: list[int] = []
@@ -79,57 +102,36 @@ def _bound(
     vals_a.append(-rate[vi, vg])
     rhs.append(-remaining.astype(np.float64))
     r += n
-    last = k_count - 1
     t_rows: list[int] = []
     t_vals: list[float] = []
     rhs_extra: list[float] = []
     if job_cap is not None:
-        # sum_g x[i, g, k] <= cap_i * len_k  (last interval: - cap_i * T <= -cap_i * t_last)
+        # sum_g x[i, g, k] <= cap_i * len_k (the last interval: see _per_interval)
         key = vi * k_count + vk
         uniq, inv = np.unique(key, return_inverse=True)
         rows_a.append(r + inv)
         cols_a.append(cols)
         vals_a.append(np.ones(cols.shape[0]))
-        for u in uniq.tolist():
-            i, k = divmod(u, k_count)
-            cap = float(job_cap[i])
-            if k == last:
-                t_rows.append(r)
-                t_vals.append(-cap)
-                rhs_extra.append(cap * (-float(cuts[last]) + t0))
-            else:
-                rhs_extra.append(cap * float(lengths[k]))
-            r += 1
+        b, tcoef = _per_interval(job_cap[uniq // k_count], uniq % k_count, lengths, last_start)
+        r = _with_t(r, b, tcoef, t_rows, t_vals, rhs_extra)
     if type_cap is not None:
         # x[i, g, k] <= cap_ig * len_k, where that binds before the job's own cap does.
         binds = np.nonzero(type_cap[vi, vg] < (np.inf if job_cap is None else job_cap[vi]))[0]
         caps = type_cap[vi[binds], vg[binds]]
-        rows = r + np.arange(binds.shape[0])
-        rows_a.append(rows)
+        rows_a.append(r + np.arange(binds.shape[0]))
         cols_a.append(binds + 1)
         vals_a.append(np.ones(binds.shape[0]))
-        in_last = vk[binds] == last
-        t_rows.extend(rows[in_last].tolist())
-        t_vals.extend((-caps[in_last]).tolist())
-        # the right-hand side's length per interval (the last one's is T - (t_last - t0))
-        rhs_len = np.append(lengths, t0 - float(cuts[last]))
-        rhs_extra.extend((caps * rhs_len[vk[binds]]).tolist())
-        r += int(binds.shape[0])
+        b, tcoef = _per_interval(caps, vk[binds], lengths, last_start)
+        r = _with_t(r, b, tcoef, t_rows, t_vals, rhs_extra)
     # Capacity: sum_i scale * x[i, g, k] <= c_g * len_k.
     key = vg * k_count + vk
     uniq, inv = np.unique(key, return_inverse=True)
     rows_a.append(r + inv)
     cols_a.append(cols)
     vals_a.append(scale[vi].astype(np.float64))
-    for u in uniq.tolist():
-        g, k = divmod(u, k_count)
-        if k == last:
-            t_rows.append(r)
-            t_vals.append(-float(capacity[g]))
-            rhs_extra.append(-float(capacity[g]) * (float(cuts[last]) - t0))
-        else:
-            rhs_extra.append(float(capacity[g]) * float(lengths[k]))
-        r += 1
+    b, tcoef = _per_interval(capacity[uniq // k_count].astype(np.float64), uniq % k_count,
+                             lengths, last_start)
+    r = _with_t(r, b, tcoef, t_rows, t_vals, rhs_extra)
     rows_all = np.concatenate([*rows_a, np.asarray(t_rows, dtype=np.int64)])
     cols_all = np.concatenate([*cols_a, np.zeros(len(t_rows), dtype=np.int64)])
     vals_all = np.concatenate([*vals_a, np.asarray(t_vals)])
@@ -137,7 +139,7 @@ def _bound(
     b_ub = np.concatenate([*rhs, np.asarray(rhs_extra)])
     c = np.zeros(nv)
     c[0] = 1.0
-    bounds = [(float(cuts[last]) - t0, None)] + [(0.0, None)] * (nv - 1)
+    bounds = [(last_start, None)] + [(0.0, None)] * (nv - 1)
     res = opt.linprog(c, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if res.status != 0:
         raise RuntimeError(f"makespan bound LP failed: {res.message}")
@@ -291,11 +293,7 @@ def gang_makespan_bound(
         num_rows += count
 
     def per_interval(amount: FloatArray, k: IntArray) -> tuple[FloatArray, FloatArray]:
-        """``amount * len_k`` as (right-hand side, coefficient of T): the last interval's
-        length is ``T - last_start``."""
-        is_last = k == k_count - 1
-        length = np.where(is_last, -last_start, np.append(lengths, 0.0)[k])
-        return amount * length, np.where(is_last, -amount, 0.0)
+        return _per_interval(amount, k, lengths, last_start)
 
     # work: -(sum of rate * time) <= -remaining
     w_r, w_c, w_v = [], [], []
@@ -667,12 +665,11 @@ def config_makespan_bound(
         nc = a.shape[1]
         # variables: T, then the columns; rows: work (n), then one per interval
         a_work = sp.hstack([sp.csr_matrix((n, 1)), sp.csr_matrix(-a)])
-        t_col = np.zeros((k_count, 1))
-        t_col[-1, 0] = -1.0
+        b_time, t_col = _per_interval(np.ones(k_count), np.arange(k_count), lengths,
+                                      last_start)
         member = sp.csr_matrix((np.ones(nc), (np.asarray(col_k), np.arange(nc))),
                                shape=(k_count, nc))
-        a_time = sp.hstack([sp.csr_matrix(t_col), member])
-        b_time = np.append(lengths, -last_start)
+        a_time = sp.hstack([sp.csr_matrix(t_col[:, None]), member])
         c = np.zeros(1 + nc)
         c[0] = 1.0
         res = opt.linprog(c, A_ub=sp.vstack([a_work, a_time]).tocsr(),
