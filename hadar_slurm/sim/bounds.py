@@ -353,6 +353,7 @@ def gang_makespan_bound(
     add(np.concatenate([inv, np.arange(used_rows.shape[0])]),
         np.concatenate([np.concatenate(c_c), np.zeros(used_rows.shape[0], dtype=np.int64)]),
         np.concatenate([np.concatenate(c_v), tcoef]), b, used_rows.shape[0])
+
     def col(i: int, g: int, k: int) -> int:
         """The column of job ``i``'s pure time on type ``g`` in interval ``k``."""
         return pure[(i, g)] + k - int(first[i])
@@ -660,13 +661,12 @@ def config_makespan_bound(
         col_k.append(k_count - 1)
     last_start = float(cuts[-1]) - t0
     bound = last_start
+    b_time, t_col = _per_interval(np.ones(k_count), np.arange(k_count), lengths, last_start)
     while True:
         a = np.array(cols).T
         nc = a.shape[1]
         # variables: T, then the columns; rows: work (n), then one per interval
         a_work = sp.hstack([sp.csr_matrix((n, 1)), sp.csr_matrix(-a)])
-        b_time, t_col = _per_interval(np.ones(k_count), np.arange(k_count), lengths,
-                                      last_start)
         member = sp.csr_matrix((np.ones(nc), (np.asarray(col_k), np.arange(nc))),
                                shape=(k_count, nc))
         a_time = sp.hstack([sp.csr_matrix(t_col[:, None]), member])
