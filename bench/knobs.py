@@ -20,11 +20,18 @@ Each seed base takes about a minute for the baselines and 40 s a variant on 2 co
 traces' bounds are in ``bench/results/.cache``; the default sweep of three seed bases about
 35 minutes.  ``--json`` gets ``{"summary": [...]}``, the figures per variant and seed base, and
 with ``--with-rows`` also ``"rows"``, every run's row with its ``variant`` and ``seed_base``.
+
+Every run's row also goes, as it ends, to a log beside ``--json`` (``OUT.runs.jsonl``, one
+JSON row a line, removed once the summary is written), each with the fingerprint of the code
+that ran it (:func:`code_fingerprint`).  ``--resume`` takes from that log the runs of a sweep
+that stopped (killed, a lost session) whose trace, policy, knobs and code are this sweep's,
+and runs only the rest; a row of other code is never taken.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -105,11 +112,54 @@ def parse_variant(words: Sequence[str]) -> tuple[str, dict[str, object]]:
     return words[0], knobs
 
 
-def _task(args: tuple[Case, str, str, int, Mapping[str, object]]) -> Row:
+Task = tuple[Case, str, str, int, Mapping[str, object]]
+#: What a run's result depends on: the package and the suite's definition (bench.robustness).
+CODE_ROOTS = ("hadar_slurm", "bench/robustness.py")
+
+
+def code_fingerprint(root: Path | None = None) -> str:
+    """A digest of the source a run's result depends on (:data:`CODE_ROOTS` under ``root``,
+    the checkout: every ``.py``, ``.pyx`` and ``.json`` file's path and bytes), so that a row
+    logged by other code is never taken for this code's."""
+    base = Path(__file__).resolve().parent.parent if root is None else root
+    digest = hashlib.sha256()
+    for name in CODE_ROOTS:
+        top = base / name
+        files = [top] if top.is_file() else sorted(
+            f for f in top.rglob("*") if f.suffix in (".py", ".pyx", ".json") and f.is_file())
+        for f in files:
+            digest.update(str(f.relative_to(base)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def task_key(case: Case, policy: str, knobs: Mapping[str, object]) -> str:
+    """What identifies a run in the log: the command that generates its trace (its seed and
+    job count included), the policy and the knobs (the variant's name does not: two names
+    for the same knobs are the same run)."""
+    return json.dumps([case.command(), policy, sorted(knobs.items())])
+
+
+def _task(args: Task) -> Row:
     case, policy, variant, seed_base, knobs = args
     row = run_one(case, policy, free_moves=False, knobs=knobs)
     row["variant"], row["seed_base"] = variant, seed_base
     return row
+
+
+def logged_rows(log: Path, code: str) -> dict[str, Row]:
+    """The rows of ``log`` (see the module docstring) that ``code`` ran, by their key; a line
+    cut short by a kill is skipped."""
+    rows: dict[str, Row] = {}
+    if not log.exists():
+        return rows
+    for line in log.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and entry.get("code") == code and "key" in entry:
+            rows[str(entry["key"])] = entry["row"]
+    return rows
 
 
 def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
@@ -163,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="bench/results/knobs.json")
     ap.add_argument("--with-rows", action="store_true",
                     help="also write every run's row (about 4 MB for the default sweep)")
+    ap.add_argument("--resume", action="store_true",
+                    help="take the runs already in the log beside --json (OUT.runs.jsonl) "
+                    "that this code ran, from a sweep that stopped, and run only the rest")
     args = ap.parse_args(argv)
     try:
         variants = ([parse_variant(v) for v in args.variant] if args.variant
@@ -171,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(exc.one_line())
     if DEFAULTS in {name for name, _ in variants}:
         ap.error(f"--variant: {DEFAULTS!r} names the runs with no knob moved; pick another name")
-    tasks: list[tuple[Case, str, str, int, Mapping[str, object]]] = []
+    tasks: list[Task] = []
     for s in args.seed_base:
         cases = suite(s, args.jobs_scale)
         if args.only:
@@ -181,21 +234,35 @@ def main(argv: list[str] | None = None) -> int:
         tasks += [(c, p, "baselines", s, {}) for c in cases for p in BASELINES]
         for name, knobs in [(DEFAULTS, {}), *variants]:
             tasks += [(c, p, name, s, knobs) for c in cases for p in JUDGED]
+    out = Path(args.json)
+    log = out.with_name(out.name + ".runs.jsonl")
+    code = code_fingerprint()
+    keys = [task_key(c, p, k) for c, p, _v, _s, k in tasks]
+    done = logged_rows(log, code) if args.resume else {}
+    rows: list[Row | None] = [dict(done[key], variant=t[2]) if key in done else None
+                              for key, t in zip(keys, tasks, strict=True)]
+    todo = [k for k, row in enumerate(rows) if row is None]
+    if args.resume:
+        print(f"{len(tasks) - len(todo)} of {len(tasks)} runs taken from {log}", flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rows: list[Row] = []
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        for k, row in enumerate(pool.map(_task, tasks)):
-            rows.append(row)
-            progress(k + 1, len(tasks), time.perf_counter() - t0)
-    judged = [judge(rows, name, s) for s in args.seed_base
+    with log.open("a" if args.resume else "w") as sink, \
+            ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        ran = pool.map(_task, [tasks[k] for k in todo])
+        for n, (k, row) in enumerate(zip(todo, ran, strict=True)):
+            rows[k] = row
+            sink.write(json.dumps({"key": keys[k], "code": code, "row": row}) + "\n")
+            sink.flush()
+            progress(n + 1, len(todo), time.perf_counter() - t0)
+    rows_done = [row for row in rows if row is not None]
+    judged = [judge(rows_done, name, s) for s in args.seed_base
               for name in [DEFAULTS, *(n for n, _ in variants)]]
     print(table(judged, args.seed_base))
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"summary": judged}
     if args.with_rows:
-        data["rows"] = rows
+        data["rows"] = rows_done
     out.write_text(json.dumps(data, indent=2) + "\n")
+    log.unlink()
     print(f"\nsummary{' and rows' if args.with_rows else ''} written to {out}")
     return 0
 

@@ -93,3 +93,47 @@ def test_the_defaults_name_is_reserved(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         knobs.main(["--variant", "defaults", "hadar.horizon=4"])
     assert "'defaults' names the runs with no knob moved" in capsys.readouterr().err
+
+
+def test_a_stopped_sweep_resumes_from_its_log(tmp_path: Path) -> None:
+    """``--resume`` takes the runs the log holds from this code and runs the rest; a row that
+    other code logged, or a line a kill cut short, is not taken."""
+    out = tmp_path / "k.json"
+    argv = ["--seed-base", "0", "--only", "dgx/poisson-0.5", "--jobs-scale", "0.3",
+            "--workers", "1", "--variant", "one", "hadare.max_copies=1", "--json", str(out),
+            "--with-rows"]
+    assert knobs.main(argv) == 0
+    log = out.with_name("k.json.runs.jsonl")
+    assert not log.exists()  # removed once the summary is written
+    first = json.loads(out.read_text())["rows"]
+    case = knobs.named(knobs.suite(0, 0.3), ["dgx/poisson-0.5"])[0]
+    code = knobs.code_fingerprint()
+    # A log as a sweep killed midway leaves it: the defaults' hadar run, marked so that its
+    # reuse shows; the same run by other code; and a last line cut short.
+    taken = next(r for r in first if r["variant"] == "defaults" and r["policy"] == "hadar")
+    stale = next(r for r in first if r["variant"] == "defaults" and r["policy"] == "hadare")
+    lines = [
+        json.dumps({"key": knobs.task_key(case, "hadar", {}), "code": code,
+                    "row": dict(taken, makespan_s=taken["makespan_s"] + 1.5)}),
+        json.dumps({"key": knobs.task_key(case, "hadare", {}), "code": "other",
+                    "row": dict(stale, makespan_s=1.0)}),
+        '{"key": "cut sh',
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    assert knobs.main([*argv, "--resume"]) == 0
+    again = {(r["variant"], r["policy"]): r for r in json.loads(out.read_text())["rows"]}
+    assert again[("defaults", "hadar")]["makespan_s"] == taken["makespan_s"] + 1.5  # taken
+    assert again[("defaults", "hadare")]["makespan_s"] == stale["makespan_s"]  # run again
+    assert len(again) == len(first)
+    assert not log.exists()
+
+
+def test_the_fingerprint_follows_the_code(tmp_path: Path) -> None:
+    (tmp_path / "hadar_slurm").mkdir(parents=True)
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "hadar_slurm" / "a.py").write_text("x = 1\n")
+    (tmp_path / "bench" / "robustness.py").write_text("y = 1\n")
+    before = knobs.code_fingerprint(tmp_path)
+    assert knobs.code_fingerprint(tmp_path) == before
+    (tmp_path / "hadar_slurm" / "a.py").write_text("x = 2\n")
+    assert knobs.code_fingerprint(tmp_path) != before
