@@ -26,6 +26,14 @@ JSON row a line, removed once the summary is written), each with the fingerprint
 that ran it (:func:`code_fingerprint`).  ``--resume`` takes from that log the runs of a sweep
 that stopped (killed, a lost session) whose trace, policy, knobs and code are this sweep's,
 and runs only the rest; a row of other code is never taken.
+
+``--against-committed`` runs the variants only: the defaults' and the baselines' rows of each
+seed base come from the committed suite rows (``bench/results/robustness.json``,
+``robustness_seed100.json``, ...: :func:`bench.robustness.default_stem`), a third of the runs
+of a sweep.  Those rows must be this code's: first ``hadar`` and ``hadare`` run on two of the
+traces (:data:`CHECKED`, or the first two that ``--only`` leaves) and must give the committed
+rows' makespan and average JCT to the tenth of a second, else the bench stops and says which
+suite to run again.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from bench.robustness import (
     BASELINES,
     Case,
     add_ratios,
+    default_stem,
     misses,
     named,
     run_one,
@@ -162,6 +171,48 @@ def logged_rows(log: Path, code: str) -> dict[str, Row]:
     return rows
 
 
+#: The traces ``--against-committed`` runs again to check the committed rows: one-GPU jobs
+#: only, and a gang-heavy static queue (where most of the queue-order rules act).
+CHECKED = ("gavel/static-1gpu", "dgx/static-gangs")
+#: What a committed row and a run again may differ by (rows keep a tenth of a second).
+SAME_S = 0.05
+
+
+def committed_rows(folder: Path, seed_base: int, cases: Sequence[Case]) -> list[Row]:
+    """The committed suite rows of ``seed_base`` (under ``folder``) of ``cases``, as this
+    bench's rows: the baselines' as ``baselines``, Hadar's and HadarE's as the defaults'.
+    An :class:`InputError` where the file or a row is missing."""
+    path = folder / (default_stem(seed_base, free_moves=False, reschedule=False,
+                                  pin_binding=True, whole=True) + ".json")
+    fix = f"run python -m bench.robustness --seed-base {seed_base} (it writes {path})"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"no committed suite rows to judge against: {path}: {exc}",
+                         field="--against-committed", fix=fix) from None
+    got = data["rows"] if isinstance(data, dict) else data
+    by = {(r["trace"], r["policy"]): r for r in got}
+    rows: list[Row] = []
+    for case in cases:
+        for policy in (*BASELINES, *JUDGED):
+            row = by.get((case.name, policy))
+            if row is None:
+                raise InputError(f"{path} has no {policy} row of {case.name}",
+                                 field="--against-committed", fix=fix)
+            variant = "baselines" if policy in BASELINES else DEFAULTS
+            rows.append(dict(row, variant=variant, seed_base=seed_base))
+    return rows
+
+
+def stale(ran: Row, committed: Row) -> str | None:
+    """Where a run again differs from its committed row: a line naming it, else None."""
+    for key in ("makespan_s", "avg_jct_s"):
+        if abs(float(ran[key]) - float(committed[key])) > SAME_S:
+            return (f"{ran['trace']} {ran['policy']}: {key} {ran[key]} now, "
+                    f"{committed[key]} committed")
+    return None
+
+
 def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
     """A variant's figures on a seed base: goals missed, and its geometric means over the
     defaults' runs (Hadar's and HadarE's makespan and average JCT)."""
@@ -213,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="bench/results/knobs.json")
     ap.add_argument("--with-rows", action="store_true",
                     help="also write every run's row (about 4 MB for the default sweep)")
+    ap.add_argument("--against-committed", nargs="?", const="bench/results", default=None,
+                    metavar="DIR", help="run the variants only, against the committed suite "
+                    "rows under DIR (default bench/results), checked first on two traces")
     ap.add_argument("--resume", action="store_true",
                     help="take the runs already in the log beside --json (OUT.runs.jsonl) "
                     "that this code ran, from a sweep that stopped, and run only the rest")
@@ -224,15 +278,39 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(exc.one_line())
     if DEFAULTS in {name for name, _ in variants}:
         ap.error(f"--variant: {DEFAULTS!r} names the runs with no knob moved; pick another name")
+    if args.against_committed is not None and args.jobs_scale != 1.0:
+        ap.error("--against-committed: the committed rows are of the whole traces; "
+                 "leave out --jobs-scale")
     tasks: list[Task] = []
+    given: list[Row] = []
     for s in args.seed_base:
         cases = suite(s, args.jobs_scale)
         if args.only:
             cases = named(cases, args.only)
             if not cases:
                 ap.error(f"no trace matches {args.only}")
-        tasks += [(c, p, "baselines", s, {}) for c in cases for p in BASELINES]
-        for name, knobs in [(DEFAULTS, {}), *variants]:
+        if args.against_committed is not None:
+            try:
+                mine = committed_rows(Path(args.against_committed), s, cases)
+                check = named(cases, list(CHECKED)) if not args.only else cases[:2]
+                for c in check:
+                    for p in JUDGED:
+                        was = next(r for r in mine if r["trace"] == c.name
+                                   and r["policy"] == p)
+                        why = stale(_task((c, p, DEFAULTS, s, {})), was)
+                        if why:
+                            raise InputError(
+                                f"the committed rows of seed base {s} are not this code's "
+                                f"({why})", field="--against-committed",
+                                fix=f"run python -m bench.robustness --seed-base {s} first, "
+                                "or leave out --against-committed")
+            except InputError as exc:
+                ap.error(exc.one_line())
+            given += mine
+        else:
+            tasks += [(c, p, "baselines", s, {}) for c in cases for p in BASELINES]
+            tasks.extend((c, p, DEFAULTS, s, {}) for c in cases for p in JUDGED)
+        for name, knobs in variants:
             tasks += [(c, p, name, s, knobs) for c in cases for p in JUDGED]
     out = Path(args.json)
     log = out.with_name(out.name + ".runs.jsonl")
@@ -254,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             sink.write(json.dumps({"key": keys[k], "code": code, "row": row}) + "\n")
             sink.flush()
             progress(n + 1, len(todo), time.perf_counter() - t0)
-    rows_done = [row for row in rows if row is not None]
+    rows_done = given + [row for row in rows if row is not None]
     judged = [judge(rows_done, name, s) for s in args.seed_base
               for name in [DEFAULTS, *(n for n, _ in variants)]]
     print(table(judged, args.seed_base))

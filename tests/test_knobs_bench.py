@@ -137,3 +137,52 @@ def test_the_fingerprint_follows_the_code(tmp_path: Path) -> None:
     assert knobs.code_fingerprint(tmp_path) == before
     (tmp_path / "hadar_slurm" / "a.py").write_text("x = 2\n")
     assert knobs.code_fingerprint(tmp_path) != before
+
+
+def _committed(tmp_path: Path, name: str) -> Path:
+    """A committed-rows file of seed base 0 holding one trace's rows, run here."""
+    from bench.robustness import run_one
+    case = knobs.named(knobs.suite(0), [name])[0]
+    rows = [run_one(case, p, free_moves=False) for p in (*knobs.BASELINES, *knobs.JUDGED)]
+    (tmp_path / "robustness.json").write_text(json.dumps(rows))
+    return tmp_path / "robustness.json"
+
+
+def test_variants_run_against_the_committed_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--against-committed`` runs the variants only and judges them against the committed
+    defaults' and baselines' rows, once a run again gives those rows."""
+    committed = _committed(tmp_path, "five/poisson-0.2")
+    out = tmp_path / "k.json"
+    argv = ["--seed-base", "0", "--only", "five/poisson-0.2", "--workers", "1",
+            "--variant", "one", "hadare.max_copies=1", "--json", str(out), "--with-rows",
+            "--against-committed", str(tmp_path)]
+    assert knobs.main(argv) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert sorted({r["variant"] for r in rows}) == ["baselines", "defaults", "one"]
+    assert len([r for r in rows if r["variant"] == "one"]) == 2  # only the variant ran
+    assert [s["variant"] for s in data["summary"]] == ["defaults", "one"]
+    assert data["summary"][0]["hadar_makespan_s"] == 1.0
+    # A committed row that this code does not give again stops the bench before any variant.
+    stale_rows = json.loads(committed.read_text())
+    for r in stale_rows:
+        if r["policy"] == "hadar":
+            r["makespan_s"] += 1.0
+    committed.write_text(json.dumps(stale_rows))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        knobs.main(argv)
+    err = capsys.readouterr().err
+    assert "the committed rows of seed base 0 are not this code's" in err
+    assert "five/poisson-0.2 hadar: makespan_s" in err
+    (tmp_path / "robustness.json").unlink()
+    with pytest.raises(SystemExit):
+        knobs.main(argv)
+    assert "no committed suite rows to judge against" in capsys.readouterr().err
+
+
+def test_against_committed_refuses_a_scaled_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        knobs.main(["--jobs-scale", "0.5", "--against-committed"])
+    assert "leave out --jobs-scale" in capsys.readouterr().err
