@@ -213,6 +213,26 @@ def stale(ran: Row, committed: Row) -> str | None:
     return None
 
 
+def checked_rows(folder: Path, seed_base: int, cases: Sequence[Case],
+                 check: Sequence[Case]) -> list[Row]:
+    """:func:`committed_rows`, once ``hadar`` and ``hadare`` run again on the ``check`` cases
+    give their committed rows (:func:`stale`); an :class:`InputError` naming the first that
+    does not."""
+    rows = committed_rows(folder, seed_base, cases)
+    was = {(r["trace"], r["policy"]): r for r in rows}
+    for case in check:
+        for policy in JUDGED:
+            why = stale(_task((case, policy, DEFAULTS, seed_base, {})),
+                        was[(case.name, policy)])
+            if why:
+                raise InputError(
+                    f"the committed rows of seed base {seed_base} are not this code's ({why})",
+                    field="--against-committed",
+                    fix=f"run python -m bench.robustness --seed-base {seed_base} first, or "
+                    "leave out --against-committed")
+    return rows
+
+
 def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
     """A variant's figures on a seed base: goals missed, and its geometric means over the
     defaults' runs (Hadar's and HadarE's makespan and average JCT)."""
@@ -291,22 +311,10 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"no trace matches {args.only}")
         if args.against_committed is not None:
             try:
-                mine = committed_rows(Path(args.against_committed), s, cases)
-                check = named(cases, list(CHECKED)) if not args.only else cases[:2]
-                for c in check:
-                    for p in JUDGED:
-                        was = next(r for r in mine if r["trace"] == c.name
-                                   and r["policy"] == p)
-                        why = stale(_task((c, p, DEFAULTS, s, {})), was)
-                        if why:
-                            raise InputError(
-                                f"the committed rows of seed base {s} are not this code's "
-                                f"({why})", field="--against-committed",
-                                fix=f"run python -m bench.robustness --seed-base {s} first, "
-                                "or leave out --against-committed")
+                given += checked_rows(Path(args.against_committed), s, cases,
+                                      cases[:2] if args.only else named(cases, list(CHECKED)))
             except InputError as exc:
                 ap.error(exc.one_line())
-            given += mine
         else:
             tasks += [(c, p, "baselines", s, {}) for c in cases for p in BASELINES]
             tasks.extend((c, p, DEFAULTS, s, {}) for c in cases for p in JUDGED)

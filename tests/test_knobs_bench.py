@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import knobs
-from bench.robustness import with_knobs
+from bench.robustness import run_one, with_knobs
 from hadar_slurm.errors import InputError
 from hadar_slurm.policy.hadar import HadarPolicy
 from hadar_slurm.policy.hadare import HadarEPolicy
@@ -141,7 +141,6 @@ def test_the_fingerprint_follows_the_code(tmp_path: Path) -> None:
 
 def _committed(tmp_path: Path, name: str) -> Path:
     """A committed-rows file of seed base 0 holding one trace's rows, run here."""
-    from bench.robustness import run_one
     case = knobs.named(knobs.suite(0), [name])[0]
     rows = [run_one(case, p, free_moves=False) for p in (*knobs.BASELINES, *knobs.JUDGED)]
     (tmp_path / "robustness.json").write_text(json.dumps(rows))
