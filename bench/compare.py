@@ -30,23 +30,33 @@ from typing import Any
 
 from bench.report import write_rows
 from bench.robustness import BASELINES, GOALS, add_ratios, missed_goals, misses
+from hadar_slurm.errors import InputError
 
 Row = dict[str, Any]
 
 
-def load_rows(path: str) -> list[Row]:
-    """The rows of a ``bench.robustness --json`` file; a clear error for anything else."""
+def read_rows(path: str) -> list[Row]:
+    """The rows of a ``bench.robustness --json`` file; an :class:`InputError` that names the
+    file and the fix for anything else."""
     try:
         rows = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise SystemExit(f"bench.compare: cannot read {path}: {exc}") from None
+        raise InputError(f"cannot read {path}: {exc}") from None
     if not isinstance(rows, list) or not all(
             isinstance(r, dict) and {"trace", "policy", "makespan_s", "avg_jct_s"} <= r.keys()
             for r in rows):
-        raise SystemExit(f"bench.compare: {path} is not a list of bench.robustness rows "
-                         "(each with trace, policy, makespan_s and avg_jct_s); write one with "
-                         "python -m bench.robustness --json FILE")
+        raise InputError(f"{path} is not a list of bench.robustness rows (each with trace, "
+                         "policy, makespan_s and avg_jct_s); write one with python -m "
+                         "bench.robustness --json FILE")
     return rows
+
+
+def load_rows(path: str) -> list[Row]:
+    """:func:`read_rows`, its error ending the command."""
+    try:
+        return read_rows(path)
+    except InputError as exc:
+        raise SystemExit(f"bench.compare: {exc.problem}") from None
 
 
 def rejudged(after: Sequence[Row], before: Sequence[Row]) -> list[Row]:

@@ -49,6 +49,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.compare import read_rows
 from bench.report import progress
 from bench.robustness import (
     BASELINES,
@@ -186,11 +187,10 @@ def committed_rows(folder: Path, seed_base: int, cases: Sequence[Case]) -> list[
                                   pin_binding=True, whole=True) + ".json")
     fix = f"run python -m bench.robustness --seed-base {seed_base} (it writes {path})"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"no committed suite rows to judge against: {path}: {exc}",
+        got = read_rows(str(path))
+    except InputError as exc:
+        raise InputError(f"no committed suite rows to judge against: {exc.problem}",
                          field="--against-committed", fix=fix) from None
-    got = data["rows"] if isinstance(data, dict) else data
     by = {(r["trace"], r["policy"]): r for r in got}
     rows: list[Row] = []
     for case in cases:
