@@ -436,6 +436,34 @@ def test_the_plan_sees_a_pairs_gpus_held_by_its_host() -> None:
     assert hadar().plan_view(off) is off
 
 
+def test_after_pairs_ran_the_drain_target_is_taken_afresh() -> None:
+    # One v100, x and y of 720 s each.  At t = 0 the drain (no pairs counted) is 1440 s of work
+    # on one GPU: target 1440; the two pair.  They ran the round at 0.8 each: 288 steps done,
+    # 432 left each, a drain of 864 s from t = 360: target 1224.  The pair's extra work brings
+    # the target in; a carried target only moves later, so it stays at 1440 where no pair ran,
+    # or with share_refresh off.
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 720, 0, "y")]
+    sim = SimulatedCluster(jobs, parse_counts("v100=1"), table_with(0.8))
+    first = hadar().allocate(sim.snapshot(0, 0.0, 360.0, None))
+    assert first.packed == ((0, 1),)
+    assert isinstance(first.policy_state, HadarState)
+    assert first.policy_state.target == pytest.approx(1440.0)
+    both = Placement(np.array([0, 1]), np.array([0, 0]), np.array([1, 1]))
+    snap = dataclasses.replace(sim.snapshot(1, 360.0, 360.0, first.policy_state),
+                               current=both, packed=((0, 1),), remaining=np.array([432.0, 432.0]))
+
+    def target(policy: HadarPolicy, s: Snapshot) -> float:
+        state = policy.allocate(s).policy_state
+        assert isinstance(state, HadarState)
+        return state.target
+
+    assert target(hadar(), snap) == pytest.approx(1224.0)
+    assert target(HadarPolicy(share=True, share_refresh=False), snap) == pytest.approx(1440.0)
+    assert target(hadar(), dataclasses.replace(snap, packed=())) == pytest.approx(1440.0)
+    # without sharing offered the setting does nothing
+    assert target(hadar(), dataclasses.replace(snap, colocated=None)) == pytest.approx(1440.0)
+
+
 def test_a_pair_must_end_by_the_target_the_job_left_alone_after_included() -> None:
     """One v100 at t = 0: x (100 steps, placed) and y (720 steps, waiting), 0.8 of their speed
     each while they share.  Sharing, x ends at 100 / 0.8 = 125 and y at 125 + 720 - 0.8 x 125
