@@ -144,6 +144,33 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         if "within_goal" in r:
             print(f"goal {r['trace']}: gavel-las-packed within {GOAL:.0%} of Gavel's "
                   f"max_min_fairness_packed: {'met' if r['within_goal'] else 'NOT met'}")
+    for line in ours_goals(rows):
+        print(line)
+
+
+def ours_goals(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue #16's goal for ours with sharing: makespan and average JCT no worse than
+    Gavel's packed figures, on the trace as generated and (with ``--draws``) on the mean of
+    the draws; one line per trace and policy."""
+    out: list[str] = []
+    for r in rows:
+        g = r.get("gavel_packed")
+        if not g or r["run"] not in ("hadar", "hadare"):
+            continue
+        runs = [("as generated", float(r["makespan_s"]), float(r["avg_jct_s"]))]
+        if "over_draws" in r:
+            o = r["over_draws"]
+            runs.append((f"mean of {o['draws']}", float(o["makespan_mean"]),
+                         float(o["avg_jct_mean"])))
+        parts = []
+        for label, mk, jct in runs:
+            misses = [name for name, ours, theirs in (("makespan", mk, g[0]), ("JCT", jct, g[1]))
+                      if ours > theirs]
+            verdict = "met" if not misses else f"NOT met ({', '.join(misses)})"
+            parts.append(f"{label}: {verdict} ({mk / g[0]:.3f} / {jct / g[1]:.3f})")
+        out.append(f"goal {r['trace']}: {r['run']} shared no worse than Gavel's packed: "
+                   + "; ".join(parts))
+    return out
 
 
 def print_comparison(rows: list[dict[str, Any]]) -> None:

@@ -3,9 +3,11 @@ means over perturbed draws (``--draws``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from bench.packed import main, over_draws, run
+from bench.packed import main, ours_goals, over_draws, run
 
 
 def test_over_draws_takes_mean_lowest_and_highest() -> None:
@@ -37,3 +39,24 @@ def test_main_refuses_negative_draws(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["--draws", "-1"])
     assert "--draws -1" in capsys.readouterr().err
+
+
+def test_ours_goals_judge_the_trace_and_the_mean_of_its_draws() -> None:
+    gavel = [100.0, 50.0]
+    rows: list[dict[str, Any]] = [
+        {"trace": "t", "run": "hadar", "gavel_packed": gavel, "makespan_s": 99.0,
+         "avg_jct_s": 51.0, "over_draws": {"draws": 3, "makespan_mean": 99.5,
+                                            "avg_jct_mean": 49.0}},
+        {"trace": "t", "run": "hadare", "gavel_packed": gavel, "makespan_s": 100.0,
+         "avg_jct_s": 50.0},
+        {"trace": "t", "run": "hadar (share=False)", "gavel_packed": gavel,
+         "makespan_s": 1.0, "avg_jct_s": 1.0},
+        {"trace": "u", "run": "hadar", "gavel_packed": None, "makespan_s": 1.0,
+         "avg_jct_s": 1.0},
+    ]
+    assert ours_goals(rows) == [
+        "goal t: hadar shared no worse than Gavel's packed: as generated: NOT met (JCT) "
+        "(0.990 / 1.020); mean of 3: met (0.995 / 0.980)",
+        "goal t: hadare shared no worse than Gavel's packed: as generated: met "
+        "(1.000 / 1.000)",
+    ]
