@@ -17,8 +17,7 @@ def test_over_draws_takes_mean_lowest_and_highest() -> None:
                  "avg_jct_max": 10.0}
 
 
-def test_draws_add_the_figures_over_the_trace_and_its_perturbed_lengths(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_draws_add_the_figures_over_the_trace_and_its_perturbed_lengths() -> None:
     rows = run(["static_32_seed0"], "4:4:4", draws=1)
     assert [r["run"] for r in rows][:1] == ["gavel-las-packed"] and len(rows) == 7
     for r in rows:
