@@ -38,11 +38,8 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from bench.report import progress, write_rows
 from bench.robustness import GOALS, POLICIES, Case, instance, named, suite
@@ -51,21 +48,12 @@ from hadar_slurm.costs import LiveCosts
 from hadar_slurm.model import Job
 from hadar_slurm.policy import make_policy
 from hadar_slurm.sim.run import simulate
+from hadar_slurm.sim.trace import perturbed_jobs
 
 #: A ratio within this of 1.0 is "not moved" (the figures' rounding, as bench.sharing's).
 TOLERANCE = 0.0005
 BASE = "base"
 MOVE = "move+1s"
-
-
-def perturbed_jobs(jobs: Sequence[Job], rel: float, seed: int) -> list[Job]:
-    """``jobs`` with every length (``total_steps``) times ``1 + rel * u``, ``u`` uniform on
-    [-1, 1], drawn in job order from a generator seeded with ``seed``."""
-    if not 0.0 <= rel < 1.0:
-        raise ValueError(f"rel must be in [0, 1), got {rel!r}")
-    u = np.random.default_rng(seed).uniform(-1.0, 1.0, len(jobs))
-    return [replace(j, total_steps=j.total_steps * (1.0 + rel * float(x)))
-            for j, x in zip(jobs, u, strict=True)]
 
 
 def perturbations(draws: int) -> list[str]:

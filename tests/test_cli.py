@@ -86,6 +86,32 @@ def test_simulate_charges_the_live_costs_by_default(
     assert bad.returncode == 2 and "restart-s" in bad.stderr
 
 
+def test_simulate_draws_give_the_spread_over_perturbed_lengths(
+    tmp_path: Path, two_jobs: Path, toy_csv: Path
+) -> None:
+    # The two jobs of 720 steps at 1 step/s, one after the other (makespan 1440 s, JCTs 720
+    # and 1340), each length times 1 + 1e-4 u per draw: each draw's makespan within 2 x 0.072
+    # s of 1440 s, the JCTs' mean within 0.108 s of 1030 s; the trace as given is one run.
+    out = tmp_path / "out.json"
+    proc = run_cli("simulate", "--trace", str(two_jobs), "--cluster", "v100=1",
+                   "--throughputs", str(toy_csv), "--policy", "fifo", "--json", str(out),
+                   "--free-moves", "--draws", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "over the trace and 2 draw(s) of it" in proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("fifo ") and "[" in x)
+    assert line.count("1,440 s") == 3 and line.count("1,030 s") == 3
+    (row,) = json.loads(out.read_text())
+    o = row["over_draws"]
+    assert o["draws"] == 3
+    assert o["makespan_s_min"] <= row["makespan_s"] == 1440.0 <= o["makespan_s_max"]
+    assert o["makespan_s_min"] < o["makespan_s_max"]  # the draws did change the lengths
+    assert 1440.0 - 0.15 <= o["makespan_s_min"] and o["makespan_s_max"] <= 1440.0 + 0.15
+    assert abs(o["avg_jct_s_mean"] - 1030.0) <= 0.11
+    bad = run_cli("simulate", "--trace", str(two_jobs), "--cluster", "v100=1",
+                  "--throughputs", str(toy_csv), "--draws", "-1")
+    assert bad.returncode == 2 and "draws" in bad.stderr
+
+
 def test_simulate_bundled_trace_on_gavel_cluster(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     proc = run_cli("simulate", "--trace", "static_32_seed0", "--cluster", "4:4:4",

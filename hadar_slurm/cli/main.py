@@ -59,6 +59,7 @@ from hadar_slurm.sim.trace import (
     check_runnable,
     job_line_numbers,
     parse_trace,
+    perturbed_jobs,
     read_trace_text,
 )
 from hadar_slurm.slurm import SlurmConfigError, SlurmError, SlurmJob
@@ -217,11 +218,49 @@ class Progress:
             self.stream.flush()
 
 
-def write_json(path: str, results: Sequence[SimResult]) -> None:
+#: ``simulate --draws``: how much a draw changes a job's length at most (relative).
+DRAW_REL = 1e-4
+
+
+def draw_spread(runs: Sequence[SimResult]) -> dict[str, int | float]:
+    """Mean, lowest and highest makespan and average JCT over ``runs`` (the trace as given
+    and its draws), for ``simulate --draws``."""
+    out: dict[str, int | float] = {"draws": len(runs)}
+    for key, values in (("makespan_s", [r.makespan_s for r in runs]),
+                        ("avg_jct_s", [r.avg_jct_s for r in runs])):
+        out[f"{key}_mean"] = round(sum(values) / len(values), 1)
+        out[f"{key}_min"] = round(min(values), 1)
+        out[f"{key}_max"] = round(max(values), 1)
+    return out
+
+
+def draws_table(policies: Sequence[str], spread: Sequence[dict[str, int | float]],
+                draws: int) -> str:
+    """``simulate --draws``' second table: per policy, the mean [lowest, highest] makespan
+    and average JCT over the trace and its draws."""
+    lines = [f"over the trace and {draws} draw(s) of it, every job's length times 1 + "
+             f"{DRAW_REL:g} u (u uniform on [-1, 1]): mean [lowest, highest]",
+             f"{'policy':14s}  {'makespan':>34s}  {'avg JCT':>34s}"]
+    for name, o in zip(policies, spread, strict=True):
+        cells = [f"{fmt_seconds(o[k + '_mean'])} [{fmt_seconds(o[k + '_min'])}, "
+                 f"{fmt_seconds(o[k + '_max'])}]" for k in ("makespan_s", "avg_jct_s")]
+        lines.append(f"{name:14s}  {cells[0]:>34s}  {cells[1]:>34s}")
+    return "\n".join(lines)
+
+
+def fmt_seconds(value: float) -> str:
+    return f"{value:,.0f} s"
+
+
+def write_json(path: str, results: Sequence[SimResult],
+               spread: Sequence[dict[str, int | float]] = ()) -> None:
     out = Path(path)
+    rows = [r.row() for r in results]
+    for row, extra in zip(rows, spread, strict=False):
+        row["over_draws"] = extra
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps([r.row() for r in results], indent=2) + "\n")
+        out.write_text(json.dumps(rows, indent=2) + "\n")
     except OSError as exc:
         raise InputError(f"cannot write JSON: {exc.strerror}", source=path,
                          field="json") from None
@@ -232,6 +271,10 @@ def write_json(path: str, results: Sequence[SimResult]) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     round_s = parse_round(args.round_seconds)
+    draws = int(args.draws)
+    if not 0 <= draws <= 100:
+        raise InputError(f"expected 0 to 100 draws, got {draws}", source="simulate",
+                         field="draws", fix="--draws 20 runs each policy 20 more times")
     consolidation = ConsolidationCost(
         base_s=parse_seconds(args.consolidation_base_s, "consolidation-base-s"),
         s_per_gb=parse_seconds(args.consolidation_s_per_gb, "consolidation-s-per-gb"))
@@ -262,22 +305,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"trace {source}: {len(jobs)} jobs; cluster {cluster.describe()}; "
           f"round {round_s:g} s; {costs}")
     start = min(j.arrival_s for j in jobs)
-    results: list[SimResult] = []
-    for policy in policies:
-        progress = Progress(sys.stderr, policy.name, len(jobs), start)
+
+    def run(policy: Policy, trace: Sequence[Job], label: str) -> SimResult:
+        progress = Progress(sys.stderr, label, len(trace), start)
         hook: Callable[[EpochRecord, SimulatedCluster], None] | None = (
             progress.update if progress.enabled else None)
         try:
-            results.append(simulate(jobs, cluster, table, policy, round_s=round_s,
-                                    consolidation=consolidation, on_epoch=hook,
-                                    reschedule_on_finish=args.reschedule_on_finish,
-                                    migration_cost_s=move_s, start_cost_s=start_s,
-                                    fork_start_s=fork_start_s,
-                                    fork_interval_s=fork_interval_s,
-                                    final_run=args.final_run))
+            return simulate(trace, cluster, table, policy, round_s=round_s,
+                            consolidation=consolidation, on_epoch=hook,
+                            reschedule_on_finish=args.reschedule_on_finish,
+                            migration_cost_s=move_s, start_cost_s=start_s,
+                            fork_start_s=fork_start_s, fork_interval_s=fork_interval_s,
+                            final_run=args.final_run)
         finally:
             progress.close()
+
+    results = [run(policy, jobs, policy.name) for policy in policies]
     print(result_table(results))
+    spread: list[dict[str, int | float]] = []
+    if draws:
+        for policy, r in zip(policies, results, strict=True):
+            runs = [r] + [run(policy, perturbed_jobs(jobs, DRAW_REL, d),
+                              f"{policy.name} draw {d}") for d in range(1, draws + 1)]
+            spread.append(draw_spread(runs))
+        print(draws_table([r.policy for r in results], spread, draws))
     for r in results:
         if r.packed:
             print(f"{r.policy}: {r.packed_jobs} job(s) shared GPUs, in "
@@ -286,7 +337,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if r.num_completed < r.num_jobs:
             print(f"note: {r.policy} left {r.num_jobs - r.num_completed} job(s) unfinished")
     if args.json:
-        write_json(args.json, results)
+        write_json(args.json, results, spread)
         print(f"wrote {args.json}")
     if plots_dir is not None:
         from hadar_slurm.sim.plots import write_plots
@@ -433,6 +484,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "(Slurm's, measured) (default: %(default)s)")
     sim.add_argument("--free-moves", action="store_true",
                      help="charge nothing for starts and moves, as Gavel's simulator")
+    sim.add_argument("--draws", type=int, default=0, metavar="N",
+                     help="also run each policy N more times with every job's length changed "
+                     f"by at most {DRAW_REL:g} of itself (a draw seeded with its number), and "
+                     "print the mean, lowest and highest makespan and average JCT: a "
+                     "policy's run can part from another's after such a change, so one run "
+                     "may be its luckiest (default: %(default)s)")
     sim.add_argument("--json", metavar="OUT", help="write one JSON object per policy to OUT")
     sim.add_argument("--plots", metavar="DIR",
                      help="write jct_cdf.png, gpus_busy.png and, when a policy forked jobs, "

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
+
+import numpy as np
 
 from hadar_slurm.errors import InputError
 from hadar_slurm.model import ClusterSpec, Job
@@ -167,3 +170,13 @@ def check_runnable(
                 source=source, line=line, field="scale_factor",
                 fix="use a larger --cluster or a smaller scale factor",
             )
+
+
+def perturbed_jobs(jobs: Sequence[Job], rel: float, seed: int) -> list[Job]:
+    """``jobs`` with every length (``total_steps``) times ``1 + rel * u``, ``u`` uniform on
+    [-1, 1], drawn in job order from a generator seeded with ``seed``."""
+    if not 0.0 <= rel < 1.0:
+        raise ValueError(f"rel must be in [0, 1), got {rel!r}")
+    u = np.random.default_rng(seed).uniform(-1.0, 1.0, len(jobs))
+    return [replace(j, total_steps=j.total_steps * (1.0 + rel * float(x)))
+            for j, x in zip(jobs, u, strict=True)]
