@@ -18,7 +18,7 @@ Rows go to ``--json OUT`` when given (nothing is written otherwise).
 
 ``--draws N`` runs every trace and policy ``N`` more times with its jobs' lengths perturbed by
 amounts no one could measure (times ``1 + 1e-4 u``, ``u`` uniform on [-1, 1], seeded with the
-draw: :func:`bench.sensitivity.perturbed_jobs`) and adds to each row the mean, lowest and
+draw: :func:`hadar_slurm.sim.trace.perturbed_jobs`) and adds to each row the mean, lowest and
 highest makespan and average JCT over the trace and its draws (``over_draws``), with a third
 table of them.  Hadar's runs part after such a change (docs/algorithm.md, "How much of a ratio
 is noise"); Gavel's packing LP hardly moves.  One run of Hadar can be its luckiest: on
@@ -35,13 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import write_rows
-from bench.sensitivity import perturbed_jobs
 from hadar_slurm.policy import make_policy
 from hadar_slurm.rates.table import default_table
 from hadar_slurm.sim.bounds import bound_inputs, fluid_makespan_bound
 from hadar_slurm.sim.cluster import load_cluster
-from hadar_slurm.sim.run import simulate
-from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace
+from hadar_slurm.sim.run import simulate, spread_over_draws
+from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace, perturbed_jobs
 
 #: Gavel's own (makespan s, average JCT s) for ``max_min_fairness_packed``, measured with
 #: Gavel's simulator, cluster 4 V100 : 4 P100 : 4 K80, 360 s rounds.
@@ -61,17 +60,6 @@ RUNS: tuple[tuple[str, str, bool, dict[str, Any]], ...] = (
 
 #: How much a draw changes a job's length at most (relative), as ``bench.sharing``'s draws.
 DRAW_REL = 1e-4
-
-
-def over_draws(values: list[tuple[float, float]]) -> dict[str, Any]:
-    """Mean, lowest and highest makespan and average JCT of ``(makespan, avg JCT)`` runs."""
-    mk = [v[0] for v in values]
-    jct = [v[1] for v in values]
-    return {"draws": len(values),
-            "makespan_mean": round(sum(mk) / len(mk), 1), "makespan_min": round(min(mk), 1),
-            "makespan_max": round(max(mk), 1),
-            "avg_jct_mean": round(sum(jct) / len(jct), 1), "avg_jct_min": round(min(jct), 1),
-            "avg_jct_max": round(max(jct), 1)}
 
 
 def run(traces: list[str], cluster_spec: str, draws: int = 0) -> list[dict[str, Any]]:
@@ -106,12 +94,10 @@ def run(traces: list[str], cluster_spec: str, draws: int = 0) -> list[dict[str, 
                 row["within_goal"] = (abs(row["makespan_over_gavel"] - 1) <= GOAL
                                       and abs(row["avg_jct_over_gavel"] - 1) <= GOAL)
             if draws:
-                runs = [(res.makespan_s, res.avg_jct_s)]
-                for d in range(1, draws + 1):
-                    more = simulate(perturbed_jobs(jobs, DRAW_REL, d), cluster, table,
-                                    make_policy(policy, **settings), gpu_sharing=sharing)
-                    runs.append((more.makespan_s, more.avg_jct_s))
-                row["over_draws"] = over_draws(runs)
+                runs = [res] + [simulate(perturbed_jobs(jobs, DRAW_REL, d), cluster, table,
+                                         make_policy(policy, **settings), gpu_sharing=sharing)
+                                for d in range(1, draws + 1)]
+                row["over_draws"] = spread_over_draws(runs)
             rows.append(row)
     return rows
 
@@ -160,8 +146,8 @@ def ours_goals(rows: list[dict[str, Any]]) -> list[str]:
         runs = [("as generated", float(r["makespan_s"]), float(r["avg_jct_s"]))]
         if "over_draws" in r:
             o = r["over_draws"]
-            runs.append((f"mean of {o['draws']}", float(o["makespan_mean"]),
-                         float(o["avg_jct_mean"])))
+            runs.append((f"mean of {o['draws']}", float(o["makespan_s_mean"]),
+                         float(o["avg_jct_s_mean"])))
         parts = []
         for label, mk, jct in runs:
             misses = [name for name, ours, theirs in (("makespan", mk, g[0]), ("JCT", jct, g[1]))
@@ -212,10 +198,10 @@ def print_draws(rows: list[dict[str, Any]]) -> None:
         if o is None:
             continue
         g = r["gavel_packed"]
-        ratio = (f"{o['makespan_mean'] / g[0]:.3f} / {o['avg_jct_mean'] / g[1]:.3f}" if g
+        ratio = (f"{o['makespan_s_mean'] / g[0]:.3f} / {o['avg_jct_s_mean'] / g[1]:.3f}" if g
                  else "-")
-        mk = f"{o['makespan_mean']:,.0f} [{o['makespan_min']:,.0f}, {o['makespan_max']:,.0f}]"
-        jct = f"{o['avg_jct_mean']:,.0f} [{o['avg_jct_min']:,.0f}, {o['avg_jct_max']:,.0f}]"
+        mk = f"{o['makespan_s_mean']:,.0f} [{o['makespan_s_min']:,.0f}, {o['makespan_s_max']:,.0f}]"
+        jct = f"{o['avg_jct_s_mean']:,.0f} [{o['avg_jct_s_min']:,.0f}, {o['avg_jct_s_max']:,.0f}]"
         print(f"{r['trace']!s:26s} {r['run']!s:30s} {int(o['draws']):5d} {mk:>28s} {jct:>28s} "
               f"{ratio:>21s}")
 

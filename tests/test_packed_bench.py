@@ -3,18 +3,22 @@ means over perturbed draws (``--draws``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
-from bench.packed import main, ours_goals, over_draws, run
+from bench.packed import main, ours_goals, run
+from hadar_slurm.sim.run import SimResult, spread_over_draws
 
 
-def test_over_draws_takes_mean_lowest_and_highest() -> None:
-    o = over_draws([(100.0, 10.0), (130.0, 4.0), (160.0, 7.0)])
-    assert o == {"draws": 3, "makespan_mean": 130.0, "makespan_min": 100.0,
-                 "makespan_max": 160.0, "avg_jct_mean": 7.0, "avg_jct_min": 4.0,
-                 "avg_jct_max": 10.0}
+def test_spread_over_draws_takes_mean_lowest_and_highest() -> None:
+    runs = [cast(SimResult, SimpleNamespace(makespan_s=m, avg_jct_s=j))
+            for m, j in ((100.0, 10.0), (130.0, 4.0), (160.0, 7.0))]
+    assert spread_over_draws(runs) == {
+        "draws": 3, "makespan_s_mean": 130.0, "makespan_s_min": 100.0,
+        "makespan_s_max": 160.0, "avg_jct_s_mean": 7.0, "avg_jct_s_min": 4.0,
+        "avg_jct_s_max": 10.0}
 
 
 def test_draws_add_the_figures_over_the_trace_and_its_perturbed_lengths() -> None:
@@ -24,13 +28,13 @@ def test_draws_add_the_figures_over_the_trace_and_its_perturbed_lengths() -> Non
         o = r["over_draws"]
         assert o["draws"] == 2
         # the trace as generated is one of the two runs
-        assert o["makespan_min"] <= r["makespan_s"] <= o["makespan_max"]
-        assert o["avg_jct_min"] <= r["avg_jct_s"] <= o["avg_jct_max"]
-        assert o["makespan_min"] <= o["makespan_mean"] <= o["makespan_max"]
+        assert o["makespan_s_min"] <= r["makespan_s"] <= o["makespan_s_max"]
+        assert o["avg_jct_s_min"] <= r["avg_jct_s"] <= o["avg_jct_s_max"]
+        assert o["makespan_s_min"] <= o["makespan_s_mean"] <= o["makespan_s_max"]
     # Hadar with sharing: the draw's lengths differ by at most 1e-4 but its run parts from
     # the trace's (the trace as generated 26,972 s; draw 1 27,104 s, 2026-12-07)
     hadar = next(r for r in rows if r["run"] == "hadar")["over_draws"]
-    assert hadar["makespan_max"] > hadar["makespan_min"]
+    assert hadar["makespan_s_max"] > hadar["makespan_s_min"]
     assert run(["static_32_seed0"], "4:4:4")[0].get("over_draws") is None
 
 
@@ -44,8 +48,8 @@ def test_ours_goals_judge_the_trace_and_the_mean_of_its_draws() -> None:
     gavel = [100.0, 50.0]
     rows: list[dict[str, Any]] = [
         {"trace": "t", "run": "hadar", "gavel_packed": gavel, "makespan_s": 99.0,
-         "avg_jct_s": 51.0, "over_draws": {"draws": 3, "makespan_mean": 99.5,
-                                            "avg_jct_mean": 49.0}},
+         "avg_jct_s": 51.0, "over_draws": {"draws": 3, "makespan_s_mean": 99.5,
+                                            "avg_jct_s_mean": 49.0}},
         {"trace": "t", "run": "hadare", "gavel_packed": gavel, "makespan_s": 100.0,
          "avg_jct_s": 50.0},
         {"trace": "t", "run": "hadar (share=False)", "gavel_packed": gavel,

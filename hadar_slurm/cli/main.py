@@ -53,7 +53,7 @@ from hadar_slurm.sidecar.controller import Sidecar, read_state, slurm_api
 from hadar_slurm.sidecar.status import explain, format_status, status_rows
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.cluster import load_cluster
-from hadar_slurm.sim.run import SimResult, simulate
+from hadar_slurm.sim.run import SimResult, simulate, spread_over_draws
 from hadar_slurm.sim.trace import (
     BUNDLED_TRACES,
     check_runnable,
@@ -222,18 +222,6 @@ class Progress:
 DRAW_REL = 1e-4
 
 
-def draw_spread(runs: Sequence[SimResult]) -> dict[str, int | float]:
-    """Mean, lowest and highest makespan and average JCT over ``runs`` (the trace as given
-    and its draws), for ``simulate --draws``."""
-    out: dict[str, int | float] = {"draws": len(runs)}
-    for key, values in (("makespan_s", [r.makespan_s for r in runs]),
-                        ("avg_jct_s", [r.avg_jct_s for r in runs])):
-        out[f"{key}_mean"] = round(sum(values) / len(values), 1)
-        out[f"{key}_min"] = round(min(values), 1)
-        out[f"{key}_max"] = round(max(values), 1)
-    return out
-
-
 def draws_table(policies: Sequence[str], spread: Sequence[dict[str, int | float]],
                 draws: int) -> str:
     """``simulate --draws``' second table: per policy, the mean [lowest, highest] makespan
@@ -327,7 +315,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for policy, r in zip(policies, results, strict=True):
             runs = [r] + [run(policy, perturbed_jobs(jobs, DRAW_REL, d),
                               f"{policy.name} draw {d}") for d in range(1, draws + 1)]
-            spread.append(draw_spread(runs))
+            spread.append(spread_over_draws(runs))
         print(draws_table([r.policy for r in results], spread, draws))
     for r in results:
         if r.packed:

@@ -85,6 +85,19 @@ class SimResult:
         }
 
 
+def spread_over_draws(runs: Sequence[SimResult]) -> dict[str, int | float]:
+    """The mean, lowest and highest makespan and average JCT over ``runs`` (a trace and its
+    draws with perturbed lengths: ``simulate --draws``, ``bench.packed --draws``), with
+    ``draws`` the number of runs."""
+    out: dict[str, int | float] = {"draws": len(runs)}
+    for key, values in (("makespan_s", [r.makespan_s for r in runs]),
+                        ("avg_jct_s", [r.avg_jct_s for r in runs])):
+        out[f"{key}_mean"] = round(sum(values) / len(values), 1)
+        out[f"{key}_min"] = round(min(values), 1)
+        out[f"{key}_max"] = round(max(values), 1)
+    return out
+
+
 def finish_time_fairness(
     arrival: FloatArray, finish: FloatArray, isolated_s: FloatArray, num_gpus: int
 ) -> FloatArray:
