@@ -146,7 +146,7 @@ def ours_goals(rows: list[dict[str, Any]]) -> list[str]:
         runs = [("as generated", float(r["makespan_s"]), float(r["avg_jct_s"]))]
         if "over_draws" in r:
             o = r["over_draws"]
-            runs.append((f"mean of {o['draws']}", float(o["makespan_s_mean"]),
+            runs.append((f"mean of {o['runs']}", float(o["makespan_s_mean"]),
                          float(o["avg_jct_s_mean"])))
         parts = []
         for label, mk, jct in runs:
@@ -188,7 +188,7 @@ def print_comparison(rows: list[dict[str, Any]]) -> None:
 def print_draws(rows: list[dict[str, Any]]) -> None:
     """Per run: the mean [lowest, highest] makespan and average JCT over the trace and its
     perturbed draws, and the means over Gavel's published figures where there are some."""
-    head = (f"{'trace':26s} {'run':30s} {'draws':>5s} {'makespan mean [min, max]':>28s} "
+    head = (f"{'trace':26s} {'run':30s} {'runs':>5s} {'makespan mean [min, max]':>28s} "
             f"{'avg JCT mean [min, max]':>28s} {'means / Gavel packed':>21s}")
     print("over the trace and its perturbed draws (lengths times 1 + 1e-4 u):")
     print(head)
@@ -202,7 +202,7 @@ def print_draws(rows: list[dict[str, Any]]) -> None:
                  else "-")
         mk = f"{o['makespan_s_mean']:,.0f} [{o['makespan_s_min']:,.0f}, {o['makespan_s_max']:,.0f}]"
         jct = f"{o['avg_jct_s_mean']:,.0f} [{o['avg_jct_s_min']:,.0f}, {o['avg_jct_s_max']:,.0f}]"
-        print(f"{r['trace']!s:26s} {r['run']!s:30s} {int(o['draws']):5d} {mk:>28s} {jct:>28s} "
+        print(f"{r['trace']!s:26s} {r['run']!s:30s} {int(o['runs']):5d} {mk:>28s} {jct:>28s} "
               f"{ratio:>21s}")
 
 

@@ -102,7 +102,7 @@ def test_simulate_draws_give_the_spread_over_perturbed_lengths(
     assert line.count("1,440 s") == 3 and line.count("1,030 s") == 3
     (row,) = json.loads(out.read_text())
     o = row["over_draws"]
-    assert o["draws"] == 3
+    assert o["runs"] == 3
     assert o["makespan_s_min"] <= row["makespan_s"] == 1440.0 <= o["makespan_s_max"]
     assert o["makespan_s_min"] < o["makespan_s_max"]  # the draws did change the lengths
     assert 1440.0 - 0.15 <= o["makespan_s_min"] and o["makespan_s_max"] <= 1440.0 + 0.15

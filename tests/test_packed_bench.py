@@ -16,7 +16,7 @@ def test_spread_over_draws_takes_mean_lowest_and_highest() -> None:
     runs = [cast(SimResult, SimpleNamespace(makespan_s=m, avg_jct_s=j))
             for m, j in ((100.0, 10.0), (130.0, 4.0), (160.0, 7.0))]
     assert spread_over_draws(runs) == {
-        "draws": 3, "makespan_s_mean": 130.0, "makespan_s_min": 100.0,
+        "runs": 3, "makespan_s_mean": 130.0, "makespan_s_min": 100.0,
         "makespan_s_max": 160.0, "avg_jct_s_mean": 7.0, "avg_jct_s_min": 4.0,
         "avg_jct_s_max": 10.0}
 
@@ -26,7 +26,7 @@ def test_draws_add_the_figures_over_the_trace_and_its_perturbed_lengths() -> Non
     assert [r["run"] for r in rows][:1] == ["gavel-las-packed"] and len(rows) == 7
     for r in rows:
         o = r["over_draws"]
-        assert o["draws"] == 2
+        assert o["runs"] == 2
         # the trace as generated is one of the two runs
         assert o["makespan_s_min"] <= r["makespan_s"] <= o["makespan_s_max"]
         assert o["avg_jct_s_min"] <= r["avg_jct_s"] <= o["avg_jct_s_max"]
@@ -48,7 +48,7 @@ def test_ours_goals_judge_the_trace_and_the_mean_of_its_draws() -> None:
     gavel = [100.0, 50.0]
     rows: list[dict[str, Any]] = [
         {"trace": "t", "run": "hadar", "gavel_packed": gavel, "makespan_s": 99.0,
-         "avg_jct_s": 51.0, "over_draws": {"draws": 3, "makespan_s_mean": 99.5,
+         "avg_jct_s": 51.0, "over_draws": {"runs": 3, "makespan_s_mean": 99.5,
                                             "avg_jct_s_mean": 49.0}},
         {"trace": "t", "run": "hadare", "gavel_packed": gavel, "makespan_s": 100.0,
          "avg_jct_s": 50.0},

@@ -88,8 +88,8 @@ class SimResult:
 def spread_over_draws(runs: Sequence[SimResult]) -> dict[str, int | float]:
     """The mean, lowest and highest makespan and average JCT over ``runs`` (a trace and its
     draws with perturbed lengths: ``simulate --draws``, ``bench.packed --draws``), with
-    ``draws`` the number of runs."""
-    out: dict[str, int | float] = {"draws": len(runs)}
+    ``runs`` their number."""
+    out: dict[str, int | float] = {"runs": len(runs)}
     for key, values in (("makespan_s", [r.makespan_s for r in runs]),
                         ("avg_jct_s", [r.avg_jct_s for r in runs])):
         out[f"{key}_mean"] = round(sum(values) / len(values), 1)
