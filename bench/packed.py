@@ -22,8 +22,8 @@ draw: :func:`hadar_slurm.sim.trace.perturbed_jobs`) and adds to each row the mea
 highest makespan and average JCT over the trace and its draws (``over_draws``), with a third
 table of them.  Hadar's runs part after such a change (docs/algorithm.md, "How much of a ratio
 is noise"); Gavel's packing LP hardly moves.  One run of Hadar can be its luckiest: on
-static_32 with sharing, the trace as generated gave 27,135 s where 20 draws averaged 27,939 s
-(2026-12-07).
+static_32 with sharing, the trace as generated gave 27,135 s where 20 runs (it and 19 draws)
+averaged 27,939 s (2026-12-07).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    sharing, an epoch after pairs ran takes it afresh (``share_refresh``): ``T_drain`` counts
    no pairs, so the target it set lies later than the work the pairs left needs, and the
    long jobs it leaves slack to waited past it (Gavel's static_32: makespan 27,939 to 26,925
-   s in the mean of the trace and 20 perturbed draws of it, docs/sharing.md).  Where work
+   s in the mean of 20 runs, the trace and 19 perturbed draws of it, docs/sharing.md).  Where work
    follows a job's end (``Snapshot.after``: a study's trial, whose later rungs follow the one
    it trains toward), ``T_drain`` is at least the longest such path on the jobs' fastest
    types (:func:`job_paths`).
