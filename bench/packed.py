@@ -40,7 +40,7 @@ from hadar_slurm.rates.table import default_table
 from hadar_slurm.sim.bounds import bound_inputs, fluid_makespan_bound
 from hadar_slurm.sim.cluster import load_cluster
 from hadar_slurm.sim.run import simulate, spread_over_draws
-from hadar_slurm.sim.trace import BUNDLED_TRACES, load_trace, perturbed_jobs
+from hadar_slurm.sim.trace import BUNDLED_TRACES, DRAW_REL, load_trace, perturbed_jobs
 
 #: Gavel's own (makespan s, average JCT s) for ``max_min_fairness_packed``, measured with
 #: Gavel's simulator, cluster 4 V100 : 4 P100 : 4 K80, 360 s rounds.
@@ -56,10 +56,6 @@ RUNS: tuple[tuple[str, str, bool, dict[str, Any]], ...] = (
     ("hadare", "hadare", True, {"share": True}),
     ("hadare (share=False)", "hadare", True, {"share": False}),
 )
-
-
-#: How much a draw changes a job's length at most (relative), as ``bench.sharing``'s draws.
-DRAW_REL = 1e-4
 
 
 def run(traces: list[str], cluster_spec: str, draws: int = 0) -> list[dict[str, Any]]:

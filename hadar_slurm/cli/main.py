@@ -56,6 +56,7 @@ from hadar_slurm.sim.cluster import load_cluster
 from hadar_slurm.sim.run import SimResult, simulate, spread_over_draws
 from hadar_slurm.sim.trace import (
     BUNDLED_TRACES,
+    DRAW_REL,
     check_runnable,
     job_line_numbers,
     parse_trace,
@@ -216,10 +217,6 @@ class Progress:
         if self._shown:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
-
-
-#: ``simulate --draws``: how much a draw changes a job's length at most (relative).
-DRAW_REL = 1e-4
 
 
 def draws_table(policies: Sequence[str], spread: Sequence[dict[str, int | float]],

@@ -172,6 +172,11 @@ def check_runnable(
             )
 
 
+#: How much a draw changes a job's length at most (relative): ``simulate --draws``,
+#: ``bench.packed --draws`` (:func:`perturbed_jobs`).
+DRAW_REL = 1e-4
+
+
 def perturbed_jobs(jobs: Sequence[Job], rel: float, seed: int) -> list[Job]:
     """``jobs`` with every length (``total_steps``) times ``1 + rel * u``, ``u`` uniform on
     [-1, 1], drawn in job order from a generator seeded with ``seed``."""
