@@ -1,7 +1,7 @@
 """Knobs: Hadar's and HadarE's settings moved one at a time, judged on the regime suite.
 
     python -m bench.knobs [--seed-base 0 100 200] [--variant NAME KNOB=VALUE ...]
-                          [--workers 2] [--json bench/results/knobs.json]
+                          [--draws 0] [--workers 2] [--json bench/results/knobs.json]
 
 Every knob of :class:`~hadar_slurm.policy.hadar.HadarPolicy` and
 :class:`~hadar_slurm.policy.hadare.HadarEPolicy` has a default that needs no tuning (their
@@ -26,6 +26,18 @@ JSON row a line, removed once the summary is written), each with the fingerprint
 that ran it (:func:`code_fingerprint`).  ``--resume`` takes from that log the runs of a sweep
 that stopped (killed, a lost session) whose trace, policy, knobs and code are this sweep's,
 and runs only the rest; a row of other code is never taken.
+
+``--draws N`` runs every trace ``N`` more times, each with every job's length perturbed by
+at most 1e-4 of itself (:func:`~hadar_slurm.sim.trace.perturbed_jobs`, seeded with the draw;
+the defaults, the variants and the baselines on the same lengths), since one run of a trace
+can be a rule's luckiest or unluckiest (docs/algorithm.md, "How much of a ratio is noise").
+The geometric means then pair each run with the defaults' run of the same draw, and a second
+table counts the goals missed in geometric mean over each trace's ``N + 1`` runs, each ratio
+taken against the baselines of its own draw; then, per variant and seed base, the goals it
+misses on that mean where the defaults do not (``+``) and the reverse (``-``).  It costs
+``N + 1`` times the runs (``--against-committed``: the draws of the defaults and baselines
+run, the trace as generated comes from the committed rows); ``--draws 3`` with one variant
+over three seed bases took about 20 minutes on 2 cores.
 
 ``--against-committed`` runs the variants only: the defaults' and the baselines' rows of each
 seed base come from the committed suite rows (``bench/results/robustness.json``,
@@ -53,6 +65,7 @@ from bench.compare import read_rows
 from bench.report import progress
 from bench.robustness import (
     BASELINES,
+    GOALS,
     Case,
     add_ratios,
     default_stem,
@@ -122,7 +135,9 @@ def parse_variant(words: Sequence[str]) -> tuple[str, dict[str, object]]:
     return words[0], knobs
 
 
-Task = tuple[Case, str, str, int, Mapping[str, object]]
+Task = tuple[Case, str, str, int, Mapping[str, object], int]
+#: The most ``--draws``.
+MAX_DRAWS = 50
 #: What a run's result depends on: the package and the suite's definition (bench.robustness).
 CODE_ROOTS = ("hadar_slurm", "bench/robustness.py")
 
@@ -142,16 +157,17 @@ def code_fingerprint(root: Path | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
-def task_key(case: Case, policy: str, knobs: Mapping[str, object]) -> str:
+def task_key(case: Case, policy: str, knobs: Mapping[str, object], draw: int = 0) -> str:
     """What identifies a run in the log: the command that generates its trace (its seed and
-    job count included), the policy and the knobs (the variant's name does not: two names
-    for the same knobs are the same run)."""
-    return json.dumps([case.command(), policy, sorted(knobs.items())])
+    job count included), the policy, the knobs (the variant's name does not: two names
+    for the same knobs are the same run) and the draw (``--draws``), where there is one."""
+    key: list[object] = [case.command(), policy, sorted(knobs.items())]
+    return json.dumps([*key, draw] if draw else key)
 
 
 def _task(args: Task) -> Row:
-    case, policy, variant, seed_base, knobs = args
-    row = run_one(case, policy, free_moves=False, knobs=knobs)
+    case, policy, variant, seed_base, knobs, draw = args
+    row = run_one(case, policy, free_moves=False, knobs=knobs, draw=draw)
     row["variant"], row["seed_base"] = variant, seed_base
     return row
 
@@ -222,7 +238,7 @@ def checked_rows(folder: Path, seed_base: int, cases: Sequence[Case],
     was = {(r["trace"], r["policy"]): r for r in rows}
     for case in check:
         for policy in JUDGED:
-            why = stale(_task((case, policy, DEFAULTS, seed_base, {})),
+            why = stale(_task((case, policy, DEFAULTS, seed_base, {}, 0)),
                         was[(case.name, policy)])
             if why:
                 raise InputError(
@@ -233,24 +249,78 @@ def checked_rows(folder: Path, seed_base: int, cases: Sequence[Case],
     return rows
 
 
+def _draw(row: Row) -> int:
+    return int(row.get("draw", 0))
+
+
 def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
-    """A variant's figures on a seed base: goals missed, and its geometric means over the
-    defaults' runs (Hadar's and HadarE's makespan and average JCT)."""
-    base = [r for r in rows if r["seed_base"] == seed_base and r["policy"] in BASELINES]
-    mine = [dict(r) for r in rows if r["seed_base"] == seed_base and r["variant"] == variant
-            and r["policy"] in JUDGED]
-    add_ratios(mine + [dict(r) for r in base])
-    missed = misses(mine)
-    ref = {(r["trace"], r["policy"]): r for r in rows if r["seed_base"] == seed_base
-           and r["variant"] == DEFAULTS}
+    """A variant's figures on a seed base: goals missed on the traces as generated (draw 0),
+    and its geometric means over the defaults' runs (Hadar's and HadarE's makespan and average
+    JCT, each run against the defaults' run of the same trace and draw).
+
+    Where the rows hold perturbed draws too (``--draws``), also ``draws`` (the runs per trace)
+    and ``mean_missed`` / ``mean_misses``: the goals whose ratio, in geometric mean over a
+    trace's draws (the trace as generated among them), misses; each ratio of a draw is taken
+    against the baselines of the same draw."""
+    here = [r for r in rows if r["seed_base"] == seed_base]
+    draws = sorted({_draw(r) for r in here if r["variant"] == variant})
+    ratios: dict[tuple[str, str, str], list[float]] = {}
+    missed: list[str] = []
+    mine_all: list[Row] = []
+    for d in draws:
+        base = [dict(r) for r in here if r["policy"] in BASELINES and _draw(r) == d]
+        mine = [dict(r) for r in here if r["variant"] == variant and r["policy"] in JUDGED
+                and _draw(r) == d]
+        add_ratios(mine + base)
+        mine_all += mine
+        if d == 0:
+            missed = misses(mine)
+        for r in mine:
+            for key, _goal, _what, _of in GOALS[r["policy"]]:
+                if r[key]:
+                    ratios.setdefault((r["trace"], r["policy"], key), []).append(r[key])
+    ref = {(r["trace"], r["policy"], _draw(r)): r for r in here if r["variant"] == DEFAULTS}
     out: dict[str, Any] = {"variant": variant, "seed_base": seed_base, "missed": len(missed),
                            "misses": missed}
     for policy in JUDGED:
         for key in ("makespan_s", "avg_jct_s"):
-            logs = [math.log(r[key] / ref[(r["trace"], policy)][key]) for r in mine
-                    if r["policy"] == policy and ref[(r["trace"], policy)][key] > 0]
+            logs = [math.log(r[key] / ref[(r["trace"], policy, _draw(r))][key])
+                    for r in mine_all if r["policy"] == policy
+                    and (r["trace"], policy, _draw(r)) in ref
+                    and ref[(r["trace"], policy, _draw(r))][key] > 0]
             out[f"{policy}_{key}"] = round(math.exp(sum(logs) / len(logs)), 4) if logs else None
+    if len(draws) > 1:
+        goal_of = {(p, key): (goal, what, of) for p, goals in GOALS.items()
+                   for key, goal, what, of in goals}
+        mean_misses: dict[str, str] = {}
+        for (trace, policy, key), values in ratios.items():
+            goal, what, of = goal_of[(policy, key)]
+            mean = math.exp(sum(math.log(v) for v in values) / len(values))
+            if mean > goal:
+                worse = sum(v > goal for v in values)
+                mean_misses[f"{trace} {policy} {key}"] = (
+                    f"{trace}: {policy} {what} {mean:.3f}x {of} (geometric mean of "
+                    f"{len(values)} draws, {worse} of them missed)")
+        out.update(draws=len(draws), mean_missed=len(mean_misses), mean_misses=mean_misses)
     return out
+
+
+def mean_miss_changes(judged: Sequence[dict[str, Any]]) -> str:
+    """Per variant and seed base, the goals missed in geometric mean over the draws that the
+    defaults meet (``+``) or miss while the variant meets them (``-``)."""
+    by = {(j["variant"], j["seed_base"]): j for j in judged}
+    lines = []
+    for j in judged:
+        ref = by.get((DEFAULTS, j["seed_base"]))
+        if j["variant"] == DEFAULTS or ref is None or "mean_misses" not in j:
+            continue
+        mine, theirs = j["mean_misses"], ref["mean_misses"]
+        plus = [mine[k] for k in mine if k not in theirs]
+        minus = [theirs[k] for k in theirs if k not in mine]
+        lines.append(f"{j['variant']}, seed base {j['seed_base']}: {len(plus)} more, "
+                     f"{len(minus)} fewer missed in geometric mean over the draws")
+        lines += [f"  + {t}" for t in plus] + [f"  - {t} (the defaults')" for t in minus]
+    return "\n".join(lines)
 
 
 def table(judged: Sequence[dict[str, Any]], seed_bases: Sequence[int]) -> str:
@@ -268,6 +338,14 @@ def table(judged: Sequence[dict[str, Any]], seed_bases: Sequence[int]) -> str:
             f"{c['hadare_makespan_s']:.4f}/{c['hadare_avg_jct_s']:.4f}" for c in cells)
         lines.append(f"{v:22s} " + " ".join(f"{c['missed']:5d}" for c in cells)
                      + f" {sum(c['missed'] for c in cells):5d}   {means}")
+    if all("mean_missed" in j for j in judged):
+        runs = judged[0]["draws"] if judged else 0
+        lines += ["", f"goals missed in geometric mean over each trace's {runs} draws (the "
+                  "trace as generated and its perturbed lengths), per seed base and in all:"]
+        for v in variants:
+            cells = [by[(v, s)] for s in seed_bases]
+            lines.append(f"{v:22s} " + " ".join(f"{c['mean_missed']:5d}" for c in cells)
+                         + f" {sum(c['mean_missed'] for c in cells):5d}")
     return "\n".join(lines)
 
 
@@ -281,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="only these traces, as bench.robustness --only (a quick look)")
     ap.add_argument("--jobs-scale", type=float, default=1.0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--draws", type=int, default=0, metavar="N",
+                    help="also run every trace N more times with its jobs' lengths perturbed "
+                    "by at most 1e-4 (defaults, variants and baselines alike) and judge the "
+                    f"goals on the geometric mean over the draws too (0 to {MAX_DRAWS})")
     ap.add_argument("--json", default="bench/results/knobs.json")
     ap.add_argument("--with-rows", action="store_true",
                     help="also write every run's row (about 4 MB for the default sweep)")
@@ -298,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(exc.one_line())
     if DEFAULTS in {name for name, _ in variants}:
         ap.error(f"--variant: {DEFAULTS!r} names the runs with no knob moved; pick another name")
+    if not 0 <= args.draws <= MAX_DRAWS:
+        ap.error(f"--draws: {args.draws} is not from 0 to {MAX_DRAWS}")
     if args.against_committed is not None and args.jobs_scale != 1.0:
         ap.error("--against-committed: the committed rows are of the whole traces; "
                  "leave out --jobs-scale")
@@ -315,15 +399,18 @@ def main(argv: list[str] | None = None) -> int:
                                       cases[:2] if args.only else named(cases, list(CHECKED)))
             except InputError as exc:
                 ap.error(exc.one_line())
-        else:
-            tasks += [(c, p, "baselines", s, {}) for c in cases for p in BASELINES]
-            tasks.extend((c, p, DEFAULTS, s, {}) for c in cases for p in JUDGED)
+        # (the committed rows are the traces as generated: their draws run here)
+        first = 0 if args.against_committed is None else 1
+        for d in range(first, args.draws + 1):
+            tasks += [(c, p, "baselines", s, {}, d) for c in cases for p in BASELINES]
+            tasks.extend((c, p, DEFAULTS, s, {}, d) for c in cases for p in JUDGED)
         for name, knobs in variants:
-            tasks += [(c, p, name, s, knobs) for c in cases for p in JUDGED]
+            tasks += [(c, p, name, s, knobs, d) for d in range(args.draws + 1) for c in cases
+                      for p in JUDGED]
     out = Path(args.json)
     log = out.with_name(out.name + ".runs.jsonl")
     code = code_fingerprint()
-    keys = [task_key(c, p, k) for c, p, _v, _s, k in tasks]
+    keys = [task_key(c, p, k, d) for c, p, _v, _s, k, d in tasks]
     done = logged_rows(log, code) if args.resume else {}
     rows: list[Row | None] = [dict(done[key], variant=t[2]) if key in done else None
                               for key, t in zip(keys, tasks, strict=True)]
@@ -344,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     judged = [judge(rows_done, name, s) for s in args.seed_base
               for name in [DEFAULTS, *(n for n, _ in variants)]]
     print(table(judged, args.seed_base))
+    if args.draws:
+        print("\n" + mean_miss_changes(judged))
     data: dict[str, Any] = {"summary": judged}
     if args.with_rows:
         data["rows"] = rows_done

@@ -75,6 +75,7 @@ from hadar_slurm.sim.bounds import (
 from hadar_slurm.sim.cluster import parse_counts
 from hadar_slurm.sim.generate import WorkloadSpec, generate, offered_load
 from hadar_slurm.sim.run import simulate
+from hadar_slurm.sim.trace import DRAW_REL, perturbed_jobs
 
 POLICIES = ("hadar", "hadare", "gavel-las", "gavel-makespan", "fifo-perf", "fifo")
 BASELINES = ("gavel-las", "fifo-perf", "fifo")
@@ -275,13 +276,21 @@ def with_knobs(policy: str, knobs: Mapping[str, object] | None = None,
 def run_one(case: Case, policy: str, free_moves: bool,
             reschedule_on_finish: bool = False, pin_binding: bool = True,
             on_epoch: Callable[[EpochRecord, SimulatedCluster], None] | None = None,
-            knobs: Mapping[str, object] | None = None,
+            knobs: Mapping[str, object] | None = None, draw: int = 0,
             ) -> dict[str, Any]:
     """One run of ``policy`` on ``case``'s trace, as a row (``on_epoch``: called after each
     epoch with its record and the simulated cluster, as :func:`simulate` does; ``knobs``:
-    :func:`with_knobs`, recorded in the row's ``settings``)."""
+    :func:`with_knobs`, recorded in the row's ``settings``; ``draw`` > 0: every job's length
+    perturbed by at most :data:`~hadar_slurm.sim.trace.DRAW_REL` of itself, seeded with the
+    draw (:func:`~hadar_slurm.sim.trace.perturbed_jobs`), recorded in the row's ``draw``; the
+    bounds stay the trace's, which such a change moves by as little)."""
     inst = instance(case)
     jobs, cluster, table = inst.jobs, inst.cluster, inst.table
+    if draw < 0:
+        raise InputError(f"draw must be 0 (the trace as generated) or more, got {draw}",
+                         field="draw", fix="give 0, 1, 2, ...")
+    if draw:
+        jobs = tuple(perturbed_jobs(jobs, DRAW_REL, draw))
     bound, fork, fork_any, load = inst.bound, inst.fork, inst.fork_any, inst.load
     live = LiveCosts()
     move_s, start_s = (0.0, 0.0) if free_moves else (live.move_s, live.start_s)
@@ -311,6 +320,7 @@ def run_one(case: Case, policy: str, free_moves: bool,
         "makespan_over_fork_bound": round(res.makespan_s / fork, 4),
         "completed": res.num_completed, "wall_s": round(time.perf_counter() - t0, 2),
         "decision_ms_median": round(res.decision_ms_median, 3),
+        **({"draw": draw} if draw else {}),
     }
 
 
