@@ -61,7 +61,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.compare import read_rows
+from bench.compare import geo_mean, read_rows
 from bench.report import progress
 from bench.robustness import (
     BASELINES,
@@ -264,7 +264,8 @@ def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
     against the baselines of the same draw."""
     here = [r for r in rows if r["seed_base"] == seed_base]
     draws = sorted({_draw(r) for r in here if r["variant"] == variant})
-    ratios: dict[tuple[str, str, str], list[float]] = {}
+    # (trace, policy, goal: its key, bound, what and of what) -> the ratio in each draw
+    ratios: dict[tuple[str, str, str, float, str, str], list[float]] = {}
     missed: list[str] = []
     mine_all: list[Row] = []
     for d in draws:
@@ -276,9 +277,9 @@ def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
         if d == 0:
             missed = misses(mine)
         for r in mine:
-            for key, _goal, _what, _of in GOALS[r["policy"]]:
-                if r[key]:
-                    ratios.setdefault((r["trace"], r["policy"], key), []).append(r[key])
+            for spec in GOALS[r["policy"]]:
+                if r[spec[0]]:
+                    ratios.setdefault((r["trace"], r["policy"], *spec), []).append(r[spec[0]])
     ref = {(r["trace"], r["policy"], _draw(r)): r for r in here if r["variant"] == DEFAULTS}
     out: dict[str, Any] = {"variant": variant, "seed_base": seed_base, "missed": len(missed),
                            "misses": missed}
@@ -290,12 +291,9 @@ def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
                     and ref[(r["trace"], policy, _draw(r))][key] > 0]
             out[f"{policy}_{key}"] = round(math.exp(sum(logs) / len(logs)), 4) if logs else None
     if len(draws) > 1:
-        goal_of = {(p, key): (goal, what, of) for p, goals in GOALS.items()
-                   for key, goal, what, of in goals}
         mean_misses: dict[str, str] = {}
-        for (trace, policy, key), values in ratios.items():
-            goal, what, of = goal_of[(policy, key)]
-            mean = math.exp(sum(math.log(v) for v in values) / len(values))
+        for (trace, policy, key, goal, what, of), values in ratios.items():
+            mean = geo_mean(values)
             if mean > goal:
                 worse = sum(v > goal for v in values)
                 mean_misses[f"{trace} {policy} {key}"] = (
