@@ -41,8 +41,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-import numpy as np
-
+from bench.compare import geo_mean
 from bench.report import write_rows
 from bench.robustness import Case, instance, suite
 from bench.sensitivity import perturbed_jobs
@@ -114,10 +113,6 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                        or row["useful_utilization_ratio"] < 1 - TOLERANCE)
         out.append(row)
     return out
-
-
-def geo_mean(values: Sequence[float]) -> float:
-    return float(np.exp(np.mean(np.log(values))))
 
 
 def over_draws(ratio_rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
