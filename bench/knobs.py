@@ -14,7 +14,10 @@ seed base).  Per variant and seed base it prints issue #15's goals missed
 (:func:`bench.robustness.misses`) and the geometric means of Hadar's and HadarE's makespan
 and average JCT over the defaults' runs.  A variant that missed fewer goals on every seed base
 and was no worse in geometric mean would be a better default; one that trades seed bases
-against each other is noise ("How much of a ratio is noise", docs/algorithm.md).
+against each other is noise ("How much of a ratio is noise", docs/algorithm.md).  Below the
+table, per variant and seed base, the traces whose makespan or average JCT moved most from the
+defaults' either way (:data:`MOVES` of them, :func:`largest_moves`): a goal missed before and
+after does not change the count, however much worse it got.
 
 Each seed base takes about a minute for the baselines and 40 s a variant on 2 cores once the
 traces' bounds are in ``bench/results/.cache``; the default sweep of three seed bases about
@@ -80,6 +83,8 @@ from hadar_slurm.errors import InputError
 Row = dict[str, Any]
 DEFAULTS = "defaults"
 JUDGED = ("hadar", "hadare")
+#: How many of a variant's largest moves, trace by trace, :func:`largest_moves` lists.
+MOVES = 6
 
 #: One knob moved either way from its default (the defaults in brackets): Hadar's
 #: ``margin_rounds`` (1.5), ``chain_factor`` (0.95), ``split_share`` (0.5), ``held_speed`` (0.3),
@@ -256,7 +261,9 @@ def _draw(row: Row) -> int:
 def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
     """A variant's figures on a seed base: goals missed on the traces as generated (draw 0),
     and its geometric means over the defaults' runs (Hadar's and HadarE's makespan and average
-    JCT, each run against the defaults' run of the same trace and draw).
+    JCT, each run against the defaults' run of the same trace and draw), and ``moves``: the
+    :data:`MOVES` largest of those ratios trace by trace (geometric mean over the draws), as
+    ``[trace, policy, figure, ratio]``, the figures that did not move left out.
 
     Where the rows hold perturbed draws too (``--draws``), also ``draws`` (the runs per trace)
     and ``mean_missed`` / ``mean_misses``: the goals whose ratio, in geometric mean over a
@@ -283,13 +290,24 @@ def judge(rows: Sequence[Row], variant: str, seed_base: int) -> dict[str, Any]:
     ref = {(r["trace"], r["policy"], _draw(r)): r for r in here if r["variant"] == DEFAULTS}
     out: dict[str, Any] = {"variant": variant, "seed_base": seed_base, "missed": len(missed),
                            "misses": missed}
+    # (trace, policy, figure) -> log of the variant's figure over the defaults', per draw
+    per_trace: dict[tuple[str, str, str], list[float]] = {}
     for policy in JUDGED:
         for key in ("makespan_s", "avg_jct_s"):
-            logs = [math.log(r[key] / ref[(r["trace"], policy, _draw(r))][key])
-                    for r in mine_all if r["policy"] == policy
-                    and (r["trace"], policy, _draw(r)) in ref
-                    and ref[(r["trace"], policy, _draw(r))][key] > 0]
+            logs = []
+            for r in mine_all:
+                other = ref.get((r["trace"], policy, _draw(r)))
+                if r["policy"] != policy or other is None or not other[key] > 0:
+                    continue
+                logs.append(math.log(r[key] / other[key]))
+                per_trace.setdefault((r["trace"], policy, key), []).append(logs[-1])
             out[f"{policy}_{key}"] = round(math.exp(sum(logs) / len(logs)), 4) if logs else None
+    # The largest moves trace by trace, either way (geometric mean over the draws): a goal
+    # the defaults already miss can get far worse without changing the count of misses.
+    moved = sorted(((trace, policy, key, math.exp(sum(v) / len(v)))
+                    for (trace, policy, key), v in per_trace.items()),
+                   key=lambda m: -abs(math.log(m[3])))
+    out["moves"] = [[t, p, k, round(x, 4)] for t, p, k, x in moved[:MOVES] if x != 1.0]
     if len(draws) > 1:
         mean_misses: dict[str, str] = {}
         for (trace, policy, key, goal, what, of), values in ratios.items():
@@ -318,6 +336,22 @@ def mean_miss_changes(judged: Sequence[dict[str, Any]]) -> str:
         lines.append(f"{j['variant']}, seed base {j['seed_base']}: {len(plus)} more, "
                      f"{len(minus)} fewer missed in geometric mean over the draws")
         lines += [f"  + {t}" for t in plus] + [f"  - {t} (the defaults')" for t in minus]
+    return "\n".join(lines)
+
+
+def largest_moves(judged: Sequence[dict[str, Any]]) -> str:
+    """Per variant and seed base, the traces whose makespan or average JCT moved most from the
+    defaults', either way (each the geometric mean of the variant's figure over the defaults'
+    over the draws): the count of goals missed is blind to a goal missed before and after by
+    far more."""
+    lines = []
+    for j in judged:
+        if j["variant"] == DEFAULTS or not j.get("moves"):
+            continue
+        lines.append(f"{j['variant']}, seed base {j['seed_base']}: largest moves over the "
+                     "defaults (the variant's figure over theirs)")
+        lines += [f"  {policy:6s} {trace:24s} {key.removesuffix('_s'):9s} {ratio:.4f}"
+                  for trace, policy, key, ratio in j["moves"]]
     return "\n".join(lines)
 
 
@@ -429,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     judged = [judge(rows_done, name, s) for s in args.seed_base
               for name in [DEFAULTS, *(n for n, _ in variants)]]
     print(table(judged, args.seed_base))
+    moves = largest_moves(judged)
+    if moves:
+        print("\n" + moves)
     if args.draws:
         print("\n" + mean_miss_changes(judged))
     data: dict[str, Any] = {"summary": judged}

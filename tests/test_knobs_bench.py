@@ -72,6 +72,26 @@ def test_a_variant_is_judged_against_the_defaults_and_the_baselines() -> None:
     assert "defaults" in text and "1.0196/1.2222" in text
 
 
+def test_the_largest_moves_show_a_goal_missed_before_and_after() -> None:
+    """The count of misses is the same (Hadar's makespan misses on both traces either way),
+    but one trace's makespan is 20% longer: it leads the moves, the JCT gain on the other
+    next, and figures that did not move are not listed."""
+    rows = [_row(t, p, "baselines", 150, 100) for t in ("a", "b")
+            for p in ("gavel-las", "fifo-perf", "fifo")]
+    rows += [_row("a", "hadar", "defaults", 110, 90), _row("a", "hadare", "defaults", 100, 80),
+             _row("b", "hadar", "defaults", 105, 90), _row("b", "hadare", "defaults", 100, 80),
+             _row("a", "hadar", "v", 132, 90), _row("a", "hadare", "v", 100, 80),
+             _row("b", "hadar", "v", 105, 81), _row("b", "hadare", "v", 100, 80)]
+    got = knobs.judge(rows, "v", 0)
+    assert got["missed"] == knobs.judge(rows, knobs.DEFAULTS, 0)["missed"] == 2
+    assert got["moves"] == [["a", "hadar", "makespan_s", 1.2],
+                            ["b", "hadar", "avg_jct_s", 0.9]]
+    text = knobs.largest_moves([knobs.judge(rows, knobs.DEFAULTS, 0), got])
+    assert text.splitlines()[0] == "v, seed base 0: largest moves over the defaults (the " \
+        "variant's figure over theirs)"
+    assert "a" in text.splitlines()[1] and text.splitlines()[1].endswith("makespan  1.2000")
+
+
 def test_a_small_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "k.json"
     assert knobs.main(["--seed-base", "0", "--only", "dgx/poisson-0.5", "--jobs-scale", "0.3",
