@@ -20,12 +20,12 @@ from hadar_slurm.loop import fill_decision, fill_snapshot
 from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot, gpus_in_use
-from hadar_slurm.policy.hadar import HadarPolicy, HadarState
+from hadar_slurm.policy.hadar import HadarPolicy, HadarState, arrivals_window
 from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState
 from hadar_slurm.policy.sharing import pack_waiting, pair_gain, shared_finish, waiting_starts
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_gavel_json
 from hadar_slurm.sim.backend import SimulatedCluster
-from hadar_slurm.sim.cluster import parse_counts
+from hadar_slurm.sim.cluster import load_cluster, parse_counts
 from hadar_slurm.sim.run import simulate
 from hadar_slurm.sim.trace import load_trace
 from tests.helpers import make_job
@@ -481,6 +481,43 @@ def test_a_pair_must_end_by_the_target_the_job_left_alone_after_included() -> No
     assert pairs == () and not guests.any()
     _p, pairs, guests, _d = pack_waiting(snap, placed, order, window=750.0)
     assert pairs == ((0, 1),) and guests.tolist() == [False, True]
+
+
+def test_arrivals_window_by_hand() -> None:
+    """Two v100s at t = 1000, a window of 600 s: the jobs that arrived in (400, 1000] after
+    the policy's first epoch count, each with its whole work alone on its fastest type.  x
+    (arrived 500, 720 steps at 1 step/s) adds 720 GPU-seconds over 2 GPUs: 960 s.  a (arrived
+    at 0, before the lookback) and b (arrived 450, 300 steps at 2 steps/s, 150 GPU-seconds)
+    too where the first epoch was at 0: 1035 s; a first epoch at 480 leaves b out (a queue
+    found waiting is no arrival), and at 600 leaves out x too."""
+    jobs = [make_job(0, 5000, 0.0, "a"), make_job(1, 300, 450.0, "a"),
+            make_job(2, 720, 500.0, "x")]
+    snap = SimulatedCluster(jobs, parse_counts("v100=2"), table_with(0.8)).snapshot(
+        0, 1000.0, 360.0, None)
+    assert arrivals_window(snap, 600.0, 0.0) == pytest.approx(600.0 + (150 + 720) / 2)
+    assert arrivals_window(snap, 600.0, 480.0) == pytest.approx(960.0)
+    assert arrivals_window(snap, 600.0, 600.0) == pytest.approx(600.0)
+    # a shorter window looks back less far: from 700, nothing arrived
+    assert arrivals_window(snap, 300.0, 0.0) == pytest.approx(300.0)
+
+
+def test_while_jobs_arrive_pairs_keep_the_forecast_makespan() -> None:
+    """Gavel's poisson_200 (jobs arriving all along): the stretched window forms pairs the
+    queue's own drain refused, and the average JCT falls; on static_32 (every job there at the
+    first epoch) every decision is as without the setting."""
+    table = default_table()
+    cluster = load_cluster("4:4:4")
+    arriving = load_trace("poisson_200_lam900_seed0", table)
+    on = simulate(arriving, cluster, table, HadarPolicy(share=True), gpu_sharing=True)
+    off = simulate(arriving, cluster, table, HadarPolicy(share=True, share_arrivals=False),
+                   gpu_sharing=True)
+    assert on.packed_jobs > off.packed_jobs
+    assert on.avg_jct_s < 0.99 * off.avg_jct_s
+    static = load_trace("static_32_seed0", table)
+    a = simulate(static, cluster, table, HadarPolicy(share=True), gpu_sharing=True)
+    b = simulate(static, cluster, table, HadarPolicy(share=True, share_arrivals=False),
+                 gpu_sharing=True)
+    assert a.packed == b.packed and a.avg_jct_s == b.avg_jct_s
 
 
 def test_no_pair_forms_on_a_type_a_waiting_gang_can_use() -> None:
