@@ -518,6 +518,11 @@ def test_while_jobs_arrive_pairs_keep_the_forecast_makespan() -> None:
     b = simulate(static, cluster, table, HadarPolicy(share=True, share_arrivals=False),
                  gpu_sharing=True)
     assert a.packed == b.packed and a.avg_jct_s == b.avg_jct_s
+    # HadarE keeps its fork target's window unless told (docs/sharing.md: the studies moved)
+    plain = simulate(arriving, cluster, table, HadarEPolicy(share=True), gpu_sharing=True)
+    told = simulate(arriving, cluster, table, HadarEPolicy(share=True, share_arrivals=True),
+                    gpu_sharing=True)
+    assert told.packed_jobs > plain.packed_jobs and told.avg_jct_s < plain.avg_jct_s
 
 
 def test_no_pair_forms_on_a_type_a_waiting_gang_can_use() -> None:

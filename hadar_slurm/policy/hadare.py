@@ -64,13 +64,14 @@ compete for GPUs like any job.  One epoch:
    it): a job still waiting joins
    an unforked placed job on its GPUs by Hadar's rule
    (:func:`~hadar_slurm.policy.sharing.pack_waiting`), each host still ending by the fork
-   target when it shares to its end, that window stretched while jobs keep arriving as
-   Hadar's is (``hadar.share_arrivals``, :func:`~hadar_slurm.policy.hadar.arrivals_window`;
-   Gavel's poisson_200, mean of 21 runs: average JCT 8,899 to 8,580 s).  The next epoch plans a pair's GPUs as its host's alone
-   (the guests carried in ``HadarEState.guests``), as Hadar's plan does
-   (:func:`~hadar_slurm.policy.hadar.without_guests`): seen held by both, the copies' plan
-   planned both as running, kept the first row it met (the guest's where its id was lower,
-   moving the host) and sent the other elsewhere, so pairs broke up.
+   target when it shares to its end.  (That window stretched while jobs keep arriving, as
+   Hadar's is, ``share_arrivals``, :func:`~hadar_slurm.policy.hadar.arrivals_window`: Gavel's
+   poisson_200, mean of 21 runs, average JCT 8,899 to 8,580 s, but the tuning studies amid
+   other jobs moved either way, 4 to 6 of 90 runs missing a goal; off.)  The next epoch plans
+   a pair's GPUs as its host's alone (the guests carried in ``HadarEState.guests``), as
+   Hadar's plan does (:func:`~hadar_slurm.policy.hadar.without_guests`): seen held by both,
+   the copies' plan planned both as running, kept the first row it met (the guest's where its
+   id was lower, moving the host) and sent the other elsewhere, so pairs broke up.
 
 The decision numbers the copies of each job in ``Placement.copy``; ``detail`` says how many
 copies a forked job runs as.
@@ -164,7 +165,10 @@ class HadarEPolicy:
     each copy is one component on one node, and in the simulator unless told otherwise).
     ``replans``: how many times at most Hadar plans the copies again without those the merge
     dropped (step 2).  ``pin_binding``: step 0, the jobs that bind the fork makespan on their
-    fastest copies (on by default), ``pin_tolerance`` of their soonest end after it at most."""
+    fastest copies (on by default), ``pin_tolerance`` of their soonest end after it at most.
+    ``share_arrivals``: with ``share``, the fork target's window that a pair must keep is
+    stretched while jobs keep arriving, as Hadar's is (step 4); off: measured, it moved
+    study runs either way with two more goals missed (docs/sharing.md)."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
@@ -172,6 +176,7 @@ class HadarEPolicy:
     fork_all: bool = False
     max_overhead: float = 0.5
     share: bool = False
+    share_arrivals: bool = False
     replans: int = 2
     pin_binding: bool = True
     pin_tolerance: float = 0.05
@@ -413,7 +418,7 @@ class HadarEPolicy:
             order = np.lexsort((snapshot.job_ids, srpt)).astype(np.int64)
             state = inner.policy_state
             share_window = (arrivals_window(world, window, state.since)
-                            if self.hadar.share_arrivals and isinstance(state, HadarState)
+                            if self.share_arrivals and isinstance(state, HadarState)
                             else window)
             placement, pairs, guests, shared = pack_waiting(world, placement, order,
                                                             share_window)

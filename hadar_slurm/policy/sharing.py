@@ -38,10 +38,10 @@ waiting jobs in queue order, each with the host where it pays most, a host takin
    host's GPUs after it (:func:`shared_finish`), so that no pair pushes the plan's makespan
    out: a guest stays on GPUs the plan did not choose for it, and checking the host alone let
    guests hold GPUs that gang chains needed (``bench.sharing``: Hadar's worst makespan with
-   sharing, over without, went from 1.028 to 1.006).  While jobs keep arriving, the callers
-   stretch the window by the drain of the work that arrived over the last one
-   (:func:`~hadar_slurm.policy.hadar.arrivals_window`): the queue's drain is then not the
-   makespan, which the jobs still to come set.
+   sharing, over without, went from 1.028 to 1.006).  While jobs keep arriving, Hadar
+   stretches the window by the drain of the work that arrived over the last one
+   (:func:`~hadar_slurm.policy.hadar.arrivals_window`; HadarE where its ``share_arrivals``
+   says so): the queue's drain is then not the makespan, which the jobs still to come set.
 4. **The queue.**  No new pair forms on a GPU type that a multi-GPU job left waiting (other
    than the guest itself), anywhere in the queue order, can use.  Such a gang needs whole GPUs
    of one type at once; a pair keeps its host on its GPUs longer and the guest may stay after,
