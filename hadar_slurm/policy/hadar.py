@@ -92,7 +92,7 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    window since the policy's first epoch (``share_arrivals``, :func:`arrivals_window`), as
    much again being forecast over the next.  A static queue is unchanged (nothing arrives
    after the first epoch); Gavel's poisson_200, mean of 21 runs: average JCT 12,313 to
-   11,969 s (docs/sharing.md).
+   11,946 s (docs/sharing.md).
 
 Prices in the dual pass rise from a floor per type (proportional to ``pi``, at most half the
 least utility density, so an idle cluster admits every job) by the factor ``U / L`` when full;
