@@ -500,6 +500,8 @@ class HadarState:
     guests: tuple[int, ...] = ()
     #: The gangs a type's chain made critical (the chain rule of ``critical_jobs``), by id.
     chain: tuple[int, ...] = ()
+    #: The ``now`` of the policy's first epoch (NaN until one ran): jobs that arrived after it
+    #: are arrivals to :func:`arrivals_window`, those found waiting then are not.
     since: float = float("nan")
 
 
