@@ -1588,10 +1588,12 @@ def pair_guests(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partn
                         waiting_start = tp
                     start = waiting_start if not (0.0 > waiting_start) else 0.0
                     end2 = start + tx
-                    free = (start + tx) if (start + tx) > tp else tp
+                    free = tp + tx
                     if sooner < end2:
                         end2 = sooner
-                        free = tp
+                        free = tp + (tx if tx < sooner else sooner)
+                    # (the reference's ``max(t1 + run2, end2)``: ``start <= tp`` here, and
+                    # ``sooner`` at most ``tp + sooner``)
                     wp = hwp[k]
                     gain = wp * (tp - b1) + w_x * (end2 - b2) + gbehind[x] * (free - bmax)
                     if not again:

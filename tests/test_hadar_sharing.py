@@ -20,13 +20,13 @@ from hadar_slurm.loop import fill_decision, fill_snapshot
 from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
 from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot, gpus_in_use
-from hadar_slurm.policy.hadar import HadarPolicy, HadarState, arrivals_window
+from hadar_slurm.policy.hadar import HadarPolicy, HadarState, arrivals_forecast
 from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState
 from hadar_slurm.policy.sharing import pack_waiting, pair_gain, shared_finish, waiting_starts
 from hadar_slurm.rates.table import ThroughputTable, default_table, parse_gavel_json
 from hadar_slurm.sim.backend import SimulatedCluster
 from hadar_slurm.sim.cluster import load_cluster, parse_counts
-from hadar_slurm.sim.run import simulate
+from hadar_slurm.sim.run import SimResult, simulate
 from hadar_slurm.sim.trace import load_trace
 from tests.helpers import make_job
 
@@ -72,6 +72,10 @@ def test_pair_gain_counts_when_the_guest_would_start_apart() -> None:
     # frees), not at 720: it ends at 820 instead of 1440.  A - B = (720 - 900) + (820 - 900) =
     # -260: the pair does not pay.  Starting at 720 (the host's end) is the default's 360.
     assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, wait=100.0) == pytest.approx(-260.0)
+    # Jobs behind it (weight 1): apart, the guest takes the GPUs freed at 100 from them, so
+    # the two hold GPUs 1440 s in all; together 900 s: 540 more, 280.
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, behind=1.0,
+                     wait=100.0) == pytest.approx(280.0)
     assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, wait=720.0) == pytest.approx(360.0)
     # A guest that would start only at 1080 apart (the round's end after the host's): it ends
     # at 1800; A - B = (720 - 900) + (1800 - 900) = 720.  With jobs behind both (weight 1):
@@ -126,10 +130,16 @@ def test_pair_gain_counts_a_guest_that_would_end_sooner_elsewhere() -> None:
                      elsewhere=460.0) == pytest.approx(-620.0)
     assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, wait=720.0,
                      elsewhere=1500.0) == pytest.approx(360.0)
-    # Jobs behind (weight 1) get the host's GPUs at its end, 720, when the guest goes
-    # elsewhere, and at 900 when the two share: 180 more lost, -800.
+    # Jobs behind (weight 1) gain the GPU time the pair saves.  Apart, the guest's run
+    # elsewhere takes GPUs that a job behind does not get, at most until it ends there (460):
+    # the two hold GPUs 720 + 460 = 1180 s; together 900 s.  So 280 more, -340: the pair
+    # still does not pay.  (Until 2026-12-07 they got the host's GPUs at 720 apart, the GPUs
+    # the guest took elsewhere not counted: -800.)
     assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, behind=1.0, wait=720.0,
-                     elsewhere=460.0) == pytest.approx(-800.0)
+                     elsewhere=460.0) == pytest.approx(-340.0)
+    # With three times the weight behind, 3 x 280 outweighs the two jobs' 620: 220.
+    assert pair_gain(720.0, 720.0, 0.8, 0.8, 1.0, 1.0, behind=3.0, wait=720.0,
+                     elsewhere=460.0) == pytest.approx(220.0)
 
 
 def two_types(y_p100: float) -> ThroughputTable:
@@ -158,6 +168,22 @@ def test_a_guest_that_would_end_sooner_on_other_gpus_does_not_join() -> None:
                                 two_types(y_p100)).snapshot(0, 0.0, 360.0, None)
         _p, pairs, _g, _d = pack_waiting(snap, placed, order)
         assert pairs == want, y_p100
+
+
+def test_jobs_forecast_to_arrive_count_behind_the_guest() -> None:
+    # The case above where y would end sooner on the p100 (the pair loses 620): no job waits
+    # behind y, but jobs forecast to arrive (``arriving``, weight per GPU) gain the 280 s of
+    # GPU time the pair saves (pair_gain above).  At 1.5 per GPU: -620 + 420 < 0, no pair;
+    # at 3: -620 + 840 = 220 > 0, y joins x0.
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 100, 0, "x"), make_job(2, 720, 0, "y")]
+    placed = Placement(np.array([0, 1]), np.array([0, 1]), np.array([1, 1]))
+    order = np.array([0, 1, 2], dtype=np.int64)
+    snap = SimulatedCluster(jobs, parse_counts("v100=1:p100=1"),
+                            two_types(2.0)).snapshot(0, 0.0, 360.0, None)
+    assert snap.migration_s == 0.0
+    for arriving, want in ((0.0, ()), (1.5, ()), (3.0, ((0, 2),))):
+        _p, pairs, _g, _d = pack_waiting(snap, placed, order, arriving=arriving)
+        assert pairs == want, arriving
 
 
 # -- scenarios in the simulator ----------------------------------------------------------------
@@ -483,7 +509,7 @@ def test_a_pair_must_end_by_the_target_the_job_left_alone_after_included() -> No
     assert pairs == ((0, 1),) and guests.tolist() == [False, True]
 
 
-def test_arrivals_window_by_hand() -> None:
+def test_arrivals_forecast_by_hand() -> None:
     """Two v100s at t = 1000, a window of 600 s: the jobs that arrived in (400, 1000] after
     the policy's first epoch count, each with its whole work alone on its fastest type.  x
     (arrived 500, 720 steps at 1 step/s) adds 720 GPU-seconds over 2 GPUs: 960 s.  a (arrived
@@ -494,16 +520,21 @@ def test_arrivals_window_by_hand() -> None:
             make_job(2, 720, 500.0, "x")]
     snap = SimulatedCluster(jobs, parse_counts("v100=2"), table_with(0.8)).snapshot(
         0, 1000.0, 360.0, None)
-    assert arrivals_window(snap, 600.0, 0.0) == pytest.approx(600.0 + (150 + 720) / 2)
-    assert arrivals_window(snap, 600.0, 480.0) == pytest.approx(960.0)
-    assert arrivals_window(snap, 600.0, 600.0) == pytest.approx(600.0)
+    assert arrivals_forecast(snap, 600.0, 0.0).window == pytest.approx(600.0 + (150 + 720) / 2)
+    assert arrivals_forecast(snap, 600.0, 480.0).window == pytest.approx(960.0)
+    assert arrivals_forecast(snap, 600.0, 600.0).window == pytest.approx(600.0)
     # a shorter window looks back less far: from 700, nothing arrived
-    assert arrivals_window(snap, 300.0, 0.0) == pytest.approx(300.0)
+    assert arrivals_forecast(snap, 300.0, 0.0).window == pytest.approx(300.0)
+    # the jobs forecast to arrive: the same jobs' weight (1 each) over the 2 GPUs
+    assert [arrivals_forecast(snap, 600.0, since).weight for since in (0.0, 480.0, 600.0)
+            ] == pytest.approx([1.0, 0.5, 0.0])
+    assert arrivals_forecast(snap, 300.0, 0.0).weight == 0.0
 
 
 def test_while_jobs_arrive_pairs_keep_the_forecast_makespan() -> None:
-    """Gavel's poisson_200 (jobs arriving all along): the stretched window forms pairs the
-    queue's own drain refused, and the average JCT falls; on static_32 (every job there at the
+    """Gavel's poisson_200 (jobs arriving all along): the stretched window and the jobs
+    forecast to wait behind every guest form pairs the queue alone refused (more rounds of
+    pairs), and the average JCT falls; on static_32 (every job there at the
     first epoch) every decision is as without the setting."""
     table = default_table()
     cluster = load_cluster("4:4:4")
@@ -511,7 +542,10 @@ def test_while_jobs_arrive_pairs_keep_the_forecast_makespan() -> None:
     on = simulate(arriving, cluster, table, HadarPolicy(share=True), gpu_sharing=True)
     off = simulate(arriving, cluster, table, HadarPolicy(share=True, share_arrivals=False),
                    gpu_sharing=True)
-    assert on.packed_jobs > off.packed_jobs
+    def pair_rounds(res: SimResult) -> int:
+        return sum(len(pairs) for _t, pairs in res.packed)
+
+    assert pair_rounds(on) > pair_rounds(off)
     assert on.avg_jct_s < 0.99 * off.avg_jct_s
     static = load_trace("static_32_seed0", table)
     a = simulate(static, cluster, table, HadarPolicy(share=True), gpu_sharing=True)

@@ -1170,19 +1170,23 @@ def pair_gain(t1: float, t2: float, s1: float, s2: float, w1: float, w2: float,
 
     ``t1``/``t2``: the remaining times alone of the job that holds the GPUs (the host) and of
     the one that would join it; ``s1``/``s2``: the share of its own speed each keeps while they
-    share; ``w1``/``w2`` their weights; ``behind``: the weight of jobs that start on these GPUs
-    only once both are done; ``wait``: when the second would start if it did not share (by
-    default ``t1``, when the first ends: the two one after the other).  ``A``: apart, the
-    first alone, the second from ``wait`` (ends ``t1`` and ``wait + t2``), or, where it ends
-    sooner on other GPUs (``elsewhere``: when it would end there, from now), there, the
-    first's GPUs then free at ``t1``.  ``B``: together until one ends, the other alone after
-    (:func:`shared_finish`).  Returns ``A - B`` of the weighted completion times (> 0: the
-    pair pays)."""
+    share; ``w1``/``w2`` their weights; ``behind``: the weight of the jobs waiting behind the
+    two; ``wait``: when the second would start if it did not share (by default ``t1``, when the
+    first ends: the two one after the other).  ``A``: apart, the first alone, the second from
+    ``wait`` (ends ``t1`` and ``wait + t2``), or, where it ends sooner on other GPUs
+    (``elsewhere``: when it would end there, from now), there.  ``B``: together until one
+    ends, the other alone after (:func:`shared_finish`).  The jobs behind gain the GPU time the
+    pair saves: apart the two hold GPUs ``t1 + t2`` (the second's run counted wherever it
+    starts: GPUs it takes are GPUs a job behind does not get; on the other GPUs at most until
+    ``elsewhere``), or until the second ends apart where that is later (GPUs idle before
+    ``wait``); together ``max(b1, b2)``.  Returns
+    ``A - B`` of the weighted completion times (> 0: the pair pays)."""
     b1, b2 = shared_finish(t1, t2, s1, s2)
     start = t1 if wait is None else max(wait, 0.0)
-    end2, free = start + t2, max(t1, start + t2)
+    end2, run2 = start + t2, t2
     if elsewhere is not None and elsewhere < end2:
-        end2, free = elsewhere, t1
+        end2, run2 = elsewhere, min(t2, elsewhere)
+    free = max(t1 + run2, end2)
     return w1 * (t1 - b1) + w2 * (end2 - b2) + behind * (free - max(b1, b2))
 
 

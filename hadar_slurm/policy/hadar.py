@@ -89,10 +89,11 @@ choices below get both close to their bounds on Gavel's traces (see ``bench/qual
    sharing to its end, still ends by the target.  That target is the drain of the queue seen;
    while jobs keep arriving it is not the makespan, which the jobs still to come set: the
    window a pair must keep is stretched by the drain of the work that arrived over the last
-   window since the policy's first epoch (``share_arrivals``, :func:`arrivals_window`), as
-   much again being forecast over the next.  A static queue is unchanged (nothing arrives
-   after the first epoch); Gavel's poisson_200, mean of 21 runs: average JCT 12,313 to
-   11,946 s (docs/sharing.md).
+   window since the policy's first epoch (``share_arrivals``, :func:`arrivals_forecast`), as
+   much again being forecast over the next, and the jobs forecast to arrive count with those
+   waiting behind every guest.  A static queue is unchanged (nothing arrives after the first
+   epoch); Gavel's poisson_200, mean of 21 runs: average JCT 12,313 to 11,946 s, and to
+   11,659 s once a pair's gain counted the GPU time it saves (docs/sharing.md).
 
 Prices in the dual pass rise from a floor per type (proportional to ``pi``, at most half the
 least utility density, so an idle cluster admits every job) by the factor ``U / L`` when full;
@@ -103,6 +104,7 @@ least utility density, so an idle cluster admits every job) by the factor ``U / 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -411,18 +413,34 @@ def ideal_seconds(snapshot: Snapshot, alloc: IntArray, done: FloatArray | None =
     return float(np.divide(done, best, out=np.zeros_like(done), where=best > 0).sum())
 
 
-def arrivals_window(snapshot: Snapshot, window: float, since: float) -> float:
-    """``window`` plus the drain of the work that arrived over the last ``window`` seconds
-    after ``since`` (the policy's first epoch, so that a queue found waiting is no arrival):
-    each such job's whole work in GPU-seconds alone on its fastest type, summed over the jobs
-    still in the snapshot, over the cluster's GPUs.  As much work again is forecast over the
-    next window.  Used by GPU sharing's makespan test (step 11), not by the critical test: the
-    same window there gave up the end game's makespan where arrivals stop (docs/tried.md)."""
+class Arrivals(NamedTuple):
+    """:func:`arrivals_forecast`'s answer."""
+
+    #: the window stretched by the drain of the work forecast to arrive over it
+    window: float
+    #: the weight, per GPU of the cluster, of the jobs forecast to arrive over it
+    weight: float
+
+
+def arrivals_forecast(snapshot: Snapshot, window: float, since: float) -> Arrivals:
+    """What GPU sharing (step 11) expects to arrive over the next ``window`` seconds: as much
+    as arrived over the last ``window`` seconds after ``since`` (the policy's first epoch, so
+    that a queue found waiting is no arrival), counting the jobs still in the snapshot.
+
+    ``window``: ``window`` plus the drain of that work, each job's whole work in GPU-seconds
+    alone on its fastest type, over the cluster's GPUs (the window a pair must end by: while
+    jobs keep arriving the queue's drain is not the makespan).  ``weight``: those jobs'
+    weight over the cluster's GPUs: jobs that will wait behind every guest, for whom the GPU
+    time a pair saves counts as it does for the jobs waiting now (:func:`~hadar_slurm.policy.
+    sharing.pack_waiting`'s ``arriving``).  Not used by the critical test: the same window
+    there gave up the end game's makespan where arrivals stop (docs/tried.md)."""
     best = snapshot.rate.max(axis=1)
     recent = ((snapshot.arrival > since) & (snapshot.arrival > snapshot.now - window)
               & (best > 0))
     gpu_s = snapshot.total[recent] / best[recent] * snapshot.scale[recent]
-    return window + float(gpu_s.sum()) / max(float(snapshot.capacity().sum()), 1.0)
+    gpus = max(float(snapshot.capacity().sum()), 1.0)
+    return Arrivals(window + float(gpu_s.sum()) / gpus,
+                    float(snapshot.weight[recent].sum()) / gpus)
 
 
 def carried_window(window: float, prev_target: float | None, now: float) -> tuple[float, float]:
@@ -501,7 +519,7 @@ class HadarState:
     #: The gangs a type's chain made critical (the chain rule of ``critical_jobs``), by id.
     chain: tuple[int, ...] = ()
     #: The ``now`` of the policy's first epoch (NaN until one ran): jobs that arrived after it
-    #: are arrivals to :func:`arrivals_window`, those found waiting then are not.
+    #: are arrivals to :func:`arrivals_forecast`, those found waiting then are not.
     since: float = float("nan")
 
 
@@ -530,8 +548,9 @@ class HadarPolicy:
     drain target is taken afresh rather than carried (step 3 of the module docstring).
     ``share_arrivals``: with ``share``, the window by which a pair must end (step 11) is
     stretched by the work that arrived since the policy's first epoch over the last window
-    (:func:`arrivals_window`): as much again is forecast over the next, so while jobs keep
-    arriving the drain of the queue seen is not the makespan a pair must keep.
+    (:func:`arrivals_forecast`): as much again is forecast over the next, so while jobs keep
+    arriving the drain of the queue seen is not the makespan a pair must keep; and the jobs
+    forecast to arrive count with those waiting behind a guest (step 2 of the sharing rules).
     ``move_margin``: by how much, in moves' costs (``migration_s``), a plan that moves
     running jobs must drain sooner or work more than one that keeps them where they are (step
     9 of the module docstring); negative: moves are not weighed.  0.25 took the decisions of
@@ -676,10 +695,10 @@ class HadarPolicy:
         detail: dict[int, str] = {}
         guest_ids: tuple[int, ...] = ()
         if self.share and world.colocated is not None:
-            share_window = arrivals_window(world, window, since) if self.share_arrivals \
-                else window
+            ahead = (arrivals_forecast(world, window, since) if self.share_arrivals
+                     else Arrivals(window, 0.0))
             placement, pairs, guests, detail = pack_waiting(world, placement, order,
-                                                            share_window)
+                                                            ahead.window, ahead.weight)
             placed = placed | guests
             guest_ids = tuple(sorted(int(j) for j in world.job_ids[guests].tolist()))
         reason[:] = self.reasons(status, payoff, snapshot.remaining, split_rate, planned,

@@ -65,7 +65,7 @@ compete for GPUs like any job.  One epoch:
    an unforked placed job on its GPUs by Hadar's rule
    (:func:`~hadar_slurm.policy.sharing.pack_waiting`), each host still ending by the fork
    target when it shares to its end.  (That window stretched while jobs keep arriving, as
-   Hadar's is, ``share_arrivals``, :func:`~hadar_slurm.policy.hadar.arrivals_window`: Gavel's
+   Hadar's is, ``share_arrivals``, :func:`~hadar_slurm.policy.hadar.arrivals_forecast`: Gavel's
    poisson_200, mean of 21 runs, average JCT 8,899 to 8,580 s, but the tuning studies amid
    other jobs moved either way, 4 to 6 of 90 runs missing a goal; off.)  The next epoch plans
    a pair's GPUs as its host's alone (the guests carried in ``HadarEState.guests``), as
@@ -96,10 +96,11 @@ from hadar_slurm.policy.base import (
     joined,
 )
 from hadar_slurm.policy.hadar import (
+    Arrivals,
     HadarPolicy,
     HadarState,
     after_restart,
-    arrivals_window,
+    arrivals_forecast,
     carried_window,
     drain_estimate,
     without_guests,
@@ -167,8 +168,9 @@ class HadarEPolicy:
     dropped (step 2).  ``pin_binding``: step 0, the jobs that bind the fork makespan on their
     fastest copies (on by default), ``pin_tolerance`` of their soonest end after it at most.
     ``share_arrivals``: with ``share``, the fork target's window that a pair must keep is
-    stretched while jobs keep arriving, as Hadar's is (step 4); off: measured, it moved
-    study runs either way with two more goals missed (docs/sharing.md)."""
+    stretched while jobs keep arriving, and the jobs forecast to arrive count with those
+    behind a guest, as Hadar's are (step 4); off: measured (the window alone), it moved study
+    runs either way with two more goals missed (docs/sharing.md)."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
@@ -417,11 +419,11 @@ class HadarEPolicy:
                              out=np.full(n, np.inf), where=best > 0)
             order = np.lexsort((snapshot.job_ids, srpt)).astype(np.int64)
             state = inner.policy_state
-            share_window = (arrivals_window(world, window, state.since)
-                            if self.share_arrivals and isinstance(state, HadarState)
-                            else window)
+            ahead = (arrivals_forecast(world, window, state.since)
+                     if self.share_arrivals and isinstance(state, HadarState)
+                     else Arrivals(window, 0.0))
             placement, pairs, guests, shared = pack_waiting(world, placement, order,
-                                                            share_window)
+                                                            ahead.window, ahead.weight)
             guest_ids = tuple(sorted(int(j) for j in world.job_ids[guests].tolist()))
         reason = np.where(np.isin(snapshot.job_ids, placement.job), np.int8(Reason.PLACED),
                           reason).astype(np.int8)

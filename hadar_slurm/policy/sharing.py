@@ -18,12 +18,21 @@ waiting jobs in queue order, each with the host where it pays most, a host takin
    host's own end at the latest, or on GPUs of another type where it would end sooner (it
    starts there by the same rule); or together until one ends and the other alone after
    (``B``).  The pair is formed only where ``B`` lowers the weighted sum of their completion
-   times, plus the weight of the waiting jobs behind the guest that these GPUs serve (their
-   weight over the cluster's GPUs), each of which starts when both are done.  So a short job
-   about to end keeps its GPUs to itself unless the guest gains more than it loses; where the
-   queue is long, the throughput of step 1 dominates, as it does for the average JCT of a
-   loaded queue.  A guest that is not on the host's GPUs already pays a start it would not
-   pay waiting (``migration_s``, while the host shares): it counts against the gain.
+   times, plus what the jobs waiting behind the guest gain: their weight over the cluster's
+   GPUs, times the GPU time the pair saves (apart the two hold GPUs for the host's time and
+   the guest's run, wherever the guest would run: GPUs it takes apart are GPUs a job behind
+   does not get; together for the pair's span).  While jobs keep arriving, the jobs forecast
+   to arrive count with them (``arriving``: Hadar's
+   :func:`~hadar_slurm.policy.hadar.arrivals_forecast`).  So a short job about to end keeps
+   its GPUs to itself unless the guest gains more than it loses; where the queue is long, the
+   throughput of step 1 dominates, as it does for the average JCT of a loaded queue.
+   (Until 2026-12-07 the jobs behind were counted as starting on the host's GPUs once both
+   were done, and the guest's run apart on other GPUs, or on GPUs freed before the host's
+   end, was not counted as GPU time they lose, nor the jobs to come; the longest guests, at
+   the end of the queue order, had none behind them.  Hadar's poisson_200 average JCT was
+   11,946 s on the mean of 21 runs against Gavel's packed 11,778; now 11,659,
+   docs/sharing.md.)  A guest that is not on the host's GPUs already pays a start it would
+   not pay waiting (``migration_s``, while the host shares): it counts against the gain.
    (Until 2026-12-02 ``A`` was the two one after the other on the host's GPUs, in queue
    order: a guest that would soon have started on GPUs another job frees joined a host it
    slowed for nothing, and with HadarE pinning the jobs that bind its fork makespan, more
@@ -40,7 +49,7 @@ waiting jobs in queue order, each with the host where it pays most, a host takin
    guests hold GPUs that gang chains needed (``bench.sharing``: Hadar's worst makespan with
    sharing, over without, went from 1.028 to 1.006).  While jobs keep arriving, Hadar
    stretches the window by the drain of the work that arrived over the last one
-   (:func:`~hadar_slurm.policy.hadar.arrivals_window`; HadarE where its ``share_arrivals``
+   (:func:`~hadar_slurm.policy.hadar.arrivals_forecast`; HadarE where its ``share_arrivals``
    says so): the queue's drain is then not the makespan, which the jobs still to come set.
 4. **The queue.**  No new pair forms on a GPU type that a multi-GPU job left waiting (other
    than the guest itself), anywhere in the queue order, can use.  Such a gang needs whole GPUs
@@ -274,13 +283,15 @@ def sooner_elsewhere(end: FloatArray) -> FloatArray:
 
 
 def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
-                 window: float = np.inf
+                 window: float = np.inf, arriving: float = 0.0
                  ) -> tuple[Placement, Pairs, BoolArray, dict[int, str]]:
     """Waiting jobs join placed ones on their GPUs where it pays (see the module docstring).
 
     ``placement``: the decision so far (no pairs); ``order``: the queue order (job indices);
     ``window``: seconds to the drain target, by which a host must still end if it shares to
-    its end.  Returns the placement with the guests' rows (the same as their
+    its end; ``arriving``: the weight per GPU of the jobs forecast to arrive (Hadar's
+    :func:`~hadar_slurm.policy.hadar.arrivals_forecast`), counted with those waiting behind
+    every guest (step 2).  Returns the placement with the guests' rows (the same as their
     hosts'), the pairs ``(lower id, higher id)``, the mask of the guests, and a detail line per
     job of a pair and per waiting job whose pair would have paid on a node without a CPU for
     it.
@@ -341,6 +352,7 @@ def pack_waiting(snapshot: Snapshot, placement: Placement, order: IntArray,
     behind = np.zeros(n, dtype=np.float64)
     behind[in_order] = np.cumsum(w_wait[::-1])[::-1] - w_wait
     behind *= 1.0 / max(float(snapshot.node_gpus.sum()), 1.0)
+    behind += arriving
     behind *= scale
     partner = host_of[np.where(before >= 0, before, n)]
     pair_host, pair_guest = rates.cube(np.unique(rates.kind[hp]), np.unique(rates.kind[waiting]))
