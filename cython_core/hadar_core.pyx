@@ -1592,8 +1592,8 @@ def pair_guests(order, g_scale, g_kind, g_rem, g_weight, g_rate, g_open, g_partn
                     if sooner < end2:
                         end2 = sooner
                         free = tp + (tx if tx < sooner else sooner)
-                    # (the reference's ``max(t1 + run2, end2)``: ``start <= tp`` here, and
-                    # ``sooner`` at most ``tp + sooner``)
+                    # (the reference's ``max(t1 + run2, end2)``, which is ``t1 + run2`` here:
+                    # ``start <= tp``, and ``sooner < start + tx``)
                     wp = hwp[k]
                     gain = wp * (tp - b1) + w_x * (end2 - b2) + gbehind[x] * (free - bmax)
                     if not again:
