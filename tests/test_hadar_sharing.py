@@ -19,7 +19,14 @@ import pytest
 from hadar_slurm.loop import fill_decision, fill_snapshot
 from hadar_slurm.model import ClusterSpec, Node
 from hadar_slurm.policy import make_policy
-from hadar_slurm.policy.base import Decision, Placement, Reason, Snapshot, gpus_in_use
+from hadar_slurm.policy.base import (
+    Decision,
+    IntArray,
+    Placement,
+    Reason,
+    Snapshot,
+    gpus_in_use,
+)
 from hadar_slurm.policy.hadar import HadarPolicy, HadarState, arrivals_forecast
 from hadar_slurm.policy.hadare import HadarEPolicy, HadarEState
 from hadar_slurm.policy.sharing import pack_waiting, pair_gain, shared_finish, waiting_starts
@@ -154,18 +161,25 @@ def two_types(y_p100: float) -> ThroughputTable:
     }), "pairs.json")
 
 
+def y_beside_two_hosts(y_p100: float) -> tuple[Snapshot, Placement, IntArray]:
+    """``(snapshot, placement, order)``: a v100 and a p100 at t = 0, x0 (720 s) placed on the
+    v100, x1 (100 s) on the p100, y (720 steps, ``y_p100`` steps/s on the p100) waiting
+    last in the queue order (:func:`two_types`)."""
+    jobs = [make_job(0, 720, 0, "x"), make_job(1, 100, 0, "x"), make_job(2, 720, 0, "y")]
+    snap = SimulatedCluster(jobs, parse_counts("v100=1:p100=1"),
+                            two_types(y_p100)).snapshot(0, 0.0, 360.0, None)
+    placed = Placement(np.array([0, 1]), np.array([0, 1]), np.array([1, 1]))
+    return snap, placed, np.array([0, 1, 2], dtype=np.int64)
+
+
 def test_a_guest_that_would_end_sooner_on_other_gpus_does_not_join() -> None:
     # A v100 and a p100: x0 (720 s) on the v100, x1 (100 s) on the p100; y (720 steps)
     # waits.  Joining x0 gains 360 if y would otherwise wait for x0's end (above).  But y does
     # 2 steps/s on the p100: apart it starts there when x1 ends, at 100, and ends at 460, so
     # the pair loses 620 and y does not join.  At 0.5 step/s on the p100 it would end there
     # at 1540, after 1440: y joins x0 as before.
-    jobs = [make_job(0, 720, 0, "x"), make_job(1, 100, 0, "x"), make_job(2, 720, 0, "y")]
-    placed = Placement(np.array([0, 1]), np.array([0, 1]), np.array([1, 1]))
-    order = np.array([0, 1, 2], dtype=np.int64)
     for y_p100, want in ((2.0, ()), (0.5, ((0, 2),))):
-        snap = SimulatedCluster(jobs, parse_counts("v100=1:p100=1"),
-                                two_types(y_p100)).snapshot(0, 0.0, 360.0, None)
+        snap, placed, order = y_beside_two_hosts(y_p100)
         _p, pairs, _g, _d = pack_waiting(snap, placed, order)
         assert pairs == want, y_p100
 
@@ -175,11 +189,7 @@ def test_jobs_forecast_to_arrive_count_behind_the_guest() -> None:
     # behind y, but jobs forecast to arrive (``arriving``, weight per GPU) gain the 280 s of
     # GPU time the pair saves (pair_gain above).  At 1.5 per GPU: -620 + 420 < 0, no pair;
     # at 3: -620 + 840 = 220 > 0, y joins x0.
-    jobs = [make_job(0, 720, 0, "x"), make_job(1, 100, 0, "x"), make_job(2, 720, 0, "y")]
-    placed = Placement(np.array([0, 1]), np.array([0, 1]), np.array([1, 1]))
-    order = np.array([0, 1, 2], dtype=np.int64)
-    snap = SimulatedCluster(jobs, parse_counts("v100=1:p100=1"),
-                            two_types(2.0)).snapshot(0, 0.0, 360.0, None)
+    snap, placed, order = y_beside_two_hosts(2.0)
     assert snap.migration_s == 0.0
     for arriving, want in ((0.0, ()), (1.5, ()), (3.0, ((0, 2),))):
         _p, pairs, _g, _d = pack_waiting(snap, placed, order, arriving=arriving)
