@@ -66,11 +66,12 @@ compete for GPUs like any job.  One epoch:
    (:func:`~hadar_slurm.policy.sharing.pack_waiting`), each host still ending by the fork
    target when it shares to its end.  (That window stretched while jobs keep arriving, as
    Hadar's is, ``share_arrivals``, :func:`~hadar_slurm.policy.hadar.arrivals_forecast`: Gavel's
-   poisson_200, mean of 21 runs, average JCT 8,899 to 8,580 s, but the tuning studies amid
-   other jobs seemed to go from 4 to 6 of 90 runs missing a goal; off.  That comparison was
-   against a stale file: both runs miss without it too, docs/studies.md, "Measured
-   again".)  The next epoch plans a pair's GPUs as its host's alone (the guests carried in
-   ``HadarEState.guests``), as Hadar's plan does
+   poisson_200, mean of 21 runs, average JCT 8,827 to 8,396 s, but on the regime suite its
+   traces worse with sharing than without on the mean of five draws go from 4 to 5, and the
+   tuning studies amid other jobs meet 85 of 90 goals either way, ASHA's speed-up 2.6% lower
+   in geometric mean; off.  docs/sharing.md, "While jobs keep arriving".)  The next epoch
+   plans a pair's GPUs as its host's alone (the guests carried in ``HadarEState.guests``), as
+   Hadar's plan does
    (:func:`~hadar_slurm.policy.hadar.without_guests`): seen held by both, the copies' plan
    planned both as running, kept the first row it met (the guest's where its id was lower,
    moving the host) and sent the other elsewhere, so pairs broke up.
@@ -171,9 +172,10 @@ class HadarEPolicy:
     fastest copies (on by default), ``pin_tolerance`` of their soonest end after it at most.
     ``share_arrivals``: with ``share``, the fork target's window that a pair must keep is
     stretched while jobs keep arriving, and the jobs forecast to arrive count with those
-    behind a guest, as Hadar's are (step 4); off: measured (the window alone), one suite run
-    moved by 1.6% and two study runs seemed to miss for it, but they miss without it too
-    (docs/sharing.md, "While jobs keep arriving"): it wants measuring again."""
+    behind a guest, as Hadar's are (step 4); off: measured (2026-12-08), it adds a trace
+    worse with sharing than without on the regime suite's mean (4 to 5) and meets as many
+    study goals (85 of 90), for 4.9% on Gavel's poisson_200, where HadarE already beats
+    Gavel's packed figure by far (docs/sharing.md, "While jobs keep arriving")."""
 
     max_copies: int = 4
     consolidation: ConsolidationCost = field(default_factory=ConsolidationCost)
